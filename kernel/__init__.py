@@ -1,0 +1,1 @@
+"""taskkernel: the event-sourced kernel core (store, command kernel, session log, gate)."""

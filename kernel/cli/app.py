@@ -1,0 +1,45 @@
+"""Entry point: global options and the command groups."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from kernel.cli.common import CliContext, Exit, stderr
+from kernel.logging import configure_logging
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  help="taskkernel: an event-sourced kernel coordinating AI agents and humans.")
+
+
+@app.callback()
+def _global(
+    ctx: typer.Context,
+    db: str = typer.Option(None, "--db", help="Database URL (default: the workspace's SQLite file)."),
+    workspace: str = typer.Option(None, "--workspace", "-w", help="Workspace root (default: search upwards)."),
+    token: str = typer.Option(None, "--token", envvar="TASKKERNEL_TOKEN", help="Credential to act with."),
+) -> None:
+    ctx.obj = CliContext(db_url=db, workspace_path=workspace, token=token)
+
+
+def _register_groups() -> None:
+    from kernel.cli import groups
+
+    groups.register(app)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI, mapping usage errors to exit 64 (sysexits EX_USAGE)."""
+    configure_logging()
+    _register_groups()
+    try:
+        rv = app(args=argv, standalone_mode=False)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        sys.exit(130)
+    except typer.TyperException as exc:  # typer's usage errors carry click's exit code 2
+        stderr.print(f"[red]usage error:[/red] {exc.format_message()}")
+        sys.exit(int(Exit.USAGE) if exc.exit_code == 2 else exc.exit_code)
+    sys.exit(rv if isinstance(rv, int) else 0)

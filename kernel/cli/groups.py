@@ -1,0 +1,11 @@
+"""Where every command group is attached to the root app (one line per group)."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    from kernel.cli import kernel_cmds
+
+    kernel_cmds.register(app)

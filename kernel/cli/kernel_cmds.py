@@ -1,0 +1,143 @@
+"""Kernel commands: init, token, submit, task, log, verify."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+import typer
+from rich.table import Table
+
+from kernel.cli.common import Exit, emit, fail, get_ctx, stderr
+from kernel.cli.wiring import build_kernel, principal_of
+from kernel.credentials import issue_token
+from kernel.store.events import EventStore, RecordedEvent
+from kernel.store.schema import tasks as tasks_table
+from kernel.verify import verify as verify_store
+from kernel.workspace import TEAM_PRESETS, init_workspace
+
+task_app = typer.Typer(no_args_is_help=True, help="Inspect tasks.")
+token_app = typer.Typer(no_args_is_help=True, help="Credentials.")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("init")(init)
+    app.command("submit")(submit)
+    app.command("log")(log)
+    app.command("verify")(verify)
+    app.add_typer(task_app, name="task")
+    app.add_typer(token_app, name="token")
+
+
+def init(ctx: typer.Context, directory: Path = typer.Argument(Path("."), help="Workspace root."),
+         team: str = typer.Option("dev-team", "--team", help=f"Team preset: {', '.join(TEAM_PRESETS)}.")) -> None:
+    """Create the workspace: .taskkernel/kernel.db, taskkernel.toml and the FCoP folders."""
+    if team not in TEAM_PRESETS:
+        fail(Exit.USAGE, f"unknown team preset {team!r}; choose one of {', '.join(TEAM_PRESETS)}")
+    ws = init_workspace(directory, team)
+    c = get_ctx(ctx)
+    c.workspace_path = str(ws.root)
+    c.database()
+    emit({"status": "ok", "workspace": str(ws.root), "database": c.database().url, "team": team})
+    stderr.print(f"[green]workspace ready[/green] at {ws.root} (team {team})")
+
+
+@token_app.command("issue")
+def token_issue(ctx: typer.Context, role: str = typer.Argument(..., help="Role code, e.g. DEV."),
+                agent: str = typer.Option(None, "--agent", help="Agent name (default: the role in lower case)."),
+                task: str = typer.Option(None, "--task", help="Scope the credential to one task."),
+                round_: int = typer.Option(None, "--round", help="Scope the credential to one round of --task.")
+                ) -> None:
+    """Print a new credential (the token alone, one line)."""
+    if round_ is not None and task is None:
+        fail(Exit.USAGE, "--round needs --task")
+    token = issue_token(get_ctx(ctx).database(), role.upper(), agent, task_id=task, round=round_)
+    sys.stdout.write(token + "\n")
+
+
+def submit(ctx: typer.Context, source: str = typer.Argument("-", metavar="[FILE|-]",
+                                                            help="Command JSON file, or - for stdin.")) -> None:
+    """Submit one command (JSON) to the TaskCommandKernel."""
+    try:
+        text = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8-sig")
+        raw = json.loads(text)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        fail(Exit.DATAERR, f"cannot read a JSON command from {source}: {exc}")
+    c = get_ctx(ctx)
+    kernel = build_kernel(c)
+    command = raw if isinstance(raw, dict) else {"type": None, "payload": raw}
+    result = kernel.submit(command, principal_of(c))
+    emit(result.wire())
+    colour = {"accepted": "green", "replayed": "cyan", "rejected": "red"}[result.status]
+    stderr.print(f"[{colour}]{result.status}[/{colour}] {result.reason or ''} {result.message}")
+    raise typer.Exit(int(Exit.REJECTED if result.status == "rejected" else Exit.OK))
+
+
+def _event_json(ev: RecordedEvent) -> dict[str, Any]:
+    return {"global_pos": ev.global_pos, "stream": ev.stream_id, "version": ev.stream_version, "type": ev.type,
+            "schema_version": ev.schema_version, "data": ev.data, "meta": ev.meta, "recorded_at": ev.recorded_at,
+            "hash": ev.hash}
+
+
+@task_app.command("show")
+def task_show(ctx: typer.Context, task_id: str) -> None:
+    """A task's current state, reports and history (JSON)."""
+    kernel = build_kernel(get_ctx(ctx))
+    doc = kernel.task(task_id)
+    if doc is None:
+        emit({"status": "error", "reason": "task_not_found", "message": f"{task_id} does not exist"})
+        raise typer.Exit(int(Exit.REJECTED))
+    history = [{"revision": ev.stream_version, "global_pos": ev.global_pos, "type": ev.type,
+                "by": ev.data.get("by"), "at": ev.recorded_at,
+                **{k: v for k, v in ev.data.items() if k in ("from", "round", "reason", "report_id", "status")}}
+               for ev in kernel.history(task_id)]
+    emit({**doc, "history": history})
+    stderr.print(f"{doc['task_id']} [bold]{doc['state']}[/bold] rev {doc['revision']} round {doc['round']}: "
+                 f"{doc['subject']}")
+
+
+@task_app.command("list")
+def task_list(ctx: typer.Context, state: str = typer.Option(None, "--state", help="Only tasks in this state.")
+              ) -> None:
+    """Tasks as a JSON array (oldest first)."""
+    q = sa.select(tasks_table.c.doc).order_by(tasks_table.c.last_pos)
+    if state:
+        q = q.where(tasks_table.c.state == state)
+    with get_ctx(ctx).database().read() as conn:
+        docs = [json.loads(r[0]) for r in conn.execute(q)]
+    keys = ("task_id", "state", "revision", "round", "sender", "recipient", "subject", "priority", "risk_level",
+            "parent", "root", "thread_key")
+    emit([{k: d[k] for k in keys} for d in docs])
+    table = Table("task", "state", "rev", "round", "route", "subject")
+    for d in docs:
+        table.add_row(d["task_id"], d["state"], str(d["revision"]), str(d["round"]),
+                      f"{d['sender']}→{d['recipient']}", d["subject"])
+    stderr.print(table)
+
+
+def log(ctx: typer.Context, stream: str = typer.Option(None, "--stream", help="Only this stream, e.g. task:ID."),
+        from_pos: int = typer.Option(1, "--from", help="First global position.")) -> None:
+    """Events as JSON lines, in global (commit) order."""
+    store = EventStore(build_kernel(get_ctx(ctx)).store.upcasters)
+    with get_ctx(ctx).database().read() as conn:
+        events = store.read_stream(conn, stream) if stream else store.read_all(conn, from_pos)
+        for ev in events:
+            if ev.global_pos >= from_pos:
+                sys.stdout.write(json.dumps(_event_json(ev), ensure_ascii=False) + "\n")
+
+
+def verify(ctx: typer.Context, repair: bool = typer.Option(False, "--repair",
+                                                          help="Rebuild drifted projections from events.")) -> None:
+    """Check the hash chain and every projection against the events; exit 2 at the first break."""
+    kernel = build_kernel(get_ctx(ctx))
+    report = verify_store(kernel.db, kernel.store, repair=repair)
+    emit(report.as_json())
+    if report.ok:
+        stderr.print(f"[green]verified[/green] {report.events} events, {report.tasks} tasks"
+                     + (f", repaired {report.repaired}" if report.repaired else ""))
+        return
+    stderr.print(f"[red]broken[/red] at position {report.first_broken_position}: {report.problems[0]['detail']}")
+    raise typer.Exit(int(Exit.REJECTED))

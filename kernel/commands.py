@@ -1,0 +1,453 @@
+"""TaskCommandKernel: the single entry point for every task mutation.
+
+Checks run in a fixed order, each with a stable reason code (docs/reason-codes.md):
+shape -> principal -> idempotency receipt -> task identity -> terminal -> revision ->
+round -> role/scope authority -> lifecycle -> guards (protected actions). Only then are
+the events, the receipt, the read model and any outbox rows written in one transaction.
+A rejected command writes nothing and triggers no effect.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+import sqlalchemy as sa
+from pydantic import BaseModel, ValidationError
+
+from kernel.canonical import canonical_json, digest, utc_now_iso
+from kernel.model.commands import (
+    Command,
+    CommandResult,
+    CommandType,
+    CreateTaskPayload,
+    ReportPayload,
+    canonical_thread_key,
+)
+from kernel.model.principal import ADMIN, Principal
+from kernel.model.task import (
+    AUTHORITY_FOR,
+    EVENT_FOR,
+    IN_PLACE,
+    OPEN_STATES,
+    STARTS_ROUND,
+    TERMINAL_STATES,
+    TRANSITIONS,
+    apply,
+    current_done_report,
+    default_authority,
+)
+from kernel.model.upcasters import task_upcasters
+from kernel.reasons import KernelError, ReasonCode
+from kernel.store.db import Database, UnitOfWork
+from kernel.store.events import EventStore, NewEvent, RecordedEvent
+from kernel.store.schema import tasks
+
+R = ReasonCode
+
+
+class RolePolicy(Protocol):
+    """What the kernel needs from the role registry (injected; the core imports no role package)."""
+
+    leader: str
+
+    def get(self, code: str) -> Any: ...
+
+
+@dataclass(frozen=True)
+class EffectRule:
+    """Emit an outbox row named ``effect`` for every accepted event whose type is in ``on``."""
+
+    effect: str
+    on: frozenset[str]
+
+
+Guard = Callable[[UnitOfWork, Command, dict[str, Any] | None, Principal], None]
+
+# Hot-path statements run on the driver cursor (UnitOfWork.sql); the tables are defined in store/schema.py.
+_GET_RECEIPT = "SELECT semantic_digest, result FROM receipts WHERE idempotency_key = ?"
+_GET_TASK = "SELECT doc FROM tasks WHERE task_id = ?"
+_TASK_EXISTS = "SELECT 1 FROM tasks WHERE task_id = ?"
+_CHILDREN = "SELECT task_id, state FROM tasks WHERE parent = ?"
+_INSERT_RECEIPT = ("INSERT INTO receipts (idempotency_key, command_type, semantic_digest, principal, task_id, result,"
+                   " first_pos, last_pos, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
+_INSERT_TASK = ("INSERT INTO tasks (task_id, state, revision, round, parent, root, recipient, doc, last_pos)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
+_UPDATE_TASK = ("UPDATE tasks SET state = ?, revision = ?, round = ?, recipient = ?, doc = ?, last_pos = ?"
+                " WHERE task_id = ?")
+_INSERT_OUTBOX = ("INSERT INTO outbox (effect_key, effect, payload, source_pos, status, attempts)"
+                  " VALUES (?, ?, ?, ?, ?, 0)")
+_BUMP_COUNTER = "UPDATE counters SET value = value + 1 WHERE name = ? RETURNING value"
+_GET_COUNTER = "SELECT value FROM counters WHERE name = ?"
+_SET_COUNTER = "UPDATE counters SET value = ? WHERE name = ?"
+_NEW_COUNTER = "INSERT INTO counters (name, value) VALUES (?, ?)"
+
+
+def task_stream(task_id: str) -> str:
+    return f"task:{task_id}"
+
+
+class TaskCommandKernel:
+    def __init__(self, db: Database, roles: RolePolicy, *, effect_rules: Sequence[EffectRule] = (),
+                 guards: Sequence[Guard] = (), store: EventStore | None = None) -> None:
+        self.db = db
+        self.roles = roles
+        self.store = store or EventStore(task_upcasters())
+        self.effect_rules = list(effect_rules)
+        self.guards = list(guards)
+
+    # -- public API ------------------------------------------------------------------------
+    def submit(self, command: Mapping[str, Any] | Command, principal: Principal | None) -> CommandResult:
+        """Judge and, if eligible, apply one command. The result is returned only after commit."""
+        return self.submit_batch([(command, principal)])[0]
+
+    def submit_batch(self, items: Sequence[tuple[Mapping[str, Any] | Command, Principal | None]]
+                     ) -> list[CommandResult]:
+        """Judge commands in order inside one write transaction (group commit: one fsync).
+
+        Each command sees the effects of the ones before it. If the transaction itself fails,
+        nothing of the batch is kept and each command is retried in a transaction of its own.
+        """
+        parsed = [self._parse(c) for c, _ in items]
+        try:
+            with self.db.write() as uow:
+                return [self._judge(uow, p, principal) for p, (_, principal) in zip(parsed, items, strict=True)]
+        except Exception:
+            if len(items) == 1:
+                raise
+        results = []
+        for p, (_, principal) in zip(parsed, items, strict=True):
+            with self.db.write() as uow:
+                results.append(self._judge(uow, p, principal))
+        return results
+
+    def task(self, task_id: str) -> dict[str, Any] | None:
+        with self.db.read() as conn:
+            raw = conn.execute(sa.select(tasks.c.doc).where(tasks.c.task_id == task_id)).scalar()
+        return json.loads(raw) if raw else None
+
+    def history(self, task_id: str) -> list[RecordedEvent]:
+        with self.db.read() as conn:
+            return self.store.read_stream(conn, task_stream(task_id))
+
+    # -- pipeline ----------------------------------------------------------------------------
+    def _parse(self, raw: Mapping[str, Any] | Command) -> Command | CommandResult:
+        """Check 1, outside the transaction: shape of the envelope and of the payload."""
+        try:
+            cmd = raw if isinstance(raw, Command) else Command.model_validate(raw)
+            cmd.validated_payload()
+            return cmd
+        except ValidationError as exc:
+            return _rejected(R.INVALID_COMMAND, _describe(exc), raw)
+        except (TypeError, ValueError) as exc:
+            return _rejected(R.INVALID_COMMAND, str(exc), raw)
+
+    def _judge(self, uow: UnitOfWork, cmd: Command | CommandResult, principal: Principal | None
+               ) -> CommandResult:
+        if isinstance(cmd, CommandResult):
+            return cmd
+        try:
+            return self._execute(uow, cmd, principal)
+        except KernelError as exc:
+            rejected = _rejected(exc.reason, exc.message, cmd)
+            current = self._load(uow, cmd.task_id) if cmd.task_id else None
+            if current is not None:  # tell the caller where the task really is, so it can re-read
+                rejected.revision, rejected.round = current["revision"], current["round"]
+            return rejected
+
+    def _execute(self, uow: UnitOfWork, cmd: Command, principal: Principal | None) -> CommandResult:
+        payload = cmd.validated_payload()
+        principal = self._check_principal(cmd, payload, principal)
+        semantic = digest(cmd.semantic_view(principal.id))
+        stored = self._check_receipt(uow, cmd, semantic)
+        if stored is not None:
+            return stored
+        doc = self._check_identity(uow, cmd, payload)
+        self._check_terminal(cmd, doc)
+        self._check_revision_and_round(cmd, doc)
+        self._check_authority(cmd, payload, doc, principal)
+        self._check_lifecycle(uow, cmd, doc)
+        for guard in self.guards:
+            guard(uow, cmd, doc, principal)
+        return self._commit(uow, cmd, payload, doc, principal, semantic)
+
+    def _check_principal(self, cmd: Command, payload: BaseModel, principal: Principal | None) -> Principal:
+        if principal is None:
+            raise KernelError(R.ACTOR_UNVERIFIED, "no valid credential: the caller's identity is unknown")
+        for key, claimed in cmd.identity_claims().items():
+            if str(claimed) not in (principal.role, principal.agent, principal.id):
+                raise KernelError(R.ACTOR_UNVERIFIED,
+                                  f"payload claims {key}={claimed!r} but the credential is {principal.id}")
+        if isinstance(payload, CreateTaskPayload) and payload.sender != principal.role:
+            raise KernelError(R.ACTOR_UNVERIFIED,
+                              f"sender {payload.sender} does not match the credential's role {principal.role}")
+        return principal
+
+    def _check_receipt(self, uow: UnitOfWork, cmd: Command, semantic: str) -> CommandResult | None:
+        row = uow.sql(_GET_RECEIPT, (cmd.idempotency_key,)).fetchone()
+        if row is None:
+            return None
+        if row[0] != semantic:
+            raise KernelError(R.IDEMPOTENCY_CONFLICT,
+                              f"idempotency key {cmd.idempotency_key!r} was used for a different command")
+        stored = json.loads(row[1])
+        return CommandResult(**{**stored, "status": "replayed", "events": []})
+
+    def _check_identity(self, uow: UnitOfWork, cmd: Command, payload: BaseModel) -> dict[str, Any] | None:
+        if cmd.type is CommandType.CREATE_TASK:
+            assert isinstance(payload, CreateTaskPayload)
+            if cmd.task_id and uow.sql(_TASK_EXISTS, (cmd.task_id,)).fetchone():
+                raise KernelError(R.TASK_EXISTS, f"{cmd.task_id} already exists")
+            if payload.parent is None:
+                return None
+            parent = self._load(uow, payload.parent)
+            if parent is None:
+                raise KernelError(R.TASK_NOT_FOUND, f"parent task {payload.parent} does not exist")
+            if cmd.root and cmd.root != parent["root"]:
+                raise KernelError(R.TASK_IDENTITY_MISMATCH,
+                                  f"root {cmd.root} differs from the parent's root {parent['root']}")
+            return parent
+        assert cmd.task_id is not None
+        doc = self._load(uow, cmd.task_id)
+        if doc is None:
+            raise KernelError(R.TASK_NOT_FOUND, f"{cmd.task_id} does not exist")
+        thread = canonical_thread_key(cmd.thread_key)
+        if thread != doc["thread_key"]:
+            raise KernelError(R.THREAD_MISMATCH,
+                              f"thread {thread!r} is not the thread of {cmd.task_id} ({doc['thread_key']!r})")
+        if cmd.root and cmd.root != doc["root"]:
+            raise KernelError(R.TASK_IDENTITY_MISMATCH, f"root {cmd.root} is not {cmd.task_id}'s root {doc['root']}")
+        return doc
+
+    @staticmethod
+    def _check_terminal(cmd: Command, doc: dict[str, Any] | None) -> None:
+        if doc is not None and doc["state"] in TERMINAL_STATES:
+            what = "parent task" if cmd.type is CommandType.CREATE_TASK else "task"
+            raise KernelError(R.TASK_TERMINAL, f"{what} {doc['task_id']} is archived; nothing may change it")
+
+    @staticmethod
+    def _check_revision_and_round(cmd: Command, doc: dict[str, Any] | None) -> None:
+        if cmd.type is CommandType.CREATE_TASK or doc is None:
+            return
+        if cmd.expected_revision != doc["revision"]:
+            raise KernelError(R.STALE_TASK_REVISION,
+                              f"expected revision {cmd.expected_revision}, {doc['task_id']} is at {doc['revision']}")
+        if cmd.round != doc["round"]:
+            raise KernelError(R.STALE_ROUND, f"command is for round {cmd.round}, "
+                              f"{doc['task_id']} is in round {doc['round']}")
+
+    def _check_authority(self, cmd: Command, payload: BaseModel, doc: dict[str, Any] | None,
+                         principal: Principal) -> None:
+        spec = self.roles.get(principal.role)
+        if not spec.may_issue(cmd.type):
+            raise KernelError(R.ROLE_NOT_AUTHORIZED, f"role {principal.role} may not issue {cmd.type.value}")
+        scope_task = doc["task_id"] if doc is not None else None
+        if principal.task_id is not None and principal.task_id != scope_task:
+            raise KernelError(R.ROLE_NOT_AUTHORIZED,
+                              f"credential is scoped to {principal.task_id}, not {scope_task or 'a new root task'}")
+        if principal.round is not None and doc is not None and principal.round != doc["round"] \
+                and principal.task_id == doc["task_id"]:
+            raise KernelError(R.ROLE_NOT_AUTHORIZED,
+                              f"credential is for round {principal.round}; the task is in round {doc['round']}")
+        if principal.is_admin:
+            return
+        if cmd.type is CommandType.CREATE_TASK:
+            assert isinstance(payload, CreateTaskPayload)
+            self._check_assignment(spec, payload, doc, principal)
+            return
+        assert doc is not None
+        needed = AUTHORITY_FOR[cmd.type]
+        holders = {doc["authority"][needed]}
+        if cmd.type is CommandType.AMEND:
+            holders.add(doc["sender"])
+        if principal.role not in holders:
+            raise KernelError(R.ROLE_NOT_AUTHORIZED, f"{cmd.type.value} on {doc['task_id']} needs "
+                              f"{needed} ({' or '.join(sorted(holders))}), not {principal.role}")
+
+    def _check_assignment(self, spec: Any, payload: CreateTaskPayload, parent: dict[str, Any] | None,
+                          principal: Principal) -> None:
+        scope = getattr(spec, "assign_scope", "nobody")
+        allowed = scope == "anyone" or (scope == "leader" and payload.recipient in (self.roles.leader, ADMIN))
+        if not allowed:
+            raise KernelError(R.ROLE_NOT_AUTHORIZED,
+                              f"role {principal.role} may not assign tasks to {payload.recipient}")
+        if parent is not None:
+            members = {parent["sender"], *parent["authority"].values()}
+            if principal.role not in members:
+                raise KernelError(R.ROLE_NOT_AUTHORIZED,
+                                  f"{principal.role} takes no part in {parent['task_id']} and cannot add children")
+
+    def _check_lifecycle(self, uow: UnitOfWork, cmd: Command, doc: dict[str, Any] | None) -> None:
+        if doc is None or cmd.type is CommandType.CREATE_TASK:
+            return
+        state = doc["state"]
+        if cmd.type in TRANSITIONS:
+            sources, target = TRANSITIONS[cmd.type]
+            if state not in sources:
+                raise KernelError(R.ILLEGAL_TRANSITION,
+                                  f"{cmd.type.value} is {state} -> {target.value}: not an allowed edge")
+        elif state not in IN_PLACE[cmd.type]:
+            raise KernelError(R.ILLEGAL_TRANSITION, f"{cmd.type.value} is not allowed while the task is {state}")
+        if cmd.type is CommandType.SUBMIT and current_done_report(doc) is None:
+            raise KernelError(R.REPORT_REQUIRED,
+                              f"submit needs a `done` report for round {doc['round']} of {doc['task_id']}")
+        if cmd.type is CommandType.ARCHIVE:
+            open_child = self._first_open_descendant(uow, doc["task_id"])
+            if open_child:
+                raise KernelError(R.CHILD_TASKS_OPEN, f"child task {open_child[0]} is still {open_child[1]}")
+        if cmd.type is CommandType.SUBMIT_REPORT:
+            report = cmd.validated_payload()
+            assert isinstance(report, ReportPayload)
+            if report.report_id and any(r["report_id"] == report.report_id for r in doc["reports"]):
+                raise KernelError(R.INVALID_COMMAND, f"report {report.report_id} is already recorded")
+
+    def _first_open_descendant(self, uow: UnitOfWork, task_id: str) -> tuple[str, str] | None:
+        frontier, seen = [task_id], {task_id}
+        while frontier:
+            parent = frontier.pop()
+            for child_id, state in uow.sql(_CHILDREN, (parent,)).fetchall():
+                if state in OPEN_STATES:
+                    return child_id, state
+                if child_id not in seen:
+                    seen.add(child_id)
+                    frontier.append(child_id)
+        return None
+
+    # -- writing -----------------------------------------------------------------------------
+    def _commit(self, uow: UnitOfWork, cmd: Command, payload: BaseModel, doc: dict[str, Any] | None,
+                principal: Principal, semantic: str) -> CommandResult:
+        now = utc_now_iso()
+        if cmd.type is CommandType.CREATE_TASK:
+            assert isinstance(payload, CreateTaskPayload)
+            data = self._creation_data(uow, cmd, payload, doc)
+            task_id, expected, doc = data["task_id"], 0, None
+        else:
+            assert doc is not None and cmd.task_id is not None
+            task_id, expected, data = cmd.task_id, doc["revision"], self._event_data(cmd, payload, doc)
+        data["by"] = principal.id
+        event_type = EVENT_FOR[cmd.type]
+        meta = {"actor": principal.agent, "role": principal.role, "command_id": cmd.idempotency_key,
+                "command_type": cmd.type.value, "causation_id": cmd.idempotency_key,
+                "correlation_id": data.get("root") or (doc or {}).get("root"), "recorded_at": now}
+        if cmd.transport:
+            meta["transport"] = cmd.transport
+        recorded = self.store.append(uow, task_stream(task_id), expected, [NewEvent(event_type, data)], meta,
+                                     verified_version=True)
+        ev = recorded[-1]
+        new_doc = apply(doc, event_type, data, ev.stream_version, now)
+        self._save_projection(uow, new_doc, ev.global_pos, created=doc is None)
+        result = CommandResult(
+            status="accepted", message=_accepted_message(cmd.type, new_doc), task_id=task_id,
+            revision=new_doc["revision"], round=new_doc["round"], events=[e.global_pos for e in recorded])
+        uow.sql(_INSERT_RECEIPT, (cmd.idempotency_key, cmd.type.value, semantic, principal.id, task_id,
+                                  canonical_json(result.wire()), recorded[0].global_pos, ev.global_pos, now))
+        self._write_outbox(uow, recorded, new_doc)
+        return result
+
+    def _creation_data(self, uow: UnitOfWork, cmd: Command, p: CreateTaskPayload,
+                       parent: dict[str, Any] | None) -> dict[str, Any]:
+        task_id = cmd.task_id or self._allocate_task_id(uow)
+        if cmd.task_id:
+            self._reserve_explicit_id(uow, cmd.task_id)
+        thread = canonical_thread_key(cmd.thread_key) or (parent["thread_key"] if parent else task_id)
+        explicit = {"driver": p.driver, "done_authority": p.done_authority, "archive_authority": p.archive_authority}
+        return {"task_id": task_id, "thread_key": thread, "parent": p.parent,
+                "root": parent["root"] if parent else task_id, "sender": p.sender, "recipient": p.recipient,
+                "subject": p.subject, "body": p.body, "priority": p.priority.value, "risk_level": p.risk_level.value,
+                "references": list(p.references), "authority": default_authority(p.sender, p.recipient, explicit)}
+
+    @staticmethod
+    def _event_data(cmd: Command, payload: BaseModel, doc: dict[str, Any]) -> dict[str, Any]:
+        data: dict[str, Any] = {}
+        if cmd.type in STARTS_ROUND:
+            data["round"] = doc["round"] + 1
+        if cmd.type in TRANSITIONS:
+            data["from"] = doc["state"]
+        if cmd.type is CommandType.SUBMIT:
+            report = current_done_report(doc)
+            assert report is not None
+            data["report_id"] = report["report_id"]
+        elif isinstance(payload, ReportPayload):
+            data.update(report_id=payload.report_id or f"{doc['task_id']}/r{doc['round']}/{len(doc['reports']) + 1}",
+                        round=doc["round"], status=payload.status.value, body=payload.body,
+                        references=list(payload.references))
+        elif cmd.type is CommandType.AMEND:
+            data["changes"] = payload.model_dump(mode="json", exclude_none=True)
+        else:
+            data.update(payload.model_dump(mode="json"))
+        return data
+
+    def _allocate_task_id(self, uow: UnitOfWork) -> str:
+        day = datetime.now(UTC).strftime("%Y%m%d")
+        while True:
+            n = _bump_counter(uow, f"task:{day}")
+            task_id = f"TASK-{day}-{n:03d}"
+            if not uow.sql(_TASK_EXISTS, (task_id,)).fetchone():
+                return task_id
+
+    @staticmethod
+    def _reserve_explicit_id(uow: UnitOfWork, task_id: str) -> None:
+        """Keep the allocator ahead of explicitly numbered tasks so it never hands out their id."""
+        _, day, num = task_id.split("-")
+        name = f"task:{day}"
+        row = uow.sql(_GET_COUNTER, (name,)).fetchone()
+        if row is None:
+            uow.sql(_NEW_COUNTER, (name, int(num)))
+        elif row[0] < int(num):
+            uow.sql(_SET_COUNTER, (int(num), name))
+
+    @staticmethod
+    def _load(uow: UnitOfWork, task_id: str) -> dict[str, Any] | None:
+        row = uow.sql(_GET_TASK, (task_id,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    @staticmethod
+    def _save_projection(uow: UnitOfWork, doc: dict[str, Any], pos: int, *, created: bool) -> None:
+        text = canonical_json(doc)
+        if created:
+            uow.sql(_INSERT_TASK, (doc["task_id"], doc["state"], doc["revision"], doc["round"], doc["parent"],
+                                   doc["root"], doc["recipient"], text, pos))
+        else:
+            uow.sql(_UPDATE_TASK, (doc["state"], doc["revision"], doc["round"], doc["recipient"], text, pos,
+                                   doc["task_id"]))
+
+    def _write_outbox(self, uow: UnitOfWork, recorded: Iterable[RecordedEvent], doc: dict[str, Any]) -> None:
+        rows = [(f"{rule.effect}:{ev.global_pos}", rule.effect,
+                 canonical_json({"event_type": ev.type, "global_pos": ev.global_pos, "task_id": doc["task_id"],
+                                 "state": doc["state"], "revision": doc["revision"], "round": doc["round"],
+                                 "recipient": doc["recipient"]}),
+                 ev.global_pos, "pending")
+                for ev in recorded for rule in self.effect_rules if ev.type in rule.on]
+        if rows:
+            uow.sql_many(_INSERT_OUTBOX, rows)
+
+
+def _bump_counter(uow: UnitOfWork, name: str) -> int:
+    """Gapless named counter: incremented inside the caller's write transaction."""
+    row = uow.sql(_BUMP_COUNTER, (name,)).fetchone()
+    if row is not None:
+        return int(row[0])
+    uow.sql(_NEW_COUNTER, (name, 1))
+    return 1
+
+
+def _rejected(reason: ReasonCode, message: str, raw: Any) -> CommandResult:
+    task_id = raw.task_id if isinstance(raw, Command) else (raw.get("task_id") if isinstance(raw, Mapping) else None)
+    return CommandResult(status="rejected", reason=reason.value, message=message,
+                         task_id=task_id if isinstance(task_id, str) else None)
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:5]:
+        where = ".".join(str(x) for x in err["loc"]) or "command"
+        parts.append(f"{where}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def _accepted_message(kind: CommandType, doc: dict[str, Any]) -> str:
+    return (f"{kind.value} accepted: {doc['task_id']} is {doc['state']} "
+            f"(revision {doc['revision']}, round {doc['round']})")

@@ -1,0 +1,1 @@
+"""Pure domain model: principals, commands, the task aggregate and its lifecycle rules."""

@@ -1,0 +1,216 @@
+"""Command wire format (`taskkernel submit`, MCP and file adapters) as pydantic models.
+
+Shape validation is check 1 of the kernel: anything that fails here is ``invalid_command``.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+TASK_ID_RE = re.compile(r"^TASK-\d{8}-\d{3,}$")
+_THREAD_SUFFIX_RE = re.compile(r"#TASK-\d{8}-\d{3,}.*$", re.IGNORECASE)
+
+
+class CommandType(StrEnum):
+    CREATE_TASK = "create_task"
+    CLAIM = "claim"
+    SUBMIT = "submit"
+    APPROVE = "approve"
+    REJECT = "reject"
+    REOPEN = "reopen"
+    ARCHIVE = "archive"
+    FORCE_ARCHIVE = "force_archive"
+    SUBMIT_REPORT = "submit_report"
+    AMEND = "amend"
+
+
+class Priority(StrEnum):
+    P0 = "P0"
+    P1 = "P1"
+    P2 = "P2"
+    P3 = "P3"
+
+
+class RiskLevel(StrEnum):
+    LOW = "low"
+    MEDIUM = "medium"
+    HIGH = "high"
+    IRREVERSIBLE = "irreversible"
+
+
+class ReportStatus(StrEnum):
+    DONE = "done"
+    BLOCKED = "blocked"
+    IN_PROGRESS = "in_progress"
+    ABORTED = "aborted"
+
+
+def canonical_thread_key(value: str | None) -> str:
+    """Strip a ledger lineage suffix (`grid#TASK-20260601-002` -> `grid`) so it is not a second identity."""
+    return _THREAD_SUFFIX_RE.sub("", (value or "").strip())
+
+
+_ROLE_RE = re.compile(r"^[A-Z][A-Z0-9_-]{0,31}$")
+
+
+def _role(value: str) -> str:
+    if not _ROLE_RE.match(value):
+        raise ValueError(f"role code {value!r} must be upper-case letters, digits, '-' or '_'")
+    return value
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+
+class CreateTaskPayload(_Strict):
+    sender: str
+    recipient: str
+    subject: str = Field(min_length=1, max_length=500)
+    body: str = ""
+    priority: Priority = Priority.P2
+    parent: str | None = None
+    risk_level: RiskLevel = RiskLevel.LOW
+    references: list[str] = Field(default_factory=list)
+    # Explicit authority fields override the main-line/branch defaults.
+    driver: str | None = None
+    done_authority: str | None = None
+    archive_authority: str | None = None
+
+    _roles = field_validator("sender", "recipient")(_role)
+
+    @field_validator("driver", "done_authority", "archive_authority")
+    @classmethod
+    def _opt_role(cls, v: str | None) -> str | None:
+        return None if v is None else _role(v)
+
+    @field_validator("parent")
+    @classmethod
+    def _parent_id(cls, v: str | None) -> str | None:
+        if v is not None and not TASK_ID_RE.match(v):
+            raise ValueError(f"parent {v!r} is not a TASK-YYYYMMDD-NNN id")
+        return v
+
+
+class EmptyPayload(_Strict):
+    pass
+
+
+class ReasonPayload(_Strict):
+    reason: str = Field(min_length=1, max_length=5000)
+
+
+class ReportPayload(_Strict):
+    status: ReportStatus
+    body: str = ""
+    references: list[str] = Field(default_factory=list)
+    report_id: str | None = Field(default=None, min_length=1, max_length=200)
+
+
+class AmendPayload(_Strict):
+    subject: str | None = Field(default=None, min_length=1, max_length=500)
+    body: str | None = None
+    priority: Priority | None = None
+    risk_level: RiskLevel | None = None
+    references: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _something(self) -> AmendPayload:
+        if not self.model_dump(exclude_none=True):
+            raise ValueError("amend needs at least one field to change")
+        return self
+
+
+PAYLOAD_MODELS: dict[CommandType, type[BaseModel]] = {
+    CommandType.CREATE_TASK: CreateTaskPayload,
+    CommandType.CLAIM: EmptyPayload,
+    CommandType.SUBMIT: EmptyPayload,
+    CommandType.APPROVE: EmptyPayload,
+    CommandType.REOPEN: EmptyPayload,
+    CommandType.REJECT: ReasonPayload,
+    CommandType.ARCHIVE: ReasonPayload,
+    CommandType.FORCE_ARCHIVE: ReasonPayload,
+    CommandType.SUBMIT_REPORT: ReportPayload,
+    CommandType.AMEND: AmendPayload,
+}
+
+# Payload keys through which a caller might try to speak for someone else (check 2).
+IDENTITY_CLAIM_KEYS = ("actor", "role", "by", "principal", "agent", "as_role")
+
+
+class Command(BaseModel):
+    """One task command. ``payload`` is validated per type into ``body``."""
+
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+    type: CommandType
+    task_id: str | None = None
+    thread_key: str | None = None
+    root: str | None = None
+    expected_revision: int | None = Field(default=None, ge=0)
+    round: int | None = Field(default=None, ge=0)
+    idempotency_key: str = Field(min_length=1, max_length=300)
+    payload: dict[str, Any] = Field(default_factory=dict)
+    # Protected actions cite the evidence they are based on (see docs/reason-codes.md).
+    based_on_event: int | None = Field(default=None, ge=1)
+    permission_session: str | None = None
+    transport: dict[str, Any] | None = None  # free-form metadata, excluded from the semantic digest
+
+    @field_validator("task_id", "root")
+    @classmethod
+    def _task_id(cls, v: str | None) -> str | None:
+        if v is not None and not TASK_ID_RE.match(v):
+            raise ValueError(f"{v!r} is not a TASK-YYYYMMDD-NNN id")
+        return v
+
+    @model_validator(mode="after")
+    def _targeting(self) -> Command:
+        if self.type is CommandType.CREATE_TASK:
+            if self.expected_revision is not None or self.round is not None:
+                raise ValueError("create_task takes no expected_revision or round")
+        else:
+            missing = [name for name in ("task_id", "thread_key", "expected_revision", "round")
+                       if getattr(self, name) is None]
+            if missing:
+                raise ValueError(f"{self.type.value} requires {', '.join(missing)}")
+        return self
+
+    def identity_claims(self) -> dict[str, Any]:
+        return {k: self.payload[k] for k in IDENTITY_CLAIM_KEYS if k in self.payload}
+
+    def validated_payload(self) -> BaseModel:
+        body = {k: v for k, v in self.payload.items() if k not in IDENTITY_CLAIM_KEYS}
+        return PAYLOAD_MODELS[self.type].model_validate(body)
+
+    def semantic_view(self, principal_id: str) -> dict[str, Any]:
+        """What makes two submissions 'the same command' (excludes revision, round, transport)."""
+        return {"type": self.type.value, "task_id": self.task_id,
+                "thread_key": canonical_thread_key(self.thread_key) if self.thread_key else None,
+                "principal": principal_id, "payload": self.payload,
+                "based_on_event": self.based_on_event, "permission_session": self.permission_session}
+
+
+CommandStatus = Literal["accepted", "replayed", "rejected"]
+
+
+class CommandResult(BaseModel):
+    status: CommandStatus
+    reason: str | None = None
+    message: str = ""
+    task_id: str | None = None
+    revision: int | None = None
+    round: int | None = None
+    events: list[int] = Field(default_factory=list)  # global positions appended (empty unless accepted)
+
+    @property
+    def ok(self) -> bool:
+        return self.status != "rejected"
+
+    def wire(self) -> dict[str, Any]:
+        """The exact JSON `taskkernel submit` prints."""
+        return {"status": self.status, "reason": self.reason, "message": self.message,
+                "task_id": self.task_id, "revision": self.revision, "round": self.round}

@@ -1,0 +1,123 @@
+"""The task aggregate: FCoP G3 lifecycle rules and the pure fold from events to a task document.
+
+The document (a plain dict, for speed) is both the inline read model and what a rebuild
+from events must reproduce byte for byte; ``apply`` is the only place that shapes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from enum import StrEnum
+from typing import Any
+
+from kernel.model.commands import CommandType
+from kernel.model.principal import ADMIN
+
+
+class TaskState(StrEnum):
+    INBOX = "inbox"
+    ACTIVE = "active"
+    REVIEW = "review"
+    DONE = "done"
+    ARCHIVE = "archive"
+
+
+TERMINAL_STATES = frozenset({TaskState.ARCHIVE})
+OPEN_STATES = frozenset({TaskState.INBOX, TaskState.ACTIVE, TaskState.REVIEW})
+
+# Lifecycle edges: command -> (allowed source states, target state).
+TRANSITIONS: dict[CommandType, tuple[frozenset[str], TaskState]] = {
+    CommandType.CLAIM: (frozenset({TaskState.INBOX}), TaskState.ACTIVE),
+    CommandType.SUBMIT: (frozenset({TaskState.ACTIVE}), TaskState.REVIEW),
+    CommandType.APPROVE: (frozenset({TaskState.REVIEW}), TaskState.DONE),
+    CommandType.REJECT: (frozenset({TaskState.REVIEW}), TaskState.ACTIVE),
+    CommandType.REOPEN: (frozenset({TaskState.DONE}), TaskState.ACTIVE),
+    CommandType.ARCHIVE: (frozenset({TaskState.DONE}), TaskState.ARCHIVE),
+    CommandType.FORCE_ARCHIVE: (OPEN_STATES, TaskState.ARCHIVE),
+}
+# Commands that record without moving the task: where they are legal.
+IN_PLACE: dict[CommandType, frozenset[str]] = {
+    CommandType.SUBMIT_REPORT: frozenset({TaskState.ACTIVE, TaskState.REVIEW}),
+    CommandType.AMEND: frozenset({TaskState.INBOX, TaskState.ACTIVE, TaskState.REVIEW, TaskState.DONE}),
+}
+# Which authority field of the task a command needs.
+AUTHORITY_FOR: dict[CommandType, str] = {
+    CommandType.CLAIM: "driver",
+    CommandType.SUBMIT: "driver",
+    CommandType.SUBMIT_REPORT: "driver",
+    CommandType.APPROVE: "done_authority",
+    CommandType.REJECT: "done_authority",
+    CommandType.REOPEN: "done_authority",
+    CommandType.ARCHIVE: "archive_authority",
+    CommandType.FORCE_ARCHIVE: "archive_authority",
+    CommandType.AMEND: "done_authority",
+}
+STARTS_ROUND = frozenset({CommandType.CLAIM, CommandType.REJECT, CommandType.REOPEN})
+
+EVENT_FOR: dict[CommandType, str] = {
+    CommandType.CREATE_TASK: "task_created",
+    CommandType.CLAIM: "task_claimed",
+    CommandType.SUBMIT: "task_submitted",
+    CommandType.APPROVE: "task_approved",
+    CommandType.REJECT: "task_rejected",
+    CommandType.REOPEN: "task_reopened",
+    CommandType.ARCHIVE: "task_archived",
+    CommandType.FORCE_ARCHIVE: "task_force_archived",
+    CommandType.SUBMIT_REPORT: "report_submitted",
+    CommandType.AMEND: "task_amended",
+}
+TARGET_STATE_OF_EVENT = {EVENT_FOR[c]: target for c, (_src, target) in TRANSITIONS.items()}
+
+
+def default_authority(sender: str, recipient: str, explicit: dict[str, str | None]) -> dict[str, str]:
+    """Main line (sent by ADMIN): ADMIN accepts and archives. Branch: whoever assigned it does.
+    The driver is the recipient. Explicit fields override."""
+    owner = ADMIN if sender == ADMIN else sender
+    authority = {"driver": recipient, "done_authority": owner, "archive_authority": owner}
+    authority.update({k: v for k, v in explicit.items() if v})
+    return authority
+
+
+def current_done_report(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """The latest `done` report of the current round, which `submit` requires."""
+    for report in reversed(doc["reports"]):
+        if report["round"] == doc["round"] and report["status"] == "done":
+            return report
+    return None
+
+
+def apply(doc: dict[str, Any] | None, event_type: str, data: dict[str, Any], revision: int,
+          recorded_at: str) -> dict[str, Any]:
+    """Fold one event into the task document (pure; returns a new dict for creation)."""
+    if event_type == "task_created":
+        return {
+            "task_id": data["task_id"], "thread_key": data["thread_key"], "parent": data["parent"],
+            "root": data["root"], "sender": data["sender"], "recipient": data["recipient"],
+            "subject": data["subject"], "body": data["body"], "priority": data["priority"],
+            "risk_level": data["risk_level"], "references": list(data["references"]),
+            "authority": dict(data["authority"]), "state": TaskState.INBOX.value, "revision": revision,
+            "round": 0, "reports": [], "created_at": recorded_at, "updated_at": recorded_at,
+        }
+    assert doc is not None, f"{event_type} before task_created"
+    target = TARGET_STATE_OF_EVENT.get(event_type)
+    if target is not None:
+        doc["state"] = target.value
+        if "round" in data:
+            doc["round"] = data["round"]
+    elif event_type == "report_submitted":
+        doc["reports"].append({"report_id": data["report_id"], "round": data["round"],
+                               "status": data["status"], "by": data["by"]})
+    elif event_type == "task_amended":
+        doc.update(data["changes"])
+    else:
+        raise ValueError(f"unknown task event type {event_type!r}")
+    doc["revision"] = revision
+    doc["updated_at"] = recorded_at
+    return doc
+
+
+def fold(events: Iterable[tuple[str, dict[str, Any], int, str]]) -> dict[str, Any] | None:
+    doc: dict[str, Any] | None = None
+    for event_type, data, revision, recorded_at in events:
+        doc = apply(doc, event_type, data, revision, recorded_at)
+    return doc

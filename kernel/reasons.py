@@ -1,0 +1,47 @@
+"""Stable reason codes: every rejection the kernel can give is one of these values.
+
+The values are a public contract (CLI JSON, files written beside quarantined input,
+logs); see docs/reason-codes.md. Never rename a value; add new ones.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ReasonCode(StrEnum):
+    # TaskCommandKernel, in the order the checks run
+    INVALID_COMMAND = "invalid_command"
+    ACTOR_UNVERIFIED = "actor_unverified"
+    IDEMPOTENCY_CONFLICT = "idempotency_conflict"
+    TASK_NOT_FOUND = "task_not_found"
+    TASK_EXISTS = "task_exists"
+    THREAD_MISMATCH = "thread_mismatch"
+    TASK_IDENTITY_MISMATCH = "task_identity_mismatch"
+    TASK_TERMINAL = "task_terminal"
+    STALE_TASK_REVISION = "stale_task_revision"
+    STALE_ROUND = "stale_round"
+    ROLE_NOT_AUTHORIZED = "role_not_authorized"
+    ILLEGAL_TRANSITION = "illegal_transition"
+    CHILD_TASKS_OPEN = "child_tasks_open"
+    REPORT_REQUIRED = "report_required"
+    PERMISSION_REQUIRED = "permission_required"
+
+
+class KernelError(Exception):
+    """A rejection as a value: a stable code plus a human message."""
+
+    def __init__(self, reason: ReasonCode, message: str) -> None:
+        super().__init__(f"{reason.value}: {message}")
+        self.reason = reason
+        self.message = message
+
+
+class ConcurrencyError(Exception):
+    """A stream's head moved between read and append; the append wrote nothing."""
+
+    def __init__(self, stream_id: str, expected: int, actual: int) -> None:
+        super().__init__(f"stream {stream_id}: expected version {expected}, head is {actual}")
+        self.stream_id = stream_id
+        self.expected = expected
+        self.actual = actual

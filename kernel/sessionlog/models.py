@@ -1,0 +1,188 @@
+"""Value types of the session log: input kinds, reason codes, per-kind payloads, results.
+
+The replay hot path works on ``Rec`` tuples only; pydantic validates at the edges
+(accepting an input, reading an interchange file), never once per record in replay.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Literal, NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
+
+
+class InputKind(StrEnum):
+    MESSAGE = "message"  # user / ADMIN instruction
+    STEER = "steer"  # mid-turn instruction
+    QUEUED = "queued"  # prompt queued while a turn runs
+    ANSWER = "answer"  # human answer to an agent's question
+    ALLOW = "allow"  # grant of a named permission in a scope
+    REVOKE = "revoke"  # revocation of a named permission in a scope
+    PROGRESS = "progress"  # agent progress checkpoint with its completed tool-call count
+    COMPACTION = "compaction"  # summary replacing history up to a sequence number
+    ROLLBACK = "rollback"  # marker rewinding the replayed context to a sequence boundary
+
+
+# Kinds whose text is something to *do*; everything else is bookkeeping.
+INSTRUCTION_KINDS = frozenset({InputKind.MESSAGE, InputKind.STEER, InputKind.QUEUED, InputKind.ANSWER})
+
+
+class SessionReason(StrEnum):
+    """Stable codes (docs/sessionlog.md). Never rename a value; add new ones."""
+
+    MISSING_SEQUENCE = "missing_sequence"  # a gap, or an unsequenced record among sequenced ones
+    DUPLICATE_SEQUENCE = "duplicate_sequence"  # two accepted records claim one sequence number
+    DUPLICATE_INPUT = "duplicate_input"  # one input_id at two different sequence numbers
+    IDEMPOTENCY_CONFLICT = "idempotency_conflict"  # known input_id, different content
+    SEQUENCE_CONFLICT = "sequence_conflict"  # import: a sequence disagrees with the stored log
+    INVALID_INPUT = "invalid_input"  # kind/payload/boundary not valid
+    INPUT_REFUSED = "input_refused"  # this input_id was received and refused earlier
+    TURN_INCOMPLETE = "turn_incomplete"  # accepted inputs not consumed yet: the turn continues
+    NO_SAFE_ANCHOR = "no_safe_anchor"  # resume cannot determine where to continue
+    NO_CHECKPOINT = "no_checkpoint"  # resume cause: no progress checkpoint before the compaction
+    READ_BOUND_EXCEEDED = "read_bound_exceeded"  # resume cause: the answer lies beyond the read bound
+    UNKNOWN_SESSION = "unknown_session"  # no record of this session
+    UNREADABLE_FILE = "unreadable_file"  # interchange file missing, not UTF-8 JSON lines, or invalid record
+
+
+class SessionLogError(Exception):
+    """A rejection as a value: a stable code plus a human message."""
+
+    def __init__(self, reason: SessionReason, message: str) -> None:
+        super().__init__(f"{reason.value}: {message}")
+        self.reason = reason
+        self.message = message
+
+
+# --- payloads, validated per kind (extra fields are kept and digested) ---------------------------
+
+
+class _Payload(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+class TextPayload(_Payload):
+    text: str
+
+
+class AnswerPayload(_Payload):
+    text: str
+    question_id: str | None = None
+
+
+class PermissionPayload(_Payload):
+    permission: str = Field(min_length=1)
+    scope: str = Field(min_length=1)
+
+
+class ProgressPayload(_Payload):
+    text: str
+    completed_tool_calls: StrictInt = Field(ge=0)
+    done: StrictBool = False
+
+
+class CompactionPayload(_Payload):
+    summary: str
+    covers_to_seq: StrictInt | None = Field(default=None, ge=0)
+
+
+class RollbackPayload(_Payload):
+    to_seq: StrictInt = Field(ge=0)
+
+
+PAYLOAD_MODELS: dict[InputKind, type[_Payload]] = {
+    InputKind.MESSAGE: TextPayload,
+    InputKind.STEER: TextPayload,
+    InputKind.QUEUED: TextPayload,
+    InputKind.ANSWER: AnswerPayload,
+    InputKind.ALLOW: PermissionPayload,
+    InputKind.REVOKE: PermissionPayload,
+    InputKind.PROGRESS: ProgressPayload,
+    InputKind.COMPACTION: CompactionPayload,
+    InputKind.ROLLBACK: RollbackPayload,
+}
+
+
+def validate_payload(kind: InputKind, payload: Any) -> dict[str, Any]:
+    """Check a payload against its kind; returns it unchanged (extra keys kept) or raises INVALID_INPUT."""
+    if not isinstance(payload, dict):
+        raise SessionLogError(SessionReason.INVALID_INPUT, f"{kind.value}: payload must be a JSON object")
+    try:
+        PAYLOAD_MODELS[kind].model_validate(payload)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "payload"
+        raise SessionLogError(SessionReason.INVALID_INPUT, f"{kind.value}: {where}: {first['msg']}") from None
+    return payload
+
+
+def check_boundary(kind: InputKind, payload: dict[str, Any], seq: int) -> None:
+    """A rollback/compaction boundary must lie before the record that carries it."""
+    field = {InputKind.ROLLBACK: "to_seq", InputKind.COMPACTION: "covers_to_seq"}.get(kind)
+    bound = payload.get(field) if field else None
+    if bound is not None and bound >= seq:
+        raise SessionLogError(
+            SessionReason.INVALID_INPUT, f"{kind.value}: {field}={bound} must be below its own sequence {seq}"
+        )
+
+
+class SessionInput(BaseModel):
+    """What a host submits to ``SessionLog.accept``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    input_id: str = Field(min_length=1, max_length=256)
+    kind: InputKind
+    payload: dict[str, Any] = Field(default_factory=dict)
+
+
+# --- the record tuple used by replay -------------------------------------------------------------
+
+
+class Rec(NamedTuple):
+    """One stored or interchanged record. Field order is the hot-path layout."""
+
+    seq: int | None  # acceptance sequence; None = unsequenced (legacy or refused)
+    input_id: str
+    kind: str
+    payload: dict[str, Any]
+    accepted: bool = True
+    legacy: bool = False  # explicitly marked legacy by an import or migration
+    log_last_seq: int | None = None  # the log's last sequence when this record was written out
+    received_at: str | None = None
+    refusal: str | None = None  # why a received input was not accepted
+
+
+# --- results -------------------------------------------------------------------------------------
+
+
+class AcceptResult(BaseModel):
+    session: str
+    input_id: str
+    accept_seq: int | None
+    status: Literal["accepted", "replayed", "refused"]
+    reason: str | None = None  # the refusal reason when status == "refused"
+
+
+class TurnResult(BaseModel):
+    session: str
+    status: Literal["completed", "continue"]
+    reason: SessionReason | None  # TURN_INCOMPLETE when the turn must continue
+    last_seq: int
+    last_consumed_seq: int
+    pending: list[int]  # accepted but not yet consumed sequences
+    turns_completed: int
+
+
+class PermissionDecision(NamedTuple):
+    """What the kernel asks before a command that needs a human grant.
+
+    ``seq``/``input_id`` cite the allow or revoke that decided; both are None for the
+    initial deny. ``reason`` is set when the log could not be replayed (then: deny).
+    """
+
+    decision: Literal["allow", "deny"]
+    seq: int | None
+    input_id: str | None = None
+    reason: SessionReason | None = None

@@ -1,0 +1,150 @@
+"""One database handle for both backends, with explicit write transactions.
+
+Writes are serialized on purpose: SQLite takes its single writer lock up front
+(``BEGIN IMMEDIATE``), PostgreSQL takes a transaction-level advisory lock first.
+Every check a command makes therefore sees the state its append will commit
+against, and the global event position is assigned in commit order.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from enum import StrEnum
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine
+
+# Any constant works; it only has to be the same in every process sharing a database.
+WRITER_LOCK_KEY = 0x7A5C_4B3E
+
+
+class Durability(StrEnum):
+    """How much an accepted write survives. Documented in docs/durability.md."""
+
+    FULL = "full"  # fsync at every commit: survives kill -9, OS crash and power loss
+    PROCESS = "process"  # survives kill -9 of any process, may lose the last commits on OS crash
+
+
+@dataclass
+class UnitOfWork:
+    """One write transaction: a connection plus per-transaction caches.
+
+    ``sql`` runs a prepared statement straight on the driver cursor. It exists for the
+    few statements on the command hot path, where SQLAlchemy's per-execute overhead
+    (~25 µs) would cost more than the write itself; everything else uses ``conn``.
+    """
+
+    conn: Connection
+    dialect: str
+    cache: dict[str, Any] = field(default_factory=dict)
+    _cursor: Any = None
+
+    def sql(self, statement: str, params: Sequence[Any] = ()) -> Any:
+        """Execute ``statement`` written with ``?`` placeholders; returns the DBAPI cursor."""
+        if self._cursor is None:
+            self._cursor = self.conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        self._cursor.execute(_placeholders(statement, self.dialect), params)
+        return self._cursor
+
+    def sql_many(self, statement: str, rows: Sequence[Sequence[Any]]) -> None:
+        if self._cursor is None:
+            self._cursor = self.conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        self._cursor.executemany(_placeholders(statement, self.dialect), rows)
+
+
+@lru_cache(maxsize=512)
+def _placeholders(statement: str, dialect: str) -> str:
+    return statement.replace("?", "%s") if dialect == "postgresql" else statement
+
+
+class Database:
+    def __init__(self, url: str, durability: Durability | str = Durability.FULL) -> None:
+        self.url = url
+        self.durability = Durability(durability)
+        self.engine: Engine = _make_engine(url, self.durability)
+        self.dialect: str = self.engine.dialect.name
+
+    @classmethod
+    def sqlite_file(cls, path: str | os.PathLike[str],
+                    durability: Durability | str = Durability.FULL) -> Database:
+        return cls(f"sqlite:///{Path(path).resolve()}", durability)
+
+    @property
+    def is_postgres(self) -> bool:
+        return self.dialect == "postgresql"
+
+    @contextmanager
+    def write(self) -> Iterator[UnitOfWork]:
+        """Exclusive write transaction; commits on normal exit, rolls back on error."""
+        with self.engine.connect().execution_options(taskkernel_write=True) as conn, conn.begin():
+            if self.is_postgres:
+                conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({WRITER_LOCK_KEY})")
+                if self.durability is Durability.PROCESS:
+                    conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
+            yield UnitOfWork(conn, self.dialect)
+
+    @contextmanager
+    def read(self) -> Iterator[Connection]:
+        """A read transaction: one consistent snapshot (SQLite deferred BEGIN / PG statement snapshot)."""
+        with self.engine.connect() as conn, conn.begin():
+            yield conn
+
+    def create_schema(self, *metadatas: sa.MetaData) -> None:
+        with self.engine.begin() as conn:
+            for md in metadatas:
+                md.create_all(conn)
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def _make_engine(url: str, durability: Durability) -> Engine:
+    if url.startswith("sqlite"):
+        return _sqlite_engine(url, durability)
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg://" + url[len("postgresql://") :]
+    return sa.create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
+
+
+def _sqlite_engine(url: str, durability: Durability) -> Engine:
+    engine = sa.create_engine(url, connect_args={"timeout": 60, "check_same_thread": False})
+    synchronous = "FULL" if durability is Durability.FULL else "NORMAL"
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Let us emit BEGIN ourselves: pysqlite's implicit transactions cannot take the write lock up front.
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute(f"PRAGMA synchronous={synchronous}")
+        cur.execute("PRAGMA busy_timeout=60000")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        if conn.get_execution_options().get("taskkernel_write"):
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        else:
+            conn.exec_driver_sql("BEGIN")
+
+    return engine
+
+
+_SAFE_SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+def with_pg_schema(url: str, schema: str) -> str:
+    """Point a PostgreSQL URL at one schema (used to isolate tests and workspaces)."""
+    if not _SAFE_SCHEMA.match(schema):
+        raise ValueError(f"unsafe schema name {schema!r}")
+    sep = "&" if "?" in url else "?"
+    return f"{url}{sep}options=-csearch_path%3D{schema}"

@@ -1,0 +1,199 @@
+"""Append-only event store: optimistic concurrency per stream, commit-ordered global
+position, a SHA-256 hash chain for tamper evidence, and upcasting on read."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from kernel.canonical import canonical_json, sha256_hex, utc_now_iso
+from kernel.reasons import ConcurrencyError
+from kernel.store.db import UnitOfWork
+from kernel.store.schema import events as events_table
+
+GENESIS_HASH = "0" * 64
+_CHAIN_SEP = "\x1f"
+
+Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class NewEvent:
+    type: str
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedEvent:
+    global_pos: int
+    stream_id: str
+    stream_version: int
+    type: str
+    schema_version: int
+    data: dict[str, Any]
+    meta: dict[str, Any]
+    recorded_at: str
+    hash: str
+
+
+class Upcasters:
+    """Pure functions turning an event's data from schema version v to v+1, applied on read."""
+
+    def __init__(self) -> None:
+        self._current: dict[str, int] = {}
+        self._steps: dict[tuple[str, int], Upcaster] = {}
+
+    def current_version(self, event_type: str) -> int:
+        return self._current.get(event_type, 1)
+
+    def register(self, event_type: str, from_version: int, fn: Upcaster) -> None:
+        self._steps[(event_type, from_version)] = fn
+        self._current[event_type] = max(self._current.get(event_type, 1), from_version + 1)
+
+    def upcast(self, event_type: str, version: int, data: dict[str, Any]) -> dict[str, Any]:
+        target = self.current_version(event_type)
+        while version < target:
+            data = self._steps[(event_type, version)](data)
+            version += 1
+        return data
+
+
+def chain_hash(prev_hash: str, pos: int, stream_id: str, version: int, event_type: str,
+               schema_version: int, data_text: str, meta_text: str, recorded_at: str) -> str:
+    """sha256(previous hash ‖ canonical event); fields joined by U+001F, JSON already canonical."""
+    body = _CHAIN_SEP.join(
+        (prev_hash, str(pos), stream_id, str(version), event_type, str(schema_version),
+         data_text, meta_text, recorded_at)
+    )
+    return sha256_hex(body)
+
+
+_HEAD_SQL = "SELECT global_pos, hash FROM events ORDER BY global_pos DESC LIMIT 1"
+_STREAM_HEAD_SQL = "SELECT max(stream_version) FROM events WHERE stream_id = ?"
+_INSERT_SQL = ("INSERT INTO events (global_pos, stream_id, stream_version, event_type, schema_version, data, meta,"
+               " recorded_at, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
+_COLUMNS = (events_table.c.global_pos, events_table.c.stream_id, events_table.c.stream_version,
+            events_table.c.event_type, events_table.c.schema_version, events_table.c.data,
+            events_table.c.meta, events_table.c.recorded_at, events_table.c.hash)
+
+
+class EventStore:
+    def __init__(self, upcasters: Upcasters | None = None) -> None:
+        self.upcasters = upcasters or Upcasters()
+
+    # -- writing -----------------------------------------------------------------------------
+    def stream_version(self, uow: UnitOfWork, stream_id: str) -> int:
+        return uow.sql(_STREAM_HEAD_SQL, (stream_id,)).fetchone()[0] or 0
+
+    def append(self, uow: UnitOfWork, stream_id: str, expected_version: int,
+               new_events: Sequence[NewEvent], meta: dict[str, Any],
+               *, verified_version: bool = False) -> list[RecordedEvent]:
+        """Append after ``expected_version``; raise ConcurrencyError if the head moved.
+
+        ``verified_version`` lets a caller that already read the stream head inside this
+        same write transaction skip the re-read (the writer lock keeps it valid).
+        """
+        if not verified_version:
+            actual = self.stream_version(uow, stream_id)
+            if actual != expected_version:
+                raise ConcurrencyError(stream_id, expected_version, actual)
+        pos, prev = self._chain_head(uow)
+        meta_text = canonical_json(meta)
+        recorded_at = meta.get("recorded_at") or utc_now_iso()
+        rows: list[tuple[Any, ...]] = []
+        out: list[RecordedEvent] = []
+        version = expected_version
+        for ev in new_events:
+            pos += 1
+            version += 1
+            schema_version = self.upcasters.current_version(ev.type)
+            data_text = canonical_json(ev.data)
+            h = chain_hash(prev, pos, stream_id, version, ev.type, schema_version, data_text,
+                           meta_text, recorded_at)
+            rows.append((pos, stream_id, version, ev.type, schema_version, data_text, meta_text, recorded_at, h))
+            out.append(RecordedEvent(pos, stream_id, version, ev.type, schema_version, ev.data, meta,
+                                     recorded_at, h))
+            prev = h
+        try:
+            if len(rows) == 1:
+                uow.sql(_INSERT_SQL, rows[0])
+            else:
+                uow.sql_many(_INSERT_SQL, rows)
+        except Exception as exc:  # a unique violation: the head moved despite the check; never overwrite
+            if "unique" in str(exc).lower() or "duplicate" in str(exc).lower():
+                raise ConcurrencyError(stream_id, expected_version, -1) from exc
+            raise
+        uow.cache["chain_head"] = (pos, prev)
+        return out
+
+    def _chain_head(self, uow: UnitOfWork) -> tuple[int, str]:
+        head = uow.cache.get("chain_head")
+        if head is None:
+            row = uow.sql(_HEAD_SQL).fetchone()
+            head = (row[0], row[1]) if row else (0, GENESIS_HASH)
+            uow.cache["chain_head"] = head
+        return head
+
+    # -- reading -----------------------------------------------------------------------------
+    def read_stream(self, conn: Connection, stream_id: str) -> list[RecordedEvent]:
+        q = sa.select(*_COLUMNS).where(events_table.c.stream_id == stream_id).order_by(
+            events_table.c.stream_version)
+        return [self._decode(r) for r in conn.execute(q)]
+
+    def read_all(self, conn: Connection, from_pos: int = 1, batch: int = 5000,
+                 stream_prefix: str | None = None) -> Iterator[RecordedEvent]:
+        """Every event from ``from_pos`` in global order, fetched in bounded batches."""
+        pos = from_pos
+        while True:
+            q = sa.select(*_COLUMNS).where(events_table.c.global_pos >= pos)
+            if stream_prefix:
+                q = q.where(events_table.c.stream_id.startswith(stream_prefix, autoescape=True))
+            rows = conn.execute(q.order_by(events_table.c.global_pos).limit(batch)).all()
+            if not rows:
+                return
+            for r in rows:
+                yield self._decode(r)
+            pos = rows[-1][0] + 1
+
+    def raw_rows(self, conn: Connection, from_pos: int = 1, batch: int = 5000) -> Iterator[sa.Row[Any]]:
+        """Undecoded rows in global order (for the chain verifier and bulk rebuilds)."""
+        pos = from_pos
+        while True:
+            q = sa.select(*_COLUMNS).where(events_table.c.global_pos >= pos).order_by(
+                events_table.c.global_pos).limit(batch)
+            rows = conn.execute(q).all()
+            if not rows:
+                return
+            yield from rows
+            pos = rows[-1][0] + 1
+
+    def _decode(self, r: Any) -> RecordedEvent:
+        data = self.upcasters.upcast(r[3], r[4], json.loads(r[5]))
+        return RecordedEvent(r[0], r[1], r[2], r[3], r[4], data, json.loads(r[6]), r[7], r[8])
+
+
+@dataclass(frozen=True)
+class ChainBreak:
+    global_pos: int
+    detail: str
+
+
+def verify_chain(store: EventStore, conn: Connection) -> ChainBreak | None:
+    """Walk the hash chain; return the first position where it breaks, or None."""
+    prev = GENESIS_HASH
+    expected_pos = 1
+    for r in store.raw_rows(conn):
+        pos = r[0]
+        if pos != expected_pos:
+            return ChainBreak(expected_pos, f"position {expected_pos} is missing (next is {pos})")
+        h = chain_hash(prev, pos, r[1], r[2], r[3], r[4], r[5], r[6], r[7])
+        if h != r[8]:
+            return ChainBreak(pos, "hash does not match the event and its predecessor")
+        prev = h
+        expected_pos = pos + 1
+    return None

@@ -1,0 +1,40 @@
+"""The role protocol: a declaration of powers, imported by the kernel only through the registry."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from kernel.model.commands import CommandType
+
+ALL_COMMANDS = frozenset(CommandType)
+DRIVER_COMMANDS = frozenset({CommandType.CLAIM, CommandType.SUBMIT, CommandType.SUBMIT_REPORT})
+
+
+class AssignScope(StrEnum):
+    """To whom a role may address new tasks."""
+
+    ANYONE = "anyone"
+    LEADER = "leader"  # workers report upwards only (FCoP Rule 4)
+    NOBODY = "nobody"
+
+
+@dataclass(frozen=True)
+class RoleSpec:
+    code: str
+    commands: frozenset[CommandType] = DRIVER_COMMANDS
+    assign_scope: AssignScope = AssignScope.NOBODY
+    description: str = ""
+    # Invoked by the coordinator when a task is dispatched to this role (None: runner config decides).
+    handler: Callable[..., Any] | None = field(default=None, compare=False)
+
+    def may_issue(self, command: CommandType) -> bool:
+        return command in self.commands
+
+
+def least_privilege(code: str) -> RoleSpec:
+    """An unknown role may only drive tasks explicitly addressed to it."""
+    return RoleSpec(code=code, commands=DRIVER_COMMANDS, assign_scope=AssignScope.NOBODY,
+                    description="unknown role: least privilege")
