@@ -1,0 +1,37 @@
+# Two commands matter on a fresh machine: `make demo` and `make test` (see README.md).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup demo test soak bench lint typecheck clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+setup: $(BIN)/.installed
+
+demo: setup
+	$(BIN)/taskkernel demo
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+soak: setup
+	$(BIN)/python -m pytest -q -m soak
+
+bench: setup
+	$(BIN)/python bench/kernel.py
+	$(BIN)/python bench/sessionlog.py
+	$(BIN)/python bench/scheduler.py
+
+lint: setup
+	$(BIN)/ruff check kernel roles scheduler tests bench
+
+typecheck: setup
+	$(BIN)/mypy kernel roles scheduler
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

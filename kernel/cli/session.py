@@ -1,0 +1,230 @@
+"""``taskkernel session ...``: accept, replay, export, import, resume (docs/sessionlog.md).
+
+Exit codes: 0 ok / known, 2 rejected / unknown / no safe anchor, 64 usage, 65 unreadable file.
+``replay --file`` and ``resume --file`` work without any workspace or database.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+import typer
+
+from kernel.cli.common import Exit, emit, fail, get_ctx, stderr
+from kernel.sessionlog import (
+    LogFileError,
+    Order,
+    Rec,
+    SessionLog,
+    SessionLogError,
+    SessionReason,
+    parse_lines,
+    read_file,
+    replay,
+    resume_from_records,
+)
+from kernel.sessionlog.models import InputKind
+from kernel.sessionlog.reducers import reducer_names
+from kernel.sessionlog.resume import DEFAULT_MAX_BYTES, DEFAULT_MAX_INPUTS
+
+app = typer.Typer(no_args_is_help=True, help="Acceptance-sequenced session log.")
+
+
+def _log(ctx: typer.Context) -> SessionLog:
+    return SessionLog(get_ctx(ctx).database())
+
+
+def _reject(exc: SessionLogError) -> NoReturn:
+    """Map a session-log rejection to its exit code: bad input is usage (64), the rest is 2."""
+    if exc.reason is SessionReason.INVALID_INPUT:
+        fail(Exit.USAGE, exc.message, reason=exc.reason.value)
+    if exc.reason is SessionReason.UNREADABLE_FILE:
+        fail(Exit.DATAERR, exc.message, reason=exc.reason.value)
+    emit({"status": "rejected", "reason": exc.reason.value, "message": exc.message})
+    stderr.print(f"[red]rejected[/red] {exc.reason.value}: {exc.message}")
+    raise typer.Exit(int(Exit.REJECTED))
+
+
+def _file_session(path: Path, session: str | None) -> tuple[str, list[Rec]]:
+    """The one session a file holds (or the one named); an unreadable file exits 65."""
+    try:
+        by_session = read_file(path)
+    except LogFileError as exc:
+        _reject(exc)
+    if session is not None:
+        return session, by_session.get(session, [])
+    if len(by_session) > 1:
+        fail(Exit.DATAERR, f"{path} holds several sessions ({', '.join(sorted(by_session))}); name one",
+             reason=SessionReason.UNREADABLE_FILE.value)
+    return next(iter(by_session.items()), ("", []))
+
+
+def _payload(text: str | None) -> dict[str, Any]:
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        fail(Exit.USAGE, f"--payload is not JSON: {exc.msg}", reason=SessionReason.INVALID_INPUT.value)
+    if not isinstance(value, dict):
+        fail(Exit.USAGE, "--payload must be a JSON object", reason=SessionReason.INVALID_INPUT.value)
+    return value
+
+
+KIND_HELP = "Input kind: " + ", ".join(k.value for k in InputKind) + "."
+
+
+@app.command("accept")
+def accept(
+    ctx: typer.Context,
+    session: str = typer.Argument(..., help="Session id."),
+    kind: InputKind = typer.Option(..., "--kind", help=KIND_HELP),
+    input_id: str = typer.Option(..., "--input-id", help="Idempotency id of this input within the session."),
+    payload: str = typer.Option(None, "--payload", help="Payload JSON object (fields depend on --kind)."),
+) -> None:
+    """Accept one input: prints its acceptance sequence once it is committed."""
+    try:
+        res = _log(ctx).accept(session, {"input_id": input_id, "kind": kind, "payload": _payload(payload)})
+    except SessionLogError as exc:
+        _reject(exc)
+    if res.status == "refused":
+        _reject(SessionLogError(SessionReason.INPUT_REFUSED, f"{input_id!r} was refused earlier: {res.reason}"))
+    emit({"session": session, "input_id": input_id, "accept_seq": res.accept_seq, "status": res.status})
+
+
+@app.command("refuse")
+def refuse(
+    ctx: typer.Context,
+    session: str = typer.Argument(..., help="Session id."),
+    kind: InputKind = typer.Option(..., "--kind", help=KIND_HELP),
+    input_id: str = typer.Option(..., "--input-id", help="Id of the refused input."),
+    reason: str = typer.Option(..., "--reason", help="Why it was refused (free text, e.g. a policy name)."),
+    payload: str = typer.Option(None, "--payload", help="Payload JSON object."),
+) -> None:
+    """Record an input as received but not accepted (it never takes part in replay)."""
+    try:
+        res = _log(ctx).refuse(session, {"input_id": input_id, "kind": kind, "payload": _payload(payload)}, reason)
+    except SessionLogError as exc:
+        _reject(exc)
+    emit(res.model_dump(mode="json"))
+
+
+def _check_reducer(value: str) -> str:
+    if value not in reducer_names():
+        raise typer.BadParameter(f"choose one of {', '.join(reducer_names())}")
+    return value
+
+
+@app.command("replay")
+def replay_cmd(
+    ctx: typer.Context,
+    session: str = typer.Argument(None, help="Session id (from the database, or selects one session of --file)."),
+    file: Path = typer.Option(None, "--file", help="Replay a JSONL interchange file; needs no workspace."),
+    order: Order = typer.Option(Order.ACCEPTANCE, "--order", help="acceptance (the truth) or record (naive)."),
+    as_of: int = typer.Option(None, "--as-of", min=0, help="Use only inputs accepted at sequence <= N."),
+    reducer: str = typer.Option("inputs", "--reducer", callback=_check_reducer,
+                                help="inputs (the ordered context) or permission (allow/revoke)."),
+) -> None:
+    """Replay a session: exit 0 known, 2 unknown, 65 unreadable file."""
+    if file is None and session is None:
+        raise typer.BadParameter("give a SESSION or --file LOG.jsonl")
+    if file is not None:
+        _, records = _file_session(file, session)
+    else:
+        records = _log(ctx).records(session)
+    result = replay(records, order=order, as_of=as_of, reducer=reducer)
+    emit(result.to_json())
+    if not result.known:
+        stderr.print(f"[yellow]unknown[/yellow] {result.reason}: {result.detail}")
+        raise typer.Exit(int(Exit.REJECTED))
+
+
+@app.command("export")
+def export(
+    ctx: typer.Context,
+    session: str = typer.Argument(..., help="Session id."),
+    output: Path = typer.Option(None, "--output", "-o", help="Write here instead of stdout (fsynced)."),
+) -> None:
+    """Write the session as JSON Lines, in storage order."""
+    log = _log(ctx)
+    if not log.exists(session):
+        _reject(SessionLogError(SessionReason.UNKNOWN_SESSION, f"no session {session!r}"))
+    lines = [line + "\n" for line in log.export(session)]
+    if output is None:
+        sys.stdout.writelines(lines)
+        sys.stdout.flush()
+        return
+    with output.open("w", encoding="utf-8") as fh:
+        fh.writelines(lines)
+        fh.flush()
+        os.fsync(fh.fileno())
+    stderr.print(f"exported {len(lines)} record(s) of {session} to {output}")
+
+
+@app.command("import")
+def import_cmd(
+    ctx: typer.Context,
+    source: str = typer.Argument(..., metavar="FILE|-", help="JSONL interchange file, or - for stdin."),
+) -> None:
+    """Import interchange records, keeping and verifying their sequences (all or nothing)."""
+    try:
+        by_session = parse_lines(sys.stdin.read().splitlines()) if source == "-" else read_file(source)
+        summary = _log(ctx).import_records(by_session)
+    except SessionLogError as exc:
+        _reject(exc)
+    emit({"status": "imported", "sessions": summary})
+
+
+@app.command("resume")
+def resume(
+    ctx: typer.Context,
+    session: str = typer.Argument(None, help="Session id."),
+    file: Path = typer.Option(None, "--file", help="Read a JSONL interchange file instead of the database."),
+    max_inputs: int = typer.Option(DEFAULT_MAX_INPUTS, "--max-inputs", min=1, help="Read bound: newest inputs."),
+    max_bytes: int = typer.Option(DEFAULT_MAX_BYTES, "--max-bytes", min=1, help="Read bound: payload bytes."),
+) -> None:
+    """Where to continue after a compaction: exit 0 with an anchor, 2 with anchor null (no_safe_anchor)."""
+    if file is None and session is None:
+        raise typer.BadParameter("give a SESSION or --file LOG.jsonl")
+    try:
+        if file is not None:
+            name, records = _file_session(file, session)
+            answer = resume_from_records(name, records, max_inputs=max_inputs, max_bytes=max_bytes)
+        else:
+            answer = _log(ctx).resume(session, max_inputs=max_inputs, max_bytes=max_bytes)
+    except SessionLogError as exc:
+        _reject(exc)
+    emit(answer.model_dump(mode="json"))
+    if answer.anchor is None:
+        stderr.print(f"[yellow]no safe anchor[/yellow] ({answer.cause}): nothing is resumed automatically")
+        raise typer.Exit(int(Exit.REJECTED))
+
+
+@app.command("consume")
+def consume(
+    ctx: typer.Context,
+    session: str = typer.Argument(..., help="Session id."),
+    through: int = typer.Option(..., "--through", min=0, help="Last acceptance sequence now consumed."),
+) -> None:
+    """Mark accepted inputs consumed by the running turn."""
+    try:
+        consumed = _log(ctx).consume(session, through)
+    except SessionLogError as exc:
+        _reject(exc)
+    emit({"session": session, "last_consumed_seq": consumed})
+
+
+@app.command("complete-turn")
+def complete_turn(ctx: typer.Context, session: str = typer.Argument(..., help="Session id.")) -> None:
+    """Complete the turn if every accepted input was consumed; else exit 2 (turn_incomplete)."""
+    try:
+        res = _log(ctx).complete_turn(session)
+    except SessionLogError as exc:
+        _reject(exc)
+    emit(res.model_dump(mode="json"))
+    if res.status != "completed":
+        raise typer.Exit(int(Exit.REJECTED))

@@ -1,0 +1,344 @@
+"""``SessionLog``: the durable, acceptance-sequenced record of what each session was told.
+
+Every write runs in one ``db.write()`` transaction (SQLite ``BEGIN IMMEDIATE`` / PostgreSQL
+advisory lock): the counter row is incremented with ``UPDATE ... RETURNING`` and the input is
+stored in the same transaction, so a sequence exists exactly when its input does. Methods
+return only after commit, which is when a host may report "accepted".
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import sqlalchemy as sa
+from pydantic import ValidationError
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import Connection
+
+from kernel.canonical import canonical_json, digest, utc_now_iso
+from kernel.sessionlog.interchange import dump_lines
+from kernel.sessionlog.models import (
+    AcceptResult,
+    PermissionDecision,
+    Rec,
+    SessionInput,
+    SessionLogError,
+    SessionReason,
+    TurnResult,
+    check_boundary,
+    validate_payload,
+)
+from kernel.sessionlog.reducers import PermissionReducer
+from kernel.sessionlog.replay import Order, ReplayResult, replay
+from kernel.sessionlog.resume import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_INPUTS,
+    ResumeAnswer,
+    Window,
+    damaged,
+    decide,
+)
+from kernel.sessionlog.tables import install, session_counter, session_input
+from kernel.store.db import Database
+
+C = session_counter.c
+I = session_input.c  # noqa: E741 - column namespace, read as "input"
+
+
+def content_digest(kind: str, payload: Mapping[str, Any]) -> str:
+    return digest({"kind": kind, "payload": payload})
+
+
+def coerce_input(inp: SessionInput | Mapping[str, Any]) -> SessionInput:
+    if isinstance(inp, SessionInput):
+        si = inp
+    else:
+        try:
+            si = SessionInput.model_validate(inp)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "input"
+            raise SessionLogError(SessionReason.INVALID_INPUT, f"{where}: {first['msg']}") from None
+    validate_payload(si.kind, si.payload)
+    return si
+
+
+class SessionLog:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        install(db)
+
+    # --- writing ---------------------------------------------------------------------------------
+
+    def accept(self, session: str, inp: SessionInput | Mapping[str, Any]) -> AcceptResult:
+        """Store the input with the session's next acceptance sequence (or return its original one)."""
+        si = coerce_input(inp)
+        dig = content_digest(si.kind.value, si.payload)
+        with self.db.write() as uow:
+            conn = uow.conn
+            prior = self._prior(conn, session, si.input_id, dig)
+            if prior is not None:
+                return prior
+            seq, record_no = self._bump(conn, uow.dialect, session, seq=True)
+            check_boundary(si.kind, si.payload, seq)  # raising rolls the increment back: no gap
+            self._insert(conn, session, record_no, seq, si, dig, accepted=True)
+        return AcceptResult(session=session, input_id=si.input_id, accept_seq=seq, status="accepted")
+
+    def refuse(self, session: str, inp: SessionInput | Mapping[str, Any], reason: str) -> AcceptResult:
+        """Record an input that was received but not accepted: no sequence, never replayed."""
+        si = _loose_input(inp)
+        dig = content_digest(si.kind.value, si.payload)
+        with self.db.write() as uow:
+            prior = self._prior(uow.conn, session, si.input_id, dig)
+            if prior is not None:
+                return prior
+            _, record_no = self._bump(uow.conn, uow.dialect, session, seq=False)
+            self._insert(uow.conn, session, record_no, None, si, dig, accepted=False, refusal=reason)
+        return AcceptResult(session=session, input_id=si.input_id, accept_seq=None, status="refused", reason=reason)
+
+    def consume(self, session: str, through_seq: int) -> int:
+        """Mark every accepted input up to ``through_seq`` consumed; returns last_consumed_seq."""
+        with self.db.write() as uow:
+            last_seq, consumed, _ = self._counter(uow.conn, session, for_update=True)
+            if not 0 <= through_seq <= last_seq:
+                raise SessionLogError(
+                    SessionReason.INVALID_INPUT, f"cannot consume through {through_seq}: last accepted is {last_seq}"
+                )
+            consumed = max(consumed, through_seq)
+            uow.conn.execute(
+                sa.update(session_counter).where(C.session_id == session).values(last_consumed_seq=consumed)
+            )
+        return consumed
+
+    def complete_turn(self, session: str) -> TurnResult:
+        """Complete the turn only if every accepted input was consumed (one transaction)."""
+        with self.db.write() as uow:
+            last_seq, consumed, turns = self._counter(uow.conn, session, for_update=True)
+            done = consumed == last_seq
+            if done:
+                turns += 1
+                uow.conn.execute(
+                    sa.update(session_counter).where(C.session_id == session).values(turns_completed=turns)
+                )
+        return TurnResult(
+            session=session, status="completed" if done else "continue",
+            reason=None if done else SessionReason.TURN_INCOMPLETE, last_seq=last_seq,
+            last_consumed_seq=consumed, pending=list(range(consumed + 1, last_seq + 1)), turns_completed=turns,
+        )
+
+    def import_records(self, by_session: Mapping[str, Sequence[Rec]]) -> dict[str, dict[str, int]]:
+        """Import interchange records, keeping and verifying their sequences; all or nothing.
+
+        Each session's records must replay as ``known``. Records already stored must match
+        (same content, same sequence, same accepted flag); new sequenced records must continue
+        after the stored log. Unsequenced accepted records are stored as legacy records.
+        """
+        for session, recs in by_session.items():
+            verdict = replay(recs)
+            if not verdict.known:
+                raise SessionLogError(verdict.reason, f"session {session!r}: {verdict.detail}")  # type: ignore[arg-type]
+        summary: dict[str, dict[str, int]] = {}
+        with self.db.write() as uow:
+            for session, recs in by_session.items():
+                summary[session] = self._import_session(uow.conn, uow.dialect, session, recs)
+        return summary
+
+    # --- reading ---------------------------------------------------------------------------------
+
+    def records(self, session: str, conn: Connection | None = None) -> list[Rec]:
+        """All records in storage order; ``log_last_seq`` carries the counter, so a lost tail shows."""
+        with self._reading(conn) as c:
+            row = c.execute(sa.select(C.last_seq).where(C.session_id == session)).first()
+            if row is None:
+                return []
+            last = row[0]
+            rows = c.execute(
+                sa.select(I.seq, I.input_id, I.kind, I.payload, I.accepted, I.legacy, I.received_at, I.refusal)
+                .where(I.session_id == session)
+                .order_by(I.record_no)
+            ).all()
+        return [Rec(s, i, k, json.loads(p), bool(a), bool(lg), last, ra, rf) for s, i, k, p, a, lg, ra, rf in rows]
+
+    def sessions(self) -> list[str]:
+        with self.db.read() as c:
+            return list(c.execute(sa.select(C.session_id).order_by(C.session_id)).scalars())
+
+    def exists(self, session: str) -> bool:
+        with self.db.read() as c:
+            return c.execute(sa.select(C.session_id).where(C.session_id == session)).first() is not None
+
+    def replay(
+        self, session: str, *, order: Order | str = Order.ACCEPTANCE, as_of: int | None = None,
+        reducer: str = "inputs",
+    ) -> ReplayResult:
+        return replay(self.records(session), order=order, as_of=as_of, reducer=reducer)
+
+    def export(self, session: str) -> Iterator[str]:
+        """The session as interchange lines, in storage order."""
+        return dump_lines(session, self.records(session))
+
+    def permission_decision(
+        self, session: str, permission: str, scope: str, as_of: int | None = None, conn: Connection | None = None,
+    ) -> PermissionDecision:
+        """allow/deny for one permission and scope at the current sequence (or as of ``as_of``).
+
+        Pass the caller's ``conn`` to decide inside its own transaction, so the cutoff is the
+        sequence visible to the command being checked. A log that does not replay as ``known``
+        denies (fail closed) and says why.
+        """
+        result = replay(self.records(session, conn), as_of=as_of, reducer="permission")
+        if not result.known:
+            return PermissionDecision("deny", None, None, result.reason)
+        decision, seq, input_id = PermissionReducer.lookup(result.state, permission, scope)
+        return PermissionDecision(decision, seq, input_id, None)
+
+    def resume(
+        self, session: str, *, max_inputs: int = DEFAULT_MAX_INPUTS, max_bytes: int = DEFAULT_MAX_BYTES
+    ) -> ResumeAnswer:
+        """Where to continue after a compaction; reads at most the newest ``max_inputs`` inputs."""
+        bound = Window(max_inputs, max_bytes)
+        with self.db.read() as c:
+            row = c.execute(sa.select(C.last_seq).where(C.session_id == session)).first()
+            if row is None:
+                raise SessionLogError(SessionReason.UNKNOWN_SESSION, f"no session {session!r}")
+            last_seq = row[0]
+            cols = (I.seq, I.input_id, I.kind, I.payload)
+            newest = c.execute(
+                sa.select(*cols).where(I.session_id == session, I.accepted, I.seq.is_not(None))
+                .order_by(I.seq.desc()).limit(max_inputs + 1)
+            )
+            bound.take(Rec(s, i, k, json.loads(p)) for s, i, k, p in newest)
+            window = bound.ordered()
+            reaches_start = not bound.full
+            if reaches_start:
+                legacy = c.execute(
+                    sa.select(*cols).where(I.session_id == session, I.accepted, I.seq.is_(None))
+                    .order_by(I.record_no.desc())
+                )
+                bound.take(Rec(s, i, k, json.loads(p), True, True) for s, i, k, p in legacy)
+        first = last_seq - len(window) + 1
+        if [r.seq for r in window] != list(range(first, last_seq + 1)) or (reaches_start and first != 1):
+            return damaged(session, SessionReason.MISSING_SEQUENCE, bound, window)
+        legacy_read = [r for r in bound.ordered() if r.seq is None]
+        return decide(session, legacy_read, window, bound, complete=not bound.full)
+
+    # --- internals -------------------------------------------------------------------------------
+
+    @contextmanager
+    def _reading(self, conn: Connection | None) -> Iterator[Connection]:
+        if conn is not None:
+            yield conn
+        else:
+            with self.db.read() as c:
+                yield c
+
+    def _prior(self, conn: Connection, session: str, input_id: str, dig: str) -> AcceptResult | None:
+        """The recorded outcome of a known input_id (idempotency), or None if it is new."""
+        row = conn.execute(
+            sa.select(I.seq, I.content_digest, I.accepted, I.refusal)
+            .where(I.session_id == session, I.input_id == input_id)
+        ).first()
+        if row is None:
+            return None
+        seq, stored, accepted, refusal = row
+        if stored != dig:
+            raise SessionLogError(
+                SessionReason.IDEMPOTENCY_CONFLICT,
+                f"input_id {input_id!r} of session {session!r} was recorded with different content",
+            )
+        if not accepted:
+            return AcceptResult(session=session, input_id=input_id, accept_seq=None, status="refused", reason=refusal)
+        return AcceptResult(session=session, input_id=input_id, accept_seq=seq, status="replayed")
+
+    @staticmethod
+    def _bump(conn: Connection, dialect: str, session: str, *, seq: bool) -> tuple[int, int]:
+        """Increment the counter row (created at 0 if missing); returns (last_seq, last_record)."""
+        ins = (pg_insert if dialect == "postgresql" else sqlite_insert)(session_counter)
+        conn.execute(
+            ins.values(session_id=session, last_seq=0, last_record=0, last_consumed_seq=0, turns_completed=0)
+            .on_conflict_do_nothing(index_elements=["session_id"])
+        )
+        values: dict[str, Any] = {"last_record": C.last_record + 1}
+        if seq:
+            values["last_seq"] = C.last_seq + 1
+        row = conn.execute(
+            sa.update(session_counter).where(C.session_id == session).values(**values)
+            .returning(C.last_seq, C.last_record)
+        ).one()
+        return int(row[0]), int(row[1])
+
+    @staticmethod
+    def _counter(conn: Connection, session: str, *, for_update: bool = False) -> tuple[int, int, int]:
+        q = sa.select(C.last_seq, C.last_consumed_seq, C.turns_completed).where(C.session_id == session)
+        row = conn.execute(q.with_for_update() if for_update else q).first()
+        if row is None:
+            raise SessionLogError(SessionReason.UNKNOWN_SESSION, f"no session {session!r}")
+        return int(row[0]), int(row[1]), int(row[2])
+
+    @staticmethod
+    def _insert(
+        conn: Connection, session: str, record_no: int, seq: int | None, si: SessionInput, dig: str, *,
+        accepted: bool, legacy: bool = False, refusal: str | None = None, received_at: str | None = None,
+    ) -> None:
+        conn.execute(
+            sa.insert(session_input).values(
+                session_id=session, record_no=record_no, seq=seq, input_id=si.input_id, kind=si.kind.value,
+                payload=canonical_json(si.payload), content_digest=dig, accepted=accepted, legacy=legacy,
+                refusal=refusal, received_at=received_at or utc_now_iso(),
+            )
+        )
+
+    def _import_session(self, conn: Connection, dialect: str, session: str, recs: Sequence[Rec]) -> dict[str, int]:
+        row = conn.execute(sa.select(C.last_seq).where(C.session_id == session)).first()
+        stored_last = int(row[0]) if row else 0
+        imported = present = 0
+        top = stored_last
+        for r in recs:
+            si = _loose_input({"input_id": r.input_id, "kind": r.kind, "payload": r.payload})
+            dig = content_digest(r.kind, r.payload)
+            seq = r.seq if r.accepted else None
+            known = conn.execute(
+                sa.select(I.seq, I.content_digest, I.accepted).where(I.session_id == session, I.input_id == r.input_id)
+            ).first()
+            if known is not None:
+                if known[1] != dig:
+                    raise SessionLogError(
+                        SessionReason.IDEMPOTENCY_CONFLICT, f"{session}/{r.input_id}: stored with different content"
+                    )
+                if bool(known[2]) != r.accepted or (seq is not None and known[0] != seq):
+                    raise SessionLogError(
+                        SessionReason.SEQUENCE_CONFLICT,
+                        f"{session}/{r.input_id}: stored as accepted={bool(known[2])} seq={known[0]}, "
+                        f"file says accepted={r.accepted} seq={seq}",
+                    )
+                present += 1
+                continue
+            if seq is not None and seq <= stored_last:
+                raise SessionLogError(
+                    SessionReason.SEQUENCE_CONFLICT,
+                    f"{session}/{r.input_id}: sequence {seq} is already taken by another input",
+                )
+            _, record_no = self._bump(conn, dialect, session, seq=False)
+            self._insert(
+                conn, session, record_no, seq, si, dig, accepted=r.accepted, legacy=r.accepted and seq is None,
+                refusal=r.refusal, received_at=r.received_at,
+            )
+            imported += 1
+            top = max(top, seq or 0, r.log_last_seq or 0)
+        if top > stored_last:
+            conn.execute(sa.update(session_counter).where(C.session_id == session).values(last_seq=top))
+        return {"imported": imported, "already_present": present, "last_seq": top}
+
+
+def _loose_input(inp: SessionInput | Mapping[str, Any]) -> SessionInput:
+    """Shape-check an input without its kind's payload rules: refused input may be malformed."""
+    try:
+        return inp if isinstance(inp, SessionInput) else SessionInput.model_validate(inp)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise SessionLogError(SessionReason.INVALID_INPUT, f"{first['loc']}: {first['msg']}") from None
+

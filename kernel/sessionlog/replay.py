@@ -1,0 +1,203 @@
+"""Pure replay: records in any storage order -> ``known`` (ordered inputs, reduced state) or ``unknown``.
+
+Rules (docs/sessionlog.md, "Replay rules"):
+
+* Only accepted records take part; the others are listed in ``excluded``.
+* Acceptance order: sequenced records are placed in slot ``seq`` of a list sized by the highest
+  sequence the log proves to exist (the highest ``accept_seq`` or ``log_last_seq``). That is O(n),
+  no sort, and every gap or second claim on a slot is found on the way: the verdict is then
+  ``unknown``, never a best guess.
+* Legacy: a log whose accepted records *all* lack a sequence replays in record order
+  (``legacy: true``). In a mixed log, records marked ``legacy: true`` replay first, in record order;
+  any other unsequenced record makes the log ``unknown`` / ``missing_sequence``.
+* As-of N: only sequences <= N are used (legacy records count as before sequence 1; in an
+  all-legacy log record positions stand in for sequences). Damage after N does not matter.
+* Record order (``--order record``) is the naive reading: storage order, sequences ignored, always
+  ``known``; it exists to show what a recording-order reader would conclude.
+* Rollback markers rewind the context to the state as of their boundary; the markers and the
+  dropped inputs stay in ``order`` (history is never rewritten) but not in the reduced context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from kernel.sessionlog.models import InputKind, Rec, SessionReason
+from kernel.sessionlog.reducers import Reducer, get_reducer
+
+_ROLLBACK = InputKind.ROLLBACK.value
+
+
+class Order(StrEnum):
+    ACCEPTANCE = "acceptance"
+    RECORD = "record"
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayResult:
+    status: str  # "known" | "unknown"
+    reason: SessionReason | None
+    order: list[str]
+    excluded: list[str]
+    legacy: bool
+    as_of: int | None
+    state: Any  # the reducer's raw state; None when unknown
+    reducer: Reducer
+    detail: str = ""  # human explanation of an unknown verdict (stderr, never part of the JSON contract)
+
+    @property
+    def known(self) -> bool:
+        return self.status == "known"
+
+    def to_json(self) -> dict[str, Any]:
+        """The CLI contract: exactly these keys."""
+        return {
+            "status": self.status,
+            "reason": self.reason.value if self.reason else None,
+            "order": self.order,
+            "excluded": self.excluded,
+            "legacy": self.legacy,
+            "as_of": self.as_of,
+            "state": None if self.state is None else self.reducer.to_json(self.state),
+        }
+
+
+class RollbackOutOfWindow(Exception):
+    """A rollback boundary lies before the first record that was read (bounded reads only)."""
+
+
+def replay(
+    records: Sequence[Rec],
+    *,
+    order: Order | str = Order.ACCEPTANCE,
+    as_of: int | None = None,
+    reducer: Reducer | str = "inputs",
+) -> ReplayResult:
+    """Replay one session's records (any storage order)."""
+    red = get_reducer(reducer) if isinstance(reducer, str) else reducer
+    if as_of is not None and as_of < 0:
+        raise ValueError("as_of must be >= 0")
+    excluded: list[str] = []
+    legacy_recs: list[Rec] = []
+    loose: list[Rec] = []  # unsequenced, not marked legacy
+    sequenced: list[Rec] = []
+    declared = 0
+    for r in records:
+        if not r[4]:
+            excluded.append(r[1])
+            continue
+        if r[0] is None:
+            (legacy_recs if r[5] else loose).append(r)
+        else:
+            sequenced.append(r)
+        if r[6] is not None and r[6] > declared:
+            declared = r[6]
+    # A declared length > 0 proves sequenced records existed, so loose records are not legacy.
+    all_legacy = not sequenced and not legacy_recs and bool(loose) and declared == 0
+    if all_legacy:
+        legacy_recs, loose = loose, []
+    is_legacy = bool(legacy_recs) and not loose
+
+    if Order(order) is Order.RECORD:
+        return _replay_record_order(records, as_of, red, excluded, is_legacy, all_legacy)
+
+    def unknown(reason: SessionReason, detail: str) -> ReplayResult:
+        return ReplayResult("unknown", reason, [], excluded, is_legacy, as_of, None, red, detail)
+
+    if loose:
+        return unknown(
+            SessionReason.MISSING_SEQUENCE,
+            f"{len(loose)} accepted record(s) without accept_seq among sequenced ones "
+            f"(first: {loose[0][1]!r}); storage position cannot prove when they were accepted",
+        )
+    if all_legacy and as_of is not None:
+        legacy_recs = legacy_recs[:as_of]
+
+    top = declared
+    for r in sequenced:
+        if r[0] > top:
+            top = r[0]
+    limit = top if as_of is None else min(as_of, top)
+    slots: list[Rec | None] = [None] * (limit + 1)
+    for r in sequenced:
+        s = r[0]
+        if s <= limit:
+            if slots[s] is not None:
+                return unknown(
+                    SessionReason.DUPLICATE_SEQUENCE,
+                    f"sequence {s} is claimed by {slots[s][1]!r} and {r[1]!r}",  # type: ignore[index]
+                )
+            slots[s] = r
+    try:
+        gap = slots.index(None, 1)
+    except ValueError:
+        gap = 0
+    if gap:
+        return unknown(SessionReason.MISSING_SEQUENCE, f"sequence {gap} is missing (log reaches {top})")
+
+    entries: list[Rec] = legacy_recs + slots[1:] if legacy_recs else slots[1:]  # type: ignore[assignment]
+    ids = [r[1] for r in entries]
+    if len(set(ids)) != len(ids):
+        seen: set[str] = set()
+        dup = next(i for i in ids if i in seen or seen.add(i))  # type: ignore[func-returns-value]
+        return unknown(SessionReason.DUPLICATE_INPUT, f"input_id {dup!r} appears at two positions")
+    effective = effective_context(legacy_recs, slots[1:]) if _has_rollback(entries) else entries  # type: ignore[arg-type]
+    return ReplayResult("known", None, ids, excluded, is_legacy, as_of, red.fold(effective, entries), red)
+
+
+def _replay_record_order(
+    records: Sequence[Rec], as_of: int | None, red: Reducer, excluded: list[str], is_legacy: bool,
+    all_legacy: bool,
+) -> ReplayResult:
+    accepted = [r for r in records if r[4]]
+    if as_of is not None:
+        if all_legacy:
+            accepted = accepted[:as_of]
+        else:  # the cutoff is by acceptance sequence whatever the order; unproven records stay out
+            accepted = [r for r in accepted if (r[0] is not None and r[0] <= as_of) or (r[0] is None and r[5])]
+    effective = effective_context(accepted, []) if _has_rollback(accepted) else accepted
+    order = [r[1] for r in accepted]
+    return ReplayResult("known", None, order, excluded, is_legacy, as_of, red.fold(effective, accepted), red)
+
+
+def _has_rollback(entries: Sequence[Rec]) -> bool:
+    return any(r[2] == _ROLLBACK for r in entries)
+
+
+def effective_context(legacy: Sequence[Rec], sequenced: Sequence[Rec], base: int = 0) -> list[Rec]:
+    """Apply rollback markers: the context after a marker equals the context as of its boundary.
+
+    ``legacy`` records are addressed by their 1-based record position, ``sequenced`` records
+    (contiguous, starting at ``base + 1``) by their sequence. A marker only addresses its own
+    domain; the legacy prefix lies before sequence 1. A boundary at or after the marker itself
+    rewinds nothing. The context is a persistent cons list so every snapshot costs O(1).
+    """
+    node: tuple[Rec, Any] | None = None
+    legacy_snaps: dict[int, Any] = {0: None}
+    for pos, r in enumerate(legacy, 1):
+        node = _step(r, pos, node, legacy_snaps, 0)
+        legacy_snaps[pos] = node
+    seq_snaps: dict[int, Any] = {base: node}
+    for r in sequenced:
+        node = _step(r, r[0], node, seq_snaps, base)  # type: ignore[arg-type]
+        seq_snaps[r[0]] = node  # type: ignore[index]
+    out: list[Rec] = []
+    while node is not None:
+        out.append(node[0])
+        node = node[1]
+    out.reverse()
+    return out
+
+
+def _step(r: Rec, key: int, node: Any, snaps: dict[int, Any], base: int) -> Any:
+    if r[2] != _ROLLBACK:
+        return (r, node)
+    bound = r[3]["to_seq"]
+    if bound >= key:
+        return node
+    if bound < base:
+        raise RollbackOutOfWindow(f"rollback {r[1]!r} rewinds to {bound}, before the first record read ({base + 1})")
+    return snaps[bound]
