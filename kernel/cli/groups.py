@@ -6,6 +6,7 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
-    from kernel.cli import kernel_cmds
+    from kernel.cli import demo, kernel_cmds
 
     kernel_cmds.register(app)
+    app.command("demo")(demo.demo)
