@@ -2,7 +2,8 @@
 
     python bench/kernel.py [--n 3000] [--durability full|process] [--quick]
 
-Prints accepted commands/s for (a) raw sqlite3, one transaction per command, inserting the
+Prints accepted commands/s (variants alternate in chunks so disk noise hits them alike)
+for (a) raw sqlite3, one transaction per command, inserting the
 same rows (event, receipt, task row) with the same pragmas; (b) TaskCommandKernel sequentially
 (full validation, receipt, events, projection, commit); (c) 8 concurrent submitters through the
 group committer; and (d) projection rebuild speed over 100k events. Ratios are against (a).
@@ -19,6 +20,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -43,61 +45,84 @@ def fresh_db(tmp: Path, name: str, durability: str) -> Database:
     return db
 
 
-def bench_raw(tmp: Path, n: int, durability: str) -> float:
+class RawBaseline:
     """Same schema, same rows, plain sqlite3, one transaction per command."""
-    path = tmp / "raw.db"
-    fresh_db(tmp, "raw.db", durability).dispose()
-    con = sqlite3.connect(path, isolation_level=None)
-    con.execute("PRAGMA journal_mode=WAL")
-    con.execute(f"PRAGMA synchronous={'FULL' if durability == 'full' else 'NORMAL'}")
-    prev = "0" * 64
-    start = time.perf_counter()
-    for i in range(n):
-        tid = f"TASK-20260101-{i + 1:03d}"
-        doc = canonical_json({"task_id": tid, "subject": f"task {i}", "state": "inbox", "revision": 1})
-        data, meta, at = canonical_json(create_cmd(i, "raw")["payload"]), "{}", utc_now_iso()
-        h = sha256_hex(prev + data)
-        con.execute("BEGIN IMMEDIATE")
-        con.execute("INSERT INTO events VALUES (?, ?, 1, 'task_created', 1, ?, ?, ?, ?)",
-                    (i + 1, f"task:{tid}", data, meta, at, h))
-        con.execute("INSERT INTO receipts VALUES (?, 'create_task', ?, 'ADMIN', ?, '{}', ?, ?, ?)",
-                    (f"raw-{i}", h, tid, i + 1, i + 1, at))
-        con.execute("INSERT INTO tasks VALUES (?, 'inbox', 1, 0, NULL, ?, 'PM', ?, ?)", (tid, tid, doc, i + 1))
-        con.execute("COMMIT")
-        prev = h
-    elapsed = time.perf_counter() - start
-    con.close()
-    return n / elapsed
+
+    def __init__(self, tmp: Path, durability: str) -> None:
+        fresh_db(tmp, "raw.db", durability).dispose()
+        self.con = sqlite3.connect(tmp / "raw.db", isolation_level=None)
+        self.con.execute("PRAGMA journal_mode=WAL")
+        self.con.execute(f"PRAGMA synchronous={'FULL' if durability == 'full' else 'NORMAL'}")
+        self.prev, self.i = "0" * 64, 0
+
+    def run(self, n: int) -> None:
+        con = self.con
+        for _ in range(n):
+            i = self.i = self.i + 1
+            tid = f"TASK-20260101-{i:03d}"
+            doc = canonical_json({"task_id": tid, "subject": f"task {i}", "state": "inbox", "revision": 1})
+            data, meta, at = canonical_json(create_cmd(i, "raw")["payload"]), "{}", utc_now_iso()
+            h = sha256_hex(self.prev + data)
+            con.execute("BEGIN IMMEDIATE")
+            con.execute("INSERT INTO events VALUES (?, ?, 1, 'task_created', 1, ?, ?, ?, ?)",
+                        (i, f"task:{tid}", data, meta, at, h))
+            con.execute("INSERT INTO receipts VALUES (?, 'create_task', ?, 'ADMIN', ?, '{}', ?, ?, ?)",
+                        (f"raw-{i}", h, tid, i, i, at))
+            con.execute("INSERT INTO tasks VALUES (?, 'inbox', 1, 0, NULL, ?, 'PM', ?, ?)", (tid, tid, doc, i))
+            con.execute("COMMIT")
+            self.prev = h
 
 
 def make_kernel(db: Database) -> TaskCommandKernel:
     return TaskCommandKernel(db, RoleRegistry.for_team("PM", ["PM", "DEV", "QA", "OPS"], load_plugins=False))
 
 
-def bench_sequential(tmp: Path, n: int, durability: str) -> float:
-    kernel = make_kernel(fresh_db(tmp, "seq.db", durability))
-    start = time.perf_counter()
-    for i in range(n):
-        assert kernel.submit(create_cmd(i, "seq"), LOCAL_OWNER).status == "accepted"
-    return n / (time.perf_counter() - start)
+class Sequential:
+    def __init__(self, tmp: Path, durability: str) -> None:
+        self.kernel = make_kernel(fresh_db(tmp, "seq.db", durability))
+        self.i = 0
+
+    def run(self, n: int) -> None:
+        for _ in range(n):
+            self.i += 1
+            assert self.kernel.submit(create_cmd(self.i, "seq"), LOCAL_OWNER).status == "accepted"
 
 
-def bench_group(tmp: Path, n: int, durability: str, submitters: int = 8) -> float:
-    kernel = make_kernel(fresh_db(tmp, "group.db", durability))
-    per = n // submitters
-    with GroupCommitter(kernel) as gc:
-        def run(worker: int) -> None:
-            for i in range(per):
-                assert gc.submit(create_cmd(worker * per + i, "grp"), LOCAL_OWNER).status == "accepted"
+class Grouped:
+    """`submitters` threads submitting concurrently through the group committer."""
 
-        threads = [threading.Thread(target=run, args=(w,)) for w in range(submitters)]
-        start = time.perf_counter()
+    def __init__(self, tmp: Path, durability: str, submitters: int = 8) -> None:
+        self.gc = GroupCommitter(make_kernel(fresh_db(tmp, "group.db", durability)))
+        self.submitters, self.i = submitters, 0
+
+    def run(self, n: int) -> None:
+        per = n // self.submitters
+        base = self.i
+        self.i += per * self.submitters
+
+        def work(w: int) -> None:
+            for k in range(per):
+                assert self.gc.submit(create_cmd(base + w * per + k, "grp"), LOCAL_OWNER).status == "accepted"
+
+        threads = [threading.Thread(target=work, args=(w,)) for w in range(self.submitters)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        elapsed = time.perf_counter() - start
-    return per * submitters / elapsed
+
+
+def interleaved(runners: dict[str, Any], n: int, rounds: int) -> dict[str, float]:
+    """Run the variants in alternating chunks so disk noise hits them alike; returns commands/s each."""
+    spent = dict.fromkeys(runners, 0.0)
+    done = dict.fromkeys(runners, 0)
+    chunk = max(8, n // rounds)
+    for _ in range(rounds):
+        for name, runner in runners.items():
+            t0 = time.perf_counter()
+            runner.run(chunk)
+            spent[name] += time.perf_counter() - t0
+            done[name] += chunk - (chunk % 8 if name == "group" else 0)
+    return {name: done[name] / spent[name] for name in runners}
 
 
 def bench_rebuild(tmp: Path, events: int) -> float:
@@ -141,9 +166,11 @@ def main() -> None:
         args.n, args.events = 400, 5000
     with tempfile.TemporaryDirectory(dir=os.environ.get("TASKKERNEL_BENCH_DIR")) as d:
         tmp = Path(d)
-        raw = bench_raw(tmp, args.n, args.durability)
-        seq = bench_sequential(tmp, args.n, args.durability)
-        grp = bench_group(tmp, args.n, args.durability)
+        runners = {"raw": RawBaseline(tmp, args.durability), "seq": Sequential(tmp, args.durability),
+                   "group": Grouped(tmp, args.durability)}
+        rates = interleaved(runners, args.n, rounds=10)
+        runners["group"].gc.close()
+        raw, seq, grp = rates["raw"], rates["seq"], rates["group"]
         rebuild = bench_rebuild(tmp, args.events)
     result = {"durability": args.durability, "commands": args.n,
               "raw_sqlite3_per_s": round(raw), "kernel_sequential_per_s": round(seq),
