@@ -160,7 +160,7 @@ class EventStore:
                 yield self._decode(r)
             pos = rows[-1][0] + 1
 
-    def raw_rows(self, conn: Connection, from_pos: int = 1, batch: int = 5000) -> Iterator[sa.Row[Any]]:
+    def raw_rows(self, conn: Connection, from_pos: int = 1, batch: int = 5000) -> Iterator[tuple[Any, ...]]:
         """Undecoded rows in global order (for the chain verifier and bulk rebuilds)."""
         pos = from_pos
         while True:
