@@ -129,6 +129,11 @@ class TaskCommandKernel:
             raw = conn.execute(sa.select(tasks.c.doc).where(tasks.c.task_id == task_id)).scalar()
         return json.loads(raw) if raw else None
 
+    def children(self, task_id: str) -> list[dict[str, Any]]:
+        with self.db.read() as conn:
+            rows = conn.execute(sa.select(tasks.c.doc).where(tasks.c.parent == task_id).order_by(tasks.c.task_id))
+            return [json.loads(r[0]) for r in rows]
+
     def history(self, task_id: str) -> list[RecordedEvent]:
         with self.db.read() as conn:
             return self.store.read_stream(conn, task_stream(task_id))

@@ -6,7 +6,8 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
-    from kernel.cli import demo, kernel_cmds
+    from kernel.cli import demo, kernel_cmds, up
 
     kernel_cmds.register(app)
     app.command("demo")(demo.demo)
+    app.command("up")(up.up)

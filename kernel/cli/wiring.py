@@ -1,25 +1,17 @@
-"""Composition root for CLI commands: builds the kernel with the workspace's team and roles."""
+"""Composition root for CLI commands: builds the kernel exactly as the coordinator does."""
 
 from __future__ import annotations
 
 from kernel.cli.common import CliContext
 from kernel.commands import TaskCommandKernel
+from kernel.coordinator import build_kernel as build_workspace_kernel
 from kernel.credentials import resolve_principal
 from kernel.model.principal import Principal
-from kernel.workspace import TEAM_PRESETS, Team
-from roles.registry import RoleRegistry
-
-
-def team_of(ctx: CliContext) -> Team:
-    root = ctx.workspace_root()
-    if root is None:
-        return Team.from_fcop_json(TEAM_PRESETS["dev-team"])
-    return ctx.workspace().team()
 
 
 def build_kernel(ctx: CliContext) -> TaskCommandKernel:
-    team = team_of(ctx)
-    return TaskCommandKernel(ctx.database(), RoleRegistry.for_team(team.leader, team.roles))
+    root = ctx.workspace_root()
+    return build_workspace_kernel(ctx.database(), ctx.workspace() if root else None)
 
 
 def principal_of(ctx: CliContext) -> Principal | None:

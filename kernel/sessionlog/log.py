@@ -15,8 +15,6 @@ from typing import Any
 
 import sqlalchemy as sa
 from pydantic import ValidationError
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 
 from kernel.canonical import canonical_json, digest, utc_now_iso
@@ -47,6 +45,16 @@ from kernel.store.db import Database
 
 C = session_counter.c
 I = session_input.c  # noqa: E741 - column namespace, read as "input"
+
+# Built once: accept runs these on every call, and prebuilt statements skip SQLAlchemy's per-call construction.
+_PRIOR = sa.select(I.seq, I.content_digest, I.accepted, I.refusal).where(
+    I.session_id == sa.bindparam("sid"), I.input_id == sa.bindparam("iid"))
+_BUMP_SEQ = (sa.update(session_counter).where(C.session_id == sa.bindparam("sid"))
+             .values(last_seq=C.last_seq + 1, last_record=C.last_record + 1).returning(C.last_seq, C.last_record))
+_BUMP_RECORD = (sa.update(session_counter).where(C.session_id == sa.bindparam("sid"))
+                .values(last_record=C.last_record + 1).returning(C.last_seq, C.last_record))
+_NEW_COUNTER = sa.insert(session_counter)
+_INSERT_INPUT = sa.insert(session_input)
 
 
 def content_digest(kind: str, payload: Mapping[str, Any]) -> str:
@@ -83,7 +91,7 @@ class SessionLog:
             prior = self._prior(conn, session, si.input_id, dig)
             if prior is not None:
                 return prior
-            seq, record_no = self._bump(conn, uow.dialect, session, seq=True)
+            seq, record_no = self._bump(conn, session, seq=True)
             check_boundary(si.kind, si.payload, seq)  # raising rolls the increment back: no gap
             self._insert(conn, session, record_no, seq, si, dig, accepted=True)
         return AcceptResult(session=session, input_id=si.input_id, accept_seq=seq, status="accepted")
@@ -96,7 +104,7 @@ class SessionLog:
             prior = self._prior(uow.conn, session, si.input_id, dig)
             if prior is not None:
                 return prior
-            _, record_no = self._bump(uow.conn, uow.dialect, session, seq=False)
+            _, record_no = self._bump(uow.conn, session, seq=False)
             self._insert(uow.conn, session, record_no, None, si, dig, accepted=False, refusal=reason)
         return AcceptResult(session=session, input_id=si.input_id, accept_seq=None, status="refused", reason=reason)
 
@@ -144,7 +152,7 @@ class SessionLog:
         summary: dict[str, dict[str, int]] = {}
         with self.db.write() as uow:
             for session, recs in by_session.items():
-                summary[session] = self._import_session(uow.conn, uow.dialect, session, recs)
+                summary[session] = self._import_session(uow.conn, session, recs)
         return summary
 
     # --- reading ---------------------------------------------------------------------------------
@@ -238,10 +246,7 @@ class SessionLog:
 
     def _prior(self, conn: Connection, session: str, input_id: str, dig: str) -> AcceptResult | None:
         """The recorded outcome of a known input_id (idempotency), or None if it is new."""
-        row = conn.execute(
-            sa.select(I.seq, I.content_digest, I.accepted, I.refusal)
-            .where(I.session_id == session, I.input_id == input_id)
-        ).first()
+        row = conn.execute(_PRIOR, {"sid": session, "iid": input_id}).first()
         if row is None:
             return None
         seq, stored, accepted, refusal = row
@@ -255,20 +260,17 @@ class SessionLog:
         return AcceptResult(session=session, input_id=input_id, accept_seq=seq, status="replayed")
 
     @staticmethod
-    def _bump(conn: Connection, dialect: str, session: str, *, seq: bool) -> tuple[int, int]:
-        """Increment the counter row (created at 0 if missing); returns (last_seq, last_record)."""
-        ins = (pg_insert if dialect == "postgresql" else sqlite_insert)(session_counter)
-        conn.execute(
-            ins.values(session_id=session, last_seq=0, last_record=0, last_consumed_seq=0, turns_completed=0)
-            .on_conflict_do_nothing(index_elements=["session_id"])
-        )
-        values: dict[str, Any] = {"last_record": C.last_record + 1}
-        if seq:
-            values["last_seq"] = C.last_seq + 1
-        row = conn.execute(
-            sa.update(session_counter).where(C.session_id == session).values(**values)
-            .returning(C.last_seq, C.last_record)
-        ).one()
+    def _bump(conn: Connection, session: str, *, seq: bool) -> tuple[int, int]:
+        """Increment the counter row (created at 0 if missing); returns (last_seq, last_record).
+
+        No upsert is needed: every writer holds the database write lock (``db.write()``).
+        """
+        stmt = _BUMP_SEQ if seq else _BUMP_RECORD
+        row = conn.execute(stmt, {"sid": session}).first()
+        if row is None:
+            conn.execute(_NEW_COUNTER, {"session_id": session, "last_seq": 0, "last_record": 0,
+                                        "last_consumed_seq": 0, "turns_completed": 0})
+            row = conn.execute(stmt, {"sid": session}).one()
         return int(row[0]), int(row[1])
 
     @staticmethod
@@ -284,15 +286,13 @@ class SessionLog:
         conn: Connection, session: str, record_no: int, seq: int | None, si: SessionInput, dig: str, *,
         accepted: bool, legacy: bool = False, refusal: str | None = None, received_at: str | None = None,
     ) -> None:
-        conn.execute(
-            sa.insert(session_input).values(
-                session_id=session, record_no=record_no, seq=seq, input_id=si.input_id, kind=si.kind.value,
-                payload=canonical_json(si.payload), content_digest=dig, accepted=accepted, legacy=legacy,
-                refusal=refusal, received_at=received_at or utc_now_iso(),
-            )
-        )
+        conn.execute(_INSERT_INPUT, {
+            "session_id": session, "record_no": record_no, "seq": seq, "input_id": si.input_id, "kind": si.kind.value,
+            "payload": canonical_json(si.payload), "content_digest": dig, "accepted": accepted, "legacy": legacy,
+            "refusal": refusal, "received_at": received_at or utc_now_iso(),
+        })
 
-    def _import_session(self, conn: Connection, dialect: str, session: str, recs: Sequence[Rec]) -> dict[str, int]:
+    def _import_session(self, conn: Connection, session: str, recs: Sequence[Rec]) -> dict[str, int]:
         row = conn.execute(sa.select(C.last_seq).where(C.session_id == session)).first()
         stored_last = int(row[0]) if row else 0
         imported = present = 0
@@ -322,7 +322,7 @@ class SessionLog:
                     SessionReason.SEQUENCE_CONFLICT,
                     f"{session}/{r.input_id}: sequence {seq} is already taken by another input",
                 )
-            _, record_no = self._bump(conn, dialect, session, seq=False)
+            _, record_no = self._bump(conn, session, seq=False)
             self._insert(
                 conn, session, record_no, seq, si, dig, accepted=r.accepted, legacy=r.accepted and seq is None,
                 refusal=r.refusal, received_at=r.received_at,

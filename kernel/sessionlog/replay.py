@@ -23,12 +23,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from operator import itemgetter
 from typing import Any
 
 from kernel.sessionlog.models import InputKind, Rec, SessionReason
 from kernel.sessionlog.reducers import Reducer, get_reducer
 
 _ROLLBACK = InputKind.ROLLBACK.value
+_SEQ, _ID, _KIND, _DECLARED = (itemgetter(i) for i in (0, 1, 2, 6))
 
 
 class Order(StrEnum):
@@ -80,28 +82,27 @@ def replay(
     red = get_reducer(reducer) if isinstance(reducer, str) else reducer
     if as_of is not None and as_of < 0:
         raise ValueError("as_of must be >= 0")
+    order = Order(order)
+    if order is Order.ACCEPTANCE and as_of is None:
+        placed = _place_complete(records)
+        if placed is not None:  # the common case: every record accepted, sequences exactly 1..n
+            ordered, declared = placed
+            if declared > len(ordered):
+                detail = f"sequence {len(ordered) + 1} is missing (log reaches {declared})"
+                return ReplayResult("unknown", SessionReason.MISSING_SEQUENCE, [], [], False, None, None, red, detail)
+            return _known(ordered, [], [], False, None, red)
+
     excluded: list[str] = []
     legacy_recs: list[Rec] = []
     loose: list[Rec] = []  # unsequenced, not marked legacy
-    sequenced: list[Rec] = []
-    declared = 0
-    for r in records:
-        if not r[4]:
-            excluded.append(r[1])
-            continue
-        if r[0] is None:
-            (legacy_recs if r[5] else loose).append(r)
-        else:
-            sequenced.append(r)
-        if r[6] is not None and r[6] > declared:
-            declared = r[6]
+    sequenced, declared = _classify(records, excluded, legacy_recs, loose)
     # A declared length > 0 proves sequenced records existed, so loose records are not legacy.
     all_legacy = not sequenced and not legacy_recs and bool(loose) and declared == 0
     if all_legacy:
         legacy_recs, loose = loose, []
     is_legacy = bool(legacy_recs) and not loose
 
-    if Order(order) is Order.RECORD:
+    if order is Order.RECORD:
         return _replay_record_order(records, as_of, red, excluded, is_legacy, all_legacy)
 
     def unknown(reason: SessionReason, detail: str) -> ReplayResult:
@@ -116,36 +117,73 @@ def replay(
     if all_legacy and as_of is not None:
         legacy_recs = legacy_recs[:as_of]
 
-    top = declared
-    for r in sequenced:
-        if r[0] > top:
-            top = r[0]
+    by_seq = dict(zip(map(_SEQ, sequenced), sequenced, strict=True))
+    top = max(declared, max(by_seq, default=0))
     limit = top if as_of is None else min(as_of, top)
-    slots: list[Rec | None] = [None] * (limit + 1)
-    for r in sequenced:
-        s = r[0]
-        if s <= limit:
-            if slots[s] is not None:
-                return unknown(
-                    SessionReason.DUPLICATE_SEQUENCE,
-                    f"sequence {s} is claimed by {slots[s][1]!r} and {r[1]!r}",  # type: ignore[index]
-                )
-            slots[s] = r
+    if len(by_seq) != len(sequenced):
+        claims: dict[int, str] = {}
+        for r in sequenced:
+            if r[0] <= limit:
+                if r[0] in claims:
+                    return unknown(
+                        SessionReason.DUPLICATE_SEQUENCE, f"sequence {r[0]} is claimed by {claims[r[0]]!r} and {r[1]!r}"
+                    )
+                claims[r[0]] = r[1]
     try:
-        gap = slots.index(None, 1)
-    except ValueError:
-        gap = 0
-    if gap:
-        return unknown(SessionReason.MISSING_SEQUENCE, f"sequence {gap} is missing (log reaches {top})")
+        ordered = list(map(by_seq.__getitem__, range(1, limit + 1)))
+    except KeyError as gap:
+        return unknown(SessionReason.MISSING_SEQUENCE, f"sequence {gap.args[0]} is missing (log reaches {top})")
+    return _known(ordered, legacy_recs, excluded, is_legacy, as_of, red)
 
-    entries: list[Rec] = legacy_recs + slots[1:] if legacy_recs else slots[1:]  # type: ignore[assignment]
-    ids = [r[1] for r in entries]
+
+def _place_complete(records: Sequence[Rec]) -> tuple[list[Rec], int] | None:
+    """One pass: slot every record at its sequence. None unless all are accepted and exactly 1..n.
+
+    n records in n distinct slots of 1..n fill every slot, so no separate gap check is needed.
+    """
+    n = len(records)
+    slots: list[Any] = [None] * (n + 1)
+    for r in records:
+        s = r[0]
+        if s is None or s > n or not r[4] or slots[s] is not None:
+            return None
+        slots[s] = r
+    ordered = slots[1:]
+    return ordered, max(filter(None, map(_DECLARED, ordered)), default=0)
+
+
+def _known(
+    ordered: list[Rec], legacy_recs: list[Rec], excluded: list[str], is_legacy: bool, as_of: int | None,
+    red: Reducer,
+) -> ReplayResult:
+    entries = legacy_recs + ordered if legacy_recs else ordered
+    ids = list(map(_ID, entries))
     if len(set(ids)) != len(ids):
         seen: set[str] = set()
         dup = next(i for i in ids if i in seen or seen.add(i))  # type: ignore[func-returns-value]
-        return unknown(SessionReason.DUPLICATE_INPUT, f"input_id {dup!r} appears at two positions")
-    effective = effective_context(legacy_recs, slots[1:]) if _has_rollback(entries) else entries  # type: ignore[arg-type]
+        detail = f"input_id {dup!r} appears at two positions"
+        return ReplayResult("unknown", SessionReason.DUPLICATE_INPUT, [], excluded, is_legacy, as_of, None, red, detail)
+    effective = effective_context(legacy_recs, ordered) if _has_rollback(entries) else entries
     return ReplayResult("known", None, ids, excluded, is_legacy, as_of, red.fold(effective, entries), red)
+
+
+def _classify(
+    records: Sequence[Rec], excluded: list[str], legacy_recs: list[Rec], loose: list[Rec]
+) -> tuple[list[Rec], int]:
+    """Split by acceptance and sequence; returns the sequenced records and the declared log length."""
+    sequenced: list[Rec] = []
+    declared = 0
+    for r in records:
+        if not r[4]:
+            excluded.append(r[1])
+            continue
+        if r[0] is None:
+            (legacy_recs if r[5] else loose).append(r)
+        else:
+            sequenced.append(r)
+        if r[6] is not None and r[6] > declared:
+            declared = r[6]
+    return sequenced, declared
 
 
 def _replay_record_order(
@@ -164,7 +202,7 @@ def _replay_record_order(
 
 
 def _has_rollback(entries: Sequence[Rec]) -> bool:
-    return any(r[2] == _ROLLBACK for r in entries)
+    return _ROLLBACK in map(_KIND, entries)
 
 
 def effective_context(legacy: Sequence[Rec], sequenced: Sequence[Rec], base: int = 0) -> list[Rec]:

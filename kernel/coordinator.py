@@ -1,0 +1,92 @@
+"""The coordinator (`taskkernel up`): wires the adapters around the kernel and drives them.
+
+One pass = dispatch new tasks, relay wake-ups, run due agents. `run_once` repeats passes
+until nothing moves (for scripts and tests); `run` keeps going until stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kernel.commands import EffectRule, TaskCommandKernel
+from kernel.logging import get_logger
+from kernel.runners.config import runner_specs
+from kernel.runners.dispatcher import WAKE_RULE, Dispatcher
+from kernel.store.db import Database
+from kernel.store.schema import metadata
+from kernel.workspace import Workspace
+from roles.registry import RoleRegistry
+
+log = get_logger(__name__)
+STANDARD_EFFECTS: tuple[EffectRule, ...] = (WAKE_RULE,)
+
+
+def build_kernel(db: Database, workspace: Workspace | None) -> TaskCommandKernel:
+    """The kernel as every process of a workspace must build it (same roles, same effect rules)."""
+    team = workspace.team() if workspace else None
+    roles = RoleRegistry.for_team(team.leader, team.roles) if team else RoleRegistry.for_team(
+        "PM", ["PM", "DEV", "QA", "OPS"])
+    db.create_schema(metadata)
+    return TaskCommandKernel(db, roles, effect_rules=STANDARD_EFFECTS)
+
+
+@dataclass
+class PassStats:
+    dispatched: int = 0
+    wakes: int = 0
+    runs: int = 0
+    extra: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def progress(self) -> int:
+        return self.dispatched + self.wakes + self.runs + sum(self.extra.values())
+
+
+Stage = Callable[[], int]
+
+
+class Coordinator:
+    def __init__(self, workspace: Workspace, db: Database, *, owner: str | None = None) -> None:
+        self.workspace = workspace
+        self.db = db
+        self.kernel = build_kernel(db, workspace)
+        team = workspace.team()
+        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
+        self.dispatcher = Dispatcher(self.kernel, workspace.root, runner_specs(workspace.config),
+                                     owner=self.owner, leader=team.leader)
+        self.stages: dict[str, Stage] = {}  # further adapters (folders, scheduler) register here
+
+    def add_stage(self, name: str, stage: Stage) -> None:
+        self.stages[name] = stage
+
+    def pass_once(self) -> PassStats:
+        stats = PassStats()
+        for name, stage in self.stages.items():
+            stats.extra[name] = stage()
+        stats.dispatched = self.dispatcher.dispatch_new()
+        stats.wakes = self.dispatcher.relay_wakes()
+        stats.runs = self.dispatcher.run_due()
+        return stats
+
+    def run_once(self, max_passes: int = 500) -> list[PassStats]:
+        """Process everything pending, then return (runs that back off into the future are left due)."""
+        history = []
+        for _ in range(max_passes):
+            stats = self.pass_once()
+            history.append(stats)
+            if stats.progress == 0:
+                break
+        return history
+
+    async def run(self, stop: asyncio.Event, poll_seconds: float = 1.0) -> None:
+        while not stop.is_set():
+            stats = await asyncio.to_thread(self.pass_once)
+            if stats.progress == 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=poll_seconds)
+        log.info("coordinator_stopped", owner=self.owner)

@@ -1,0 +1,197 @@
+"""Dispatch: claim inbox tasks for roles that have a runner, wake agents, run them under leases.
+
+Dispatch is a claim submitted through the kernel on the agent's behalf (the agent is recorded
+as `by`); the claim's outbox row, written in the same transaction, becomes a run in the run
+ledger. Runs are retried with exponential backoff up to the role's bound; after that the task
+gets a `blocked` report with the reason: never a silent infinite retry.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from kernel.commands import EffectRule, TaskCommandKernel
+from kernel.credentials import issue_token
+from kernel.logging import get_logger
+from kernel.model.principal import Principal
+from kernel.outbox import OutboxRelay
+from kernel.runners.agent import AgentContext
+from kernel.runners.command import Outcome, run_command
+from kernel.runners.config import RunnerKind, RunnerSpec
+from kernel.runners.ledger import ClaimedRun, Purpose, RunLedger
+from kernel.runners.scripted import ScriptedAgent, agent_for
+from kernel.store.schema import tasks
+from kernel.usage import Feature, UsageRecord, record_usage
+from kernel.usage import install as install_usage
+
+log = get_logger(__name__)
+
+WAKE_EFFECT = "agent_wake"
+WAKE_RULE = EffectRule(WAKE_EFFECT, frozenset({
+    "task_claimed", "task_submitted", "task_rejected", "task_reopened", "task_approved", "task_archived",
+    "task_force_archived"}))
+RunObserver = Callable[[ClaimedRun, Outcome], None]
+
+
+class Dispatcher:
+    def __init__(self, kernel: TaskCommandKernel, workspace: Path, specs: dict[str, RunnerSpec], *,
+                 owner: str, leader: str, handlers: dict[str, ScriptedAgent] | None = None,
+                 task_file: Callable[[dict[str, Any]], Path] | None = None,
+                 observers: list[RunObserver] | None = None) -> None:
+        self.kernel = kernel
+        self.db = kernel.db
+        self.workspace = workspace
+        self.specs = specs
+        self.leader = leader
+        self.handlers = handlers or {}
+        self.task_file = task_file or self._fallback_task_file
+        self.observers = observers or []
+        lease = max((s.timeout for s in specs.values()), default=600.0) + 60.0
+        self.ledger = RunLedger(self.db, owner, lease_seconds=lease)
+        self.relay = OutboxRelay(self.db, {WAKE_EFFECT: self._on_wake})
+        install_usage(self.db)
+
+    # -- one pass of each stage -------------------------------------------------------------
+    def dispatch_new(self) -> int:
+        """Claim every inbox task addressed to a role that has a runner."""
+        with self.db.read() as conn:
+            rows = conn.execute(sa.select(tasks.c.task_id, tasks.c.recipient).where(tasks.c.state == "inbox")
+                                .order_by(tasks.c.task_id)).all()
+        claimed = 0
+        for task_id, recipient in rows:
+            spec = self.specs.get(recipient)
+            doc = self.kernel.task(task_id)
+            if spec is None or doc is None or doc["state"] != "inbox":
+                continue
+            r = self.kernel.submit({"type": "claim", "task_id": task_id, "thread_key": doc["thread_key"],
+                                    "expected_revision": doc["revision"], "round": doc["round"],
+                                    "idempotency_key": f"dispatch:{task_id}"}, self._principal(recipient))
+            claimed += r.status == "accepted"
+            if r.status == "rejected" and r.reason != "stale_task_revision":
+                log.warning("dispatch_refused", task_id=task_id, reason=r.reason, message=r.message)
+        return claimed
+
+    def relay_wakes(self) -> int:
+        return self.relay.run_pending()
+
+    def run_due(self, limit: int = 10) -> int:
+        ran = 0
+        for run in self.ledger.claim_due(limit):
+            self._run(run)
+            ran += 1
+        return ran
+
+    # -- wakes -------------------------------------------------------------------------------
+    def _on_wake(self, key: str, payload: dict[str, Any]) -> None:
+        doc = self.kernel.task(payload["task_id"])
+        if doc is None:
+            return
+        targets: list[tuple[dict[str, Any], str, Purpose]] = []
+        event = payload["event_type"]
+        if event in ("task_claimed", "task_rejected", "task_reopened"):
+            targets.append((doc, doc["authority"]["driver"], Purpose.EXECUTE))
+        elif event == "task_submitted":
+            targets.append((doc, doc["authority"]["done_authority"], Purpose.REVIEW))
+        if event in ("task_approved", "task_archived", "task_force_archived") and doc["parent"]:
+            parent = self.kernel.task(doc["parent"])
+            if parent is not None and parent["state"] == "active":
+                targets.append((parent, parent["authority"]["driver"], Purpose.CHILDREN))
+        with self.db.write() as uow:
+            for target, role, purpose in targets:
+                spec = self.specs.get(role)
+                if spec is None:
+                    continue
+                run_id = f"{target['task_id']}:r{target['round']}:{purpose.value}:{payload['global_pos']}"
+                self.ledger.enqueue(uow, run_id, target["task_id"], target["round"], role, purpose,
+                                    spec.max_attempts)
+
+    # -- running -----------------------------------------------------------------------------
+    def _run(self, run: ClaimedRun) -> None:
+        spec = self.specs[run.role]
+        doc = self.kernel.task(run.task_id)
+        if doc is None or not self._still_relevant(run, doc):
+            self.ledger.succeed(run, None)  # the world moved on: nothing to do for this wake
+            return
+        if run.exhausted:
+            self._give_up(run, doc, "attempts exhausted after repeated crashes or lost leases")
+            return
+        outcome = self._execute(spec, run, doc)
+        self._record_usage(run, doc, outcome)
+        for observer in self.observers:
+            observer(run, outcome)
+        if outcome.ok:
+            self.ledger.succeed(run, outcome.exit_code)
+        elif run.attempt < run.max_attempts:
+            delay = spec.backoff * (2 ** (run.attempt - 1))
+            self.ledger.retry_later(run, delay, outcome.error or "failed", outcome.exit_code)
+            log.warning("run_retry", run_id=run.run_id, attempt=run.attempt, error=outcome.error, delay_s=delay)
+        else:
+            self._give_up(run, doc, f"{run.attempt} attempts failed; last: {outcome.error}")
+
+    @staticmethod
+    def _still_relevant(run: ClaimedRun, doc: dict[str, Any]) -> bool:
+        wanted = {Purpose.EXECUTE: "active", Purpose.REVIEW: "review", Purpose.CHILDREN: "active"}[run.purpose]
+        return doc["state"] == wanted and doc["round"] == run.round
+
+    def _execute(self, spec: RunnerSpec, run: ClaimedRun, doc: dict[str, Any]) -> Outcome:
+        principal = self._principal(run.role, task_id=run.task_id, round_=run.round)
+        task_file = self.task_file(doc)
+        if spec.runner is RunnerKind.SCRIPTED:
+            agent = self.handlers.get(run.role) or agent_for(run.role, self.leader)
+            ctx = AgentContext(self.kernel, principal, doc, run.purpose, run.run_id, self.workspace, task_file)
+            started = time.monotonic()
+            try:
+                summary = agent(ctx)
+            except Exception as exc:  # noqa: BLE001 - an agent failure is an outcome, not a coordinator crash
+                log.warning("scripted_agent_failed", run_id=run.run_id, error=traceback.format_exc(limit=3))
+                return Outcome(False, 1, int((time.monotonic() - started) * 1000), f"agent raised: {exc}")
+            return Outcome(True, 0, int((time.monotonic() - started) * 1000), summary=summary)
+        token = issue_token(self.db, run.role, principal.agent, task_id=run.task_id, round=run.round)
+        placeholders = {"task_file": str(task_file), "task_id": run.task_id, "round": str(run.round),
+                        "workspace": str(self.workspace), "role": run.role, "purpose": run.purpose.value}
+        env = {"TASKKERNEL_TOKEN": token, "TASKKERNEL_TASK_ID": run.task_id, "TASKKERNEL_ROUND": str(run.round),
+               "TASKKERNEL_TASK_FILE": str(task_file), "TASKKERNEL_WORKSPACE": str(self.workspace),
+               "TASKKERNEL_DB": self.db.url, "TASKKERNEL_PURPOSE": run.purpose.value}
+        log_dir = self.workspace / ".taskkernel" / "runs" / run.run_id.replace(":", "_") / f"attempt-{run.attempt}"
+        return run_command(spec, placeholders, env, self.workspace, log_dir)
+
+    def _give_up(self, run: ClaimedRun, doc: dict[str, Any], reason: str) -> None:
+        self.ledger.block(run, reason)
+        if run.purpose is Purpose.EXECUTE and doc["state"] == "active":
+            # ADR-0002's report gate: the session is over and no done report came, so say so on the task.
+            principal = Principal(run.role, "coordinator", run.task_id, run.round)
+            self.kernel.submit({"type": "submit_report", "task_id": doc["task_id"], "thread_key": doc["thread_key"],
+                                "expected_revision": doc["revision"], "round": doc["round"],
+                                "idempotency_key": f"blocked:{run.run_id}",
+                                "payload": {"status": "blocked", "body": f"runner gave up: {reason}"}}, principal)
+        log.error("run_blocked", run_id=run.run_id, reason=reason)
+
+    def _record_usage(self, run: ClaimedRun, doc: dict[str, Any], outcome: Outcome) -> None:
+        u = outcome.usage
+        with self.db.write() as uow:
+            record_usage(uow, UsageRecord(
+                usage_id=f"run:{run.run_id}:{run.attempt}", role=run.role, agent=self._agent_name(run.role),
+                feature=Feature.FOREGROUND, root_task=doc["root"], task_id=doc["task_id"], round=run.round,
+                wall_ms=outcome.wall_ms, exit_code=outcome.exit_code, tokens_in=int(u.get("tokens_in", 0)),
+                tokens_out=int(u.get("tokens_out", 0)), cost_usd=float(u.get("cost_usd", 0.0))))
+
+    def _agent_name(self, role: str) -> str:
+        spec = self.specs.get(role)
+        return (spec.agent if spec and spec.agent else f"{role.lower()}-agent")
+
+    def _principal(self, role: str, task_id: str | None = None, round_: int | None = None) -> Principal:
+        return Principal(role, self._agent_name(role), task_id, round_)
+
+    def _fallback_task_file(self, doc: dict[str, Any]) -> Path:
+        """Without a folder projection, render the task to a private file the agent can read."""
+        path = self.workspace / ".taskkernel" / "tasks" / f"{doc['task_id']}.md"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"---\ntask_id: {doc['task_id']}\nsender: {doc['sender']}\nrecipient: {doc['recipient']}\n"
+                        f"round: {doc['round']}\n---\n# {doc['subject']}\n\n{doc['body']}\n", encoding="utf-8")
+        return path

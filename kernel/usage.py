@@ -1,0 +1,95 @@
+"""Usage ledger: every unit of work (agent run, automation fire, background job) with its owner.
+
+Rows are inserted, never updated, so concurrent completions can neither double-count nor lose
+usage; totals are sums over rows. The owner is the root task (the goal), plus task, round,
+role, agent and feature, so every figure rolls up to whoever asked for the work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import sqlalchemy as sa
+
+from kernel.canonical import utc_now_iso
+from kernel.store.db import Database, UnitOfWork
+
+usage_metadata = sa.MetaData()
+
+
+class Feature(StrEnum):
+    FOREGROUND = "foreground"
+    AUTOMATION = "automation"
+    BACKGROUND = "background"
+
+
+usage_table = sa.Table(
+    "usage",
+    usage_metadata,
+    sa.Column("usage_id", sa.Text, primary_key=True),  # e.g. run:<run_id>; idempotent re-recording
+    sa.Column("root_task", sa.Text),
+    sa.Column("task_id", sa.Text),
+    sa.Column("round", sa.Integer),
+    sa.Column("role", sa.Text, nullable=False),
+    sa.Column("agent", sa.Text, nullable=False),
+    sa.Column("feature", sa.Text, nullable=False),
+    sa.Column("wall_ms", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("exit_code", sa.Integer),
+    sa.Column("tokens_in", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("tokens_out", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("cost_usd", sa.Float, nullable=False, server_default="0"),
+    sa.Column("recorded_at", sa.Text, nullable=False),
+    sa.Index("ix_usage_root", "root_task"),
+)
+
+
+@dataclass(frozen=True)
+class UsageRecord:
+    usage_id: str
+    role: str
+    agent: str
+    feature: Feature
+    root_task: str | None = None
+    task_id: str | None = None
+    round: int | None = None
+    wall_ms: int = 0
+    exit_code: int | None = None
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost_usd: float = 0.0
+
+
+def install(db: Database) -> None:
+    db.create_schema(usage_metadata)
+
+
+def record_usage(uow: UnitOfWork, rec: UsageRecord) -> bool:
+    """Insert once per usage_id (inside the caller's transaction); False if it was already recorded."""
+    exists = uow.conn.execute(sa.select(usage_table.c.usage_id).where(usage_table.c.usage_id == rec.usage_id)
+                              ).first()
+    if exists:
+        return False
+    uow.conn.execute(usage_table.insert().values(
+        usage_id=rec.usage_id, root_task=rec.root_task, task_id=rec.task_id, round=rec.round, role=rec.role,
+        agent=rec.agent, feature=rec.feature.value, wall_ms=rec.wall_ms, exit_code=rec.exit_code,
+        tokens_in=rec.tokens_in, tokens_out=rec.tokens_out, cost_usd=rec.cost_usd, recorded_at=utc_now_iso()))
+    return True
+
+
+GROUPINGS = {"root": "root_task", "task": "task_id", "role": "role", "feature": "feature", "agent": "agent"}
+
+
+def summarize(db: Database, by: str = "root", since: str | None = None) -> list[dict[str, Any]]:
+    col = usage_table.c[GROUPINGS[by]]
+    q = sa.select(col.label("owner"), sa.func.count().label("units"), sa.func.sum(usage_table.c.wall_ms),
+                  sa.func.sum(usage_table.c.tokens_in), sa.func.sum(usage_table.c.tokens_out),
+                  sa.func.sum(usage_table.c.cost_usd)).group_by(col)
+    if since:
+        q = q.where(usage_table.c.recorded_at >= since)
+    with db.read() as conn:
+        rows = conn.execute(q).all()
+    out = [{"owner": r[0], "units": r[1], "wall_ms": int(r[2] or 0), "tokens_in": int(r[3] or 0),
+            "tokens_out": int(r[4] or 0), "cost_usd": round(float(r[5] or 0.0), 6)} for r in rows]
+    return sorted(out, key=lambda r: (-r["cost_usd"], -r["tokens_in"] - r["tokens_out"], -r["wall_ms"]))
