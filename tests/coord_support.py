@@ -1,0 +1,50 @@
+"""Helpers to build a real workspace with runner configuration for coordinator tests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from kernel.coordinator import Coordinator
+from kernel.model.principal import LOCAL_OWNER
+from kernel.store.db import Database
+from kernel.workspace import Workspace, init_workspace
+
+
+def toml_value(v: Any) -> str:
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, list):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k} = {toml_value(x)}" for k, x in v.items()) + "}"
+    return str(v)
+
+
+def make_workspace(root: Path, roles: dict[str, dict[str, Any]], *, database: str | None = None,
+                   durability: str = "process") -> Workspace:
+    init_workspace(root, "dev-team")
+    lines = ["[kernel]", f'durability = "{durability}"']
+    if database:
+        lines.append(f"database = {toml_value(database)}")
+    for role, table in roles.items():
+        lines.append(f"\n[roles.{role}]")
+        lines += [f"{k} = {toml_value(v)}" for k, v in table.items()]
+    (root / "taskkernel.toml").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return Workspace.load(root)
+
+
+def coordinator(ws: Workspace, owner: str = "test-coordinator") -> Coordinator:
+    return Coordinator(ws, Database(ws.database_url, ws.durability), owner=owner)
+
+
+def admin_task(c: Coordinator, subject: str = "Login page", recipient: str = "PM", key: str | None = None,
+               **extra: Any) -> str:
+    r = c.kernel.submit({"type": "create_task", "idempotency_key": key or f"admin:{subject}", "payload": {
+        "sender": "ADMIN", "recipient": recipient, "subject": subject, "body": "make it work", **extra}}, LOCAL_OWNER)
+    assert r.status == "accepted", r
+    assert r.task_id is not None
+    return r.task_id
