@@ -1,0 +1,41 @@
+"""Two coordinators on PostgreSQL sharing one workspace never dispatch or run a task twice."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from pathlib import Path
+
+from tests.coord_support import admin_task, coordinator, make_workspace
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_two_coordinators_share_a_postgres_workspace(pg_url: str, tmp_path: Path) -> None:
+    journal = tmp_path / "journal.log"
+    agent = tmp_path / "agent.py"
+    agent.write_text(textwrap.dedent(f"""
+        import os, time
+        with open({str(journal)!r}, "a") as fh:
+            fh.write(os.environ["TASKKERNEL_TASK_ID"] + " " + os.environ["TASKKERNEL_ROUND"] + "\\n")
+        time.sleep(0.05)
+    """), encoding="utf-8")
+    ws = make_workspace(tmp_path / "ws", {"DEV": {"runner": "command", "argv": [sys.executable, str(agent)]}},
+                        database=pg_url)
+    c = coordinator(ws)
+    tasks = [admin_task(c, subject=f"job {i}", recipient="DEV") for i in range(12)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen([sys.executable, "-c", "from kernel.cli.app import main; main()", "up", str(ws.root),
+                               "--once"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    for p in procs:
+        out, err = p.communicate(timeout=180)
+        assert p.returncode == 0, err
+    runs = Counter(journal.read_text().split("\n")[:-1])
+    assert sorted(runs) == sorted(f"{t} 1" for t in tasks)
+    assert set(runs.values()) == {1}, "no task was executed twice"
+    claims = [e for t in tasks for e in c.kernel.history(t) if e.type == "task_claimed"]
+    assert len(claims) == 12
