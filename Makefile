@@ -5,10 +5,11 @@ BIN := $(VENV)/bin
 
 .PHONY: setup demo test soak bench lint typecheck clean
 
-$(BIN)/.installed: pyproject.toml
+$(BIN)/.installed: pyproject.toml examples/taskkernel-role-reviewer/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e examples/taskkernel-role-reviewer
 	touch $@
 
 setup: $(BIN)/.installed

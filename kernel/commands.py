@@ -56,6 +56,8 @@ class RolePolicy(Protocol):
 
     def get(self, code: str) -> Any: ...
 
+    def codes(self) -> list[str]: ...
+
 
 @dataclass(frozen=True)
 class EffectRule:

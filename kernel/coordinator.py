@@ -57,8 +57,10 @@ class Coordinator:
         self.kernel = build_kernel(db, workspace)
         team = workspace.team()
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
+        roles = self.kernel.roles
+        handlers = {code: spec.handler for code in roles.codes() if (spec := roles.get(code)).handler}
         self.dispatcher = Dispatcher(self.kernel, workspace.root, runner_specs(workspace.config),
-                                     owner=self.owner, leader=team.leader)
+                                     owner=self.owner, leader=team.leader, handlers=handlers)
         self.stages: dict[str, Stage] = {}  # further adapters (folders, scheduler) register here
 
     def add_stage(self, name: str, stage: Stage) -> None:
