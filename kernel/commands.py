@@ -23,6 +23,7 @@ from kernel.model.commands import (
     Command,
     CommandResult,
     CommandType,
+    CostTier,
     CreateTaskPayload,
     ReportPayload,
     canonical_thread_key,
@@ -259,6 +260,8 @@ class TaskCommandKernel:
                 and principal.task_id == doc["task_id"]:
             raise KernelError(R.ROLE_NOT_AUTHORIZED,
                               f"credential is for round {principal.round}; the task is in round {doc['round']}")
+        if isinstance(payload, CreateTaskPayload) and doc is not None:
+            self._check_inherited_policy(payload, doc)
         if principal.is_admin:
             return
         if cmd.type is CommandType.CREATE_TASK:
@@ -286,6 +289,20 @@ class TaskCommandKernel:
             if principal.role not in members:
                 raise KernelError(R.ROLE_NOT_AUTHORIZED,
                                   f"{principal.role} takes no part in {parent['task_id']} and cannot add children")
+
+    @staticmethod
+    def _check_inherited_policy(payload: CreateTaskPayload, parent: dict[str, Any]) -> None:
+        """Cost tier and budget belong to the root; a descendant may narrow them, never widen them."""
+        tier = CostTier(parent["cost_tier"])
+        if payload.cost_tier is not None and payload.cost_tier.rank > tier.rank:
+            raise KernelError(R.POLICY_ESCALATION, f"cost tier {payload.cost_tier.value} exceeds the root's "
+                              f"{tier.value}; a child inherits its root's policy")
+        if payload.budget is not None:
+            limits = parent["budget"] or {}
+            for name, wanted in payload.budget.model_dump(exclude_none=True).items():
+                if limits.get(name) is not None and wanted > limits[name]:
+                    raise KernelError(R.POLICY_ESCALATION,
+                                      f"budget {name}={wanted} exceeds the root's {limits[name]}")
 
     def _check_lifecycle(self, uow: UnitOfWork, cmd: Command, doc: dict[str, Any] | None) -> None:
         if doc is None or cmd.type is CommandType.CREATE_TASK:
@@ -364,7 +381,9 @@ class TaskCommandKernel:
         return {"task_id": task_id, "thread_key": thread, "parent": p.parent,
                 "root": parent["root"] if parent else task_id, "sender": p.sender, "recipient": p.recipient,
                 "subject": p.subject, "body": p.body, "priority": p.priority.value, "risk_level": p.risk_level.value,
-                "references": list(p.references), "authority": default_authority(p.sender, p.recipient, explicit)}
+                "references": list(p.references), "authority": default_authority(p.sender, p.recipient, explicit),
+                "cost_tier": (p.cost_tier.value if p.cost_tier else parent["cost_tier"] if parent else "standard"),
+                "budget": (p.budget.model_dump() if p.budget else parent["budget"] if parent else None)}
 
     @staticmethod
     def _event_data(cmd: Command, payload: BaseModel, doc: dict[str, Any]) -> dict[str, Any]:

@@ -22,6 +22,7 @@ class ReasonCode(StrEnum):
     STALE_TASK_REVISION = "stale_task_revision"
     STALE_ROUND = "stale_round"
     ROLE_NOT_AUTHORIZED = "role_not_authorized"
+    POLICY_ESCALATION = "policy_escalation"
     ILLEGAL_TRANSITION = "illegal_transition"
     CHILD_TASKS_OPEN = "child_tasks_open"
     REPORT_REQUIRED = "report_required"

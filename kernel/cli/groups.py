@@ -6,8 +6,11 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
-    from kernel.cli import demo, kernel_cmds, up
+    from kernel.cli import demo, goal, kernel_cmds, session, up, usage
 
     kernel_cmds.register(app)
     app.command("demo")(demo.demo)
     app.command("up")(up.up)
+    app.command("usage")(usage.usage)
+    app.add_typer(goal.app, name="goal")
+    app.add_typer(session.app, name="session")

@@ -42,6 +42,27 @@ class RiskLevel(StrEnum):
     IRREVERSIBLE = "irreversible"
 
 
+class CostTier(StrEnum):
+    """Model class / service tier, owned by the root task and inherited by every descendant."""
+
+    ECONOMY = "economy"
+    STANDARD = "standard"
+    PREMIUM = "premium"
+
+    @property
+    def rank(self) -> int:
+        return list(CostTier).index(self)
+
+
+class TaskBudget(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tokens: int | None = Field(default=None, ge=0)
+    cost_usd: float | None = Field(default=None, ge=0)
+    wall_seconds: float | None = Field(default=None, ge=0)
+    attempts: int | None = Field(default=None, ge=0)
+
+
 class ReportStatus(StrEnum):
     DONE = "done"
     BLOCKED = "blocked"
@@ -76,6 +97,8 @@ class CreateTaskPayload(_Strict):
     parent: str | None = None
     risk_level: RiskLevel = RiskLevel.LOW
     references: list[str] = Field(default_factory=list)
+    cost_tier: CostTier | None = None  # default: the root's (a root defaults to standard)
+    budget: TaskBudget | None = None
     # Explicit authority fields override the main-line/branch defaults.
     driver: str | None = None
     done_authority: str | None = None

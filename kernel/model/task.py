@@ -95,6 +95,7 @@ def apply(doc: dict[str, Any] | None, event_type: str, data: dict[str, Any], rev
             "root": data["root"], "sender": data["sender"], "recipient": data["recipient"],
             "subject": data["subject"], "body": data["body"], "priority": data["priority"],
             "risk_level": data["risk_level"], "references": list(data["references"]),
+            "cost_tier": data["cost_tier"], "budget": data["budget"],
             "authority": dict(data["authority"]), "state": TaskState.INBOX.value, "revision": revision,
             "round": 0, "reports": [], "created_at": recorded_at, "updated_at": recorded_at,
         }

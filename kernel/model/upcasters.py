@@ -16,7 +16,13 @@ def _task_created_v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _task_created_v2_to_v3(data: dict[str, Any]) -> dict[str, Any]:
+    """v2 (before cost policy): standard tier, no budget."""
+    return {**data, "cost_tier": data.get("cost_tier", "standard"), "budget": data.get("budget")}
+
+
 def task_upcasters() -> Upcasters:
     up = Upcasters()
     up.register("task_created", 1, _task_created_v1_to_v2)
+    up.register("task_created", 2, _task_created_v2_to_v3)
     return up

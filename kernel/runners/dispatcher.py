@@ -18,6 +18,7 @@ import sqlalchemy as sa
 
 from kernel.commands import EffectRule, TaskCommandKernel
 from kernel.credentials import issue_token
+from kernel.goals import GoalService
 from kernel.logging import get_logger
 from kernel.model.principal import Principal
 from kernel.outbox import OutboxRelay
@@ -36,14 +37,13 @@ WAKE_EFFECT = "agent_wake"
 WAKE_RULE = EffectRule(WAKE_EFFECT, frozenset({
     "task_claimed", "task_submitted", "task_rejected", "task_reopened", "task_approved", "task_archived",
     "task_force_archived"}))
-RunObserver = Callable[[ClaimedRun, Outcome], None]
 
 
 class Dispatcher:
     def __init__(self, kernel: TaskCommandKernel, workspace: Path, specs: dict[str, RunnerSpec], *,
                  owner: str, leader: str, handlers: dict[str, ScriptedAgent] | None = None,
                  task_file: Callable[[dict[str, Any]], Path] | None = None,
-                 observers: list[RunObserver] | None = None) -> None:
+                 goals: GoalService | None = None) -> None:
         self.kernel = kernel
         self.db = kernel.db
         self.workspace = workspace
@@ -51,7 +51,7 @@ class Dispatcher:
         self.leader = leader
         self.handlers = handlers or {}
         self.task_file = task_file or self._fallback_task_file
-        self.observers = observers or []
+        self.goals = goals or GoalService(self.db, kernel.store)
         lease = max((s.timeout for s in specs.values()), default=600.0) + 60.0
         self.ledger = RunLedger(self.db, owner, lease_seconds=lease)
         self.relay = OutboxRelay(self.db, {WAKE_EFFECT: self._on_wake})
@@ -94,6 +94,8 @@ class Dispatcher:
             return
         targets: list[tuple[dict[str, Any], str, Purpose]] = []
         event = payload["event_type"]
+        if event in ("task_approved", "task_archived") and doc["task_id"] == doc["root"]:
+            self.goals.root_finished(doc["root"])
         if event in ("task_claimed", "task_rejected", "task_reopened"):
             targets.append((doc, doc["authority"]["driver"], Purpose.EXECUTE))
         elif event == "task_submitted":
@@ -121,10 +123,15 @@ class Dispatcher:
         if run.exhausted:
             self._give_up(run, doc, "attempts exhausted after repeated crashes or lost leases")
             return
+        allowed, why = self.goals.allows_work(doc["root"])
+        if not allowed:
+            self._give_up(run, doc, why or "goal ended")
+            return
+        goal_id = self.goals.active_goal(doc["root"])  # the goal this run's verdict will be bound to
         outcome = self._execute(spec, run, doc)
         self._record_usage(run, doc, outcome)
-        for observer in self.observers:
-            observer(run, outcome)
+        if goal_id is not None:
+            self.goals.record_run(goal_id, executed=outcome.ok)
         if outcome.ok:
             self.ledger.succeed(run, outcome.exit_code)
         elif run.attempt < run.max_attempts:

@@ -9,7 +9,7 @@ Register more with ``register_reducer``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from kernel.sessionlog.models import InputKind, Rec, SessionLogError, SessionReason
 
@@ -65,19 +65,21 @@ class PermissionReducer:
     def to_json(self, state: dict[tuple[str, str], tuple[str, Any, str]]) -> dict[str, Any]:
         """``decision`` is the single pair's decision, "deny" for an empty log, null for several pairs."""
         perms: dict[str, dict[str, dict[str, Any]]] = {}
-        for (perm, scope), (decision, seq, input_id) in sorted(state.items()):
-            perms.setdefault(perm, {})[scope] = {"decision": decision, "seq": seq, "input_id": input_id}
+        for (perm, scope), (verdict, seq, input_id) in sorted(state.items()):
+            perms.setdefault(perm, {})[scope] = {"decision": verdict, "seq": seq, "input_id": input_id}
+        decision: str | None = None
         if not state:
-            decision: str | None = "deny"
+            decision = "deny"
         elif len(state) == 1:
             decision = next(iter(state.values()))[0]
-        else:
-            decision = None
         return {"decision": decision, "permissions": perms}
 
     @staticmethod
-    def lookup(state: dict[tuple[str, str], tuple[str, Any, str]], permission: str, scope: str) -> tuple[str, Any, Any]:
-        return state.get((permission, scope), ("deny", None, None))
+    def lookup(
+        state: dict[tuple[str, str], tuple[str, Any, str]], permission: str, scope: str
+    ) -> tuple[Literal["allow", "deny"], Any, Any]:
+        verdict, seq, input_id = state.get((permission, scope), ("deny", None, None))
+        return ("allow" if verdict == "allow" else "deny"), seq, input_id
 
 
 _REDUCERS: dict[str, Reducer] = {}

@@ -123,12 +123,13 @@ def replay(
     if len(by_seq) != len(sequenced):
         claims: dict[int, str] = {}
         for r in sequenced:
-            if r[0] <= limit:
-                if r[0] in claims:
+            s: int = r[0]  # type: ignore[assignment]  # sequenced records always carry one
+            if s <= limit:
+                if s in claims:
                     return unknown(
-                        SessionReason.DUPLICATE_SEQUENCE, f"sequence {r[0]} is claimed by {claims[r[0]]!r} and {r[1]!r}"
+                        SessionReason.DUPLICATE_SEQUENCE, f"sequence {s} is claimed by {claims[s]!r} and {r[1]!r}"
                     )
-                claims[r[0]] = r[1]
+                claims[s] = r[1]
     try:
         ordered = list(map(by_seq.__getitem__, range(1, limit + 1)))
     except KeyError as gap:

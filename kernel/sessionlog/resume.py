@@ -124,9 +124,9 @@ def resume_from_records(
 def decide(session: str, legacy: list[Rec], window: list[Rec], bound: Window, *, complete: bool) -> ResumeAnswer:
     """The resume rule over a verified, contiguous window (``legacy`` only when ``complete``)."""
     read = _read_info(bound, window, complete)
-    base = window[0].seq - 1 if window else 0
+    base = window[0].seq - 1 if window and window[0].seq is not None else 0
     try:
-        ctx = effective_context(legacy if complete else [], window, base)  # type: ignore[operator]
+        ctx = effective_context(legacy if complete else [], window, base)
     except RollbackOutOfWindow:
         return _no_anchor(session, SessionReason.READ_BOUND_EXCEEDED, None, [], read)
     last_compaction = next((i for i in range(len(ctx) - 1, -1, -1) if ctx[i].kind == InputKind.COMPACTION), None)

@@ -52,9 +52,13 @@ _installed: weakref.WeakSet[Database] = weakref.WeakSet()
 
 
 def install(db: Database) -> None:
-    """Create the tables under the database's write lock, so concurrent first users do not race."""
+    """Create the tables (if missing) under the write lock, so concurrent first users do not race."""
     if db in _installed:
         return
-    with db.write() as uow:
-        metadata.create_all(uow.conn)
+    # Check with a plain read first: it cannot block on a write transaction the caller may hold.
+    with db.read() as conn:
+        present = all(sa.inspect(conn).has_table(t.name) for t in metadata.sorted_tables)
+    if not present:
+        with db.write() as uow:
+            metadata.create_all(uow.conn)
     _installed.add(db)
