@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 
 from kernel.commands import EffectRule, TaskCommandKernel
 from kernel.logging import get_logger
+from kernel.permissions import HumanGrantGuard
 from kernel.runners.config import runner_specs
 from kernel.runners.dispatcher import WAKE_RULE, Dispatcher
+from kernel.sessionlog import SessionLog
 from kernel.store.db import Database
 from kernel.store.schema import metadata
 from kernel.workspace import Workspace
@@ -32,7 +34,7 @@ def build_kernel(db: Database, workspace: Workspace | None) -> TaskCommandKernel
     roles = RoleRegistry.for_team(team.leader, team.roles) if team else RoleRegistry.for_team(
         "PM", ["PM", "DEV", "QA", "OPS"])
     db.create_schema(metadata)
-    return TaskCommandKernel(db, roles, effect_rules=STANDARD_EFFECTS)
+    return TaskCommandKernel(db, roles, effect_rules=STANDARD_EFFECTS, guards=[HumanGrantGuard(SessionLog(db))])
 
 
 @dataclass

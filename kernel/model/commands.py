@@ -180,7 +180,8 @@ class Command(BaseModel):
     payload: dict[str, Any] = Field(default_factory=dict)
     # Protected actions cite the evidence they are based on (see docs/reason-codes.md).
     based_on_event: int | None = Field(default=None, ge=1)
-    permission_session: str | None = None
+    permission_session: str | None = Field(default=None, min_length=1, max_length=200)
+    permission_as_of: int | None = Field(default=None, ge=0)  # session-log cutoff the command was formed at
     transport: dict[str, Any] | None = None  # free-form metadata, excluded from the semantic digest
 
     @field_validator("task_id", "root")

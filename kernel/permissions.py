@@ -1,0 +1,54 @@
+"""Human grants for protected actions, read from the session log at execution time.
+
+Approving a high-risk task (and more for irreversible ones) needs a current `allow` of the
+permission named after the command, scoped to the task, in the session log. The permission
+reducer folds allow/revoke in acceptance order up to the command's cutoff (the latest
+sequence unless the command names `permission_as_of`): a grant revoked later does not
+authorize, and a grant accepted after the cutoff does not either. A past permission is not a
+present one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kernel.model.commands import Command, CommandType
+from kernel.model.principal import Principal
+from kernel.reasons import KernelError, ReasonCode
+from kernel.sessionlog import SessionLog
+from kernel.store.db import UnitOfWork
+
+DEFAULT_SESSION = "admin"
+DEFAULT_PROTECTED: Mapping[str, frozenset[CommandType]] = {
+    "high": frozenset({CommandType.APPROVE}),
+    "irreversible": frozenset({CommandType.APPROVE, CommandType.REOPEN, CommandType.FORCE_ARCHIVE}),
+}
+
+
+def permission_scope(task_id: str) -> str:
+    return f"task:{task_id}"
+
+
+class HumanGrantGuard:
+    def __init__(self, log: SessionLog, *, default_session: str = DEFAULT_SESSION,
+                 protected: Mapping[str, frozenset[CommandType]] = DEFAULT_PROTECTED) -> None:
+        self.log = log
+        self.default_session = default_session
+        self.protected = protected
+
+    def __call__(self, uow: UnitOfWork, cmd: Command, doc: dict[str, Any] | None, principal: Principal) -> None:
+        if doc is None or cmd.type not in self.protected.get(doc["risk_level"], frozenset()):
+            return
+        session = cmd.permission_session or self.default_session
+        scope = permission_scope(doc["task_id"])
+        decision = self.log.permission_decision(session, cmd.type.value, scope, as_of=cmd.permission_as_of,
+                                                conn=uow.conn)
+        if decision.decision != "allow":
+            why = decision.reason or (f"revoked by {decision.input_id} at sequence {decision.seq}"
+                                      if decision.seq else "no grant was accepted")
+            cutoff = "the latest input" if cmd.permission_as_of is None else f"sequence {cmd.permission_as_of}"
+            raise KernelError(ReasonCode.PERMISSION_REQUIRED,
+                              f"{cmd.type.value} on a {doc['risk_level']}-risk task needs a current "
+                              f"'{cmd.type.value}' grant for {scope} in session {session!r} as of {cutoff}: "
+                              f"{why}")
