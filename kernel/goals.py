@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from kernel.canonical import canonical_json, utc_now_iso
 from kernel.store.db import Database, UnitOfWork
 from kernel.store.events import EventStore, NewEvent
+from kernel.store.schema import metadata as kernel_metadata
 from kernel.usage import install as install_usage
 from kernel.usage import usage_table
 
@@ -90,7 +91,7 @@ class GoalService:
         self.db = db
         self.store = store or EventStore()
         install_usage(db)
-        db.create_schema(goals_metadata)
+        db.create_schema(kernel_metadata, goals_metadata)
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self, root_task: str, budget: Budget, breaker_threshold: int = 3) -> str:

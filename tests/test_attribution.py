@@ -1,0 +1,80 @@
+"""Cost attribution: every unit of work has an owner, rolls up to its root, and policy is the root's."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from kernel.model.principal import Principal
+from kernel.usage import Feature, UsageRecord, record_usage, usage_table
+from tests.coord_support import admin_task, coordinator, make_workspace
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTED = {"runner": "scripted"}
+
+
+def usage_cli(ws: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", "from kernel.cli.app import main; main()", "usage", *args],
+                          cwd=ws, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_usage_by_root_sums_exactly_to_the_ledger(tmp_path: Path) -> None:
+    ws = make_workspace(tmp_path / "ws", {"PM": SCRIPTED, "DEV": SCRIPTED, "QA": SCRIPTED})
+    c = coordinator(ws)
+    root = admin_task(c, subject="Feature")
+    other = admin_task(c, subject="Heartbeat sink", recipient="OPS")
+    c.run_once()
+    with c.db.write() as uow:  # an automation firing under its own root, and one background job
+        for i in range(5):
+            record_usage(uow, UsageRecord(f"auto:{i}", "OPS", "scheduler:heartbeat", Feature.AUTOMATION, other,
+                                          other, 0, wall_ms=3, tokens_in=100, cost_usd=0.01))
+        record_usage(uow, UsageRecord("bg:summary", "PM", "summarizer", Feature.BACKGROUND, root, root, 1,
+                                      tokens_out=40, cost_usd=0.002))
+    by_root = json.loads(usage_cli(ws.root, "--by", "root", "--json").stdout)
+    with c.db.read() as conn:
+        ledger = conn.execute(sa.select(sa.func.count(), sa.func.sum(usage_table.c.tokens_in),
+                                        sa.func.sum(usage_table.c.tokens_out), sa.func.sum(usage_table.c.cost_usd))
+                              ).one()
+    assert by_root["total"]["units"] == ledger[0] == sum(r["units"] for r in by_root["rows"])
+    assert by_root["total"]["tokens_in"] == ledger[1] and by_root["total"]["tokens_out"] == ledger[2]
+    assert abs(by_root["total"]["cost_usd"] - ledger[3]) < 1e-9
+    owners = {r["owner"]: r for r in by_root["rows"]}
+    assert set(owners) == {root, other}, "children's runs roll up to their root"
+    children = c.kernel.children(root)
+    assert len(children) == 2
+    by_task = {r["owner"] for r in json.loads(usage_cli(ws.root, "--by", "task", "--json").stdout)["rows"]}
+    assert {k["task_id"] for k in children} <= by_task
+    by_feature = {r["owner"]: r["units"] for r in json.loads(usage_cli(ws.root, "--by", "feature", "--json")
+                                                                  .stdout)["rows"]}
+    assert by_feature["automation"] == 5 and by_feature["background"] == 1
+    top = json.loads(usage_cli(ws.root, "--top", "--json").stdout)["rows"]
+    assert top[0]["owner"] == other, "the costly automation is the first thing you see"
+    table = usage_cli(ws.root, "--by", "role")
+    assert table.returncode == 0 and "TOTAL" in table.stdout
+    assert usage_cli(ws.root, "--by", "planet").returncode == 64
+
+
+def test_a_child_cannot_escalate_its_roots_policy(tmp_path: Path) -> None:
+    ws = make_workspace(tmp_path / "ws", {})
+    c = coordinator(ws)
+    root = admin_task(c, cost_tier="economy", budget={"tokens": 10_000})
+    pm = Principal("PM", "pm")
+    c.kernel.submit({"type": "claim", "task_id": root, "thread_key": root, "expected_revision": 1, "round": 0,
+                     "idempotency_key": "cl"}, pm)
+
+    def child(key: str, **payload: object) -> str | None:
+        r = c.kernel.submit({"type": "create_task", "idempotency_key": key, "payload": {
+            "sender": "PM", "recipient": "DEV", "subject": "sub", "parent": root, **payload}}, pm)
+        return r.reason if r.status == "rejected" else c.kernel.task(r.task_id)["cost_tier"]
+
+    assert child("a", cost_tier="premium") == "policy_escalation"
+    assert child("b", cost_tier="standard") == "policy_escalation"
+    assert child("c", budget={"tokens": 50_000}) == "policy_escalation"
+    assert child("d") == "economy", "a child inherits the root's tier"
+    assert child("e", budget={"tokens": 500}) == "economy"
