@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-CLI = "from kernel.cli.app import main; main()"
+from tests.cli_support import taskkernel
 PERM = {"permission": "deploy", "scope": "env:staging"}
 
 
@@ -69,15 +66,7 @@ class Run:
         return json.loads(self.out.strip().splitlines()[-1])
 
 
-def cli_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("TASKKERNEL_DB", "TASKKERNEL_WORKSPACE")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    env.update(extra)
-    return env
-
-
 def cli(*args: str, cwd: Path, stdin: str | None = None) -> Run:
     """Run ``taskkernel ARGS`` in a fresh interpreter (the real entry point)."""
-    proc = subprocess.run([sys.executable, "-c", CLI, *args], cwd=cwd, env=cli_env(), input=stdin,
-                          capture_output=True, text=True, timeout=120)
+    proc = taskkernel(*args, cwd=cwd, stdin=stdin)
     return Run(proc.returncode, proc.stdout, proc.stderr)

@@ -3,25 +3,21 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import sqlalchemy as sa
 
 from kernel.model.principal import Principal
 from kernel.usage import Feature, UsageRecord, record_usage, usage_table
+from tests.cli_support import taskkernel
 from tests.coord_support import admin_task, coordinator, make_workspace
 
-ROOT = Path(__file__).resolve().parent.parent
 SCRIPTED = {"runner": "scripted"}
 
 
 def usage_cli(ws: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", "from kernel.cli.app import main; main()", "usage", *args],
-                          cwd=ws, capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return taskkernel("usage", *args, cwd=ws)
 
 
 def test_usage_by_root_sums_exactly_to_the_ledger(tmp_path: Path) -> None:

@@ -3,22 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.cli_support import taskkernel
 
-
-def tk(*args: str, cwd: Path, stdin: str | None = None, env: dict[str, str] | None = None
-       ) -> subprocess.CompletedProcess[str]:
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    full_env.pop("TASKKERNEL_TOKEN", None) if not env or "TASKKERNEL_TOKEN" not in env else None
-    return subprocess.run([sys.executable, "-c", "from kernel.cli.app import main; main()", *args], cwd=cwd,
-                          input=stdin, capture_output=True, text=True, env=full_env, timeout=120)
+tk = taskkernel
 
 
 @pytest.fixture

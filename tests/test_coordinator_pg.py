@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import textwrap
 from collections import Counter
 from pathlib import Path
 
+from tests.cli_support import taskkernel_bg
 from tests.coord_support import admin_task, coordinator, make_workspace
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_two_coordinators_share_a_postgres_workspace(pg_url: str, tmp_path: Path) -> None:
@@ -27,10 +24,7 @@ def test_two_coordinators_share_a_postgres_workspace(pg_url: str, tmp_path: Path
                         database=pg_url)
     c = coordinator(ws)
     tasks = [admin_task(c, subject=f"job {i}", recipient="DEV") for i in range(12)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    procs = [subprocess.Popen([sys.executable, "-c", "from kernel.cli.app import main; main()", "up", str(ws.root),
-                               "--once"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    procs = [taskkernel_bg("up", str(ws.root), "--once", cwd=tmp_path) for _ in range(2)]
     for p in procs:
         out, err = p.communicate(timeout=180)
         assert p.returncode == 0, err

@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.cli_support import taskkernel
 
 
 def test_demo_runs_and_shows_rejections_and_replays(tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-c", "from kernel.cli.app import main; main()", "demo", "--dir",
-                        str(tmp_path / "demo")], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    r = taskkernel("demo", "--dir", str(tmp_path / "demo"), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["status"] == "ok" and out["verify"]["status"] == "ok"

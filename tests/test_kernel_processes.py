@@ -15,6 +15,7 @@ import pytest
 
 from kernel.store.db import Database
 from kernel.verify import verify
+from tests.cli_support import taskkernel
 from tests.kernel_harness import ADMIN, Harness
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,7 +129,6 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path: Path) 
     assert set(per_key.values()) == {1}, "no command was applied twice"
     assert receipts == len(acked) == len(plan)
     db.dispose()
-    cli = subprocess.run([sys.executable, "-c", "from kernel.cli.app import main; main()", "--db", url, "verify"],
-                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    cli = taskkernel("--db", url, "verify", cwd=ROOT)
     assert cli.returncode == 0, cli.stdout + cli.stderr
     assert json.loads(cli.stdout)["events"] == len(plan)

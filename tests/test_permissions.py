@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 from kernel.coordinator import build_kernel
 from kernel.sessionlog import SessionLog
 from kernel.store.db import Database
+from tests.cli_support import taskkernel
 from tests.kernel_harness import ADMIN, PM, Harness
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def high_risk_in_review(any_db: Database, risk: str = "high") -> tuple[Harness, str]:
@@ -81,11 +78,8 @@ def test_low_risk_needs_no_grant_and_irreversible_protects_reopen(any_db: Databa
 
 
 def test_grant_through_the_cli(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-
     def tk(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-c", "from kernel.cli.app import main; main()", *args],
-                              cwd=tmp_path / "ws", input=stdin, capture_output=True, text=True, env=env, timeout=60)
+        return taskkernel(*args, cwd=tmp_path / "ws", stdin=stdin)
 
     (tmp_path / "ws").mkdir()
     assert tk("init", ".").returncode == 0

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from kernel.sessionlog import SessionLog
 from kernel.sessionlog.tables import session_counter, session_input
 from kernel.store.db import Database
-from tests.sessionlog_support import cli_env
+from tests.cli_support import cli_env
 
 CHILD = r"""
 import sys, threading

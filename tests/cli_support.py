@@ -1,0 +1,28 @@
+"""Run the real `taskkernel` CLI in a fresh process, as a user or an acceptance script would."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CLI = [sys.executable, "-c", "from kernel.cli.app import main; main()"]
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("TASKKERNEL_TOKEN", "TASKKERNEL_DB",
+                                                             "TASKKERNEL_WORKSPACE")}
+    return {**env, "PYTHONPATH": str(ROOT), **extra}
+
+
+def taskkernel(*args: str, cwd: Path, stdin: str | None = None, env: dict[str, str] | None = None,
+               timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], cwd=cwd, input=stdin, capture_output=True, text=True,
+                          env=cli_env(**(env or {})), timeout=timeout)
+
+
+def taskkernel_bg(*args: str, cwd: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen([*CLI, *args], cwd=cwd, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
