@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.cli_support import taskkernel
+
 PERM = {"permission": "deploy", "scope": "env:staging"}
 
 
