@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 import typer
 
 from kernel.cli.common import Exit, emit, fail, get_ctx, stderr
+from kernel.credentials import resolve_principal
 from kernel.sessionlog import (
     LogFileError,
     Order,
@@ -86,9 +87,18 @@ def accept(
     input_id: str = typer.Option(..., "--input-id", help="Idempotency id of this input within the session."),
     payload: str = typer.Option(None, "--payload", help="Payload JSON object (fields depend on --kind)."),
 ) -> None:
-    """Accept one input: prints its acceptance sequence once it is committed."""
+    """Accept one input: prints its acceptance sequence once it is committed.
+
+    The input is recorded as accepted from the caller's credential (`--token`; without one, the
+    local owner ADMIN): that, not the payload, decides whether the gate trusts it."""
+    c = get_ctx(ctx)
+    principal = resolve_principal(c.database(), c.token)
+    if principal is None:
+        emit({"status": "rejected", "reason": "actor_unverified", "message": "unknown or revoked credential"})
+        raise typer.Exit(int(Exit.REJECTED))
     try:
-        res = _log(ctx).accept(session, {"input_id": input_id, "kind": kind, "payload": _payload(payload)})
+        res = _log(ctx).accept(session, {"input_id": input_id, "kind": kind, "payload": _payload(payload)},
+                               accepted_by=principal.id)
     except SessionLogError as exc:
         _reject(exc)
     if res.status == "refused":

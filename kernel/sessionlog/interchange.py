@@ -44,6 +44,7 @@ class InterchangeRecord(BaseModel):
     log_last_seq: StrictInt | None = Field(default=None, ge=0)
     received_at: str | None = None
     reason: str | None = None  # why an accepted:false record was refused
+    accepted_by: str | None = None  # principal the host accepted it from (ROLE:agent)
 
 
 def parse_lines(lines: Iterable[str]) -> dict[str, list[Rec]]:
@@ -72,7 +73,7 @@ def parse_lines(lines: Iterable[str]) -> dict[str, list[Rec]]:
                 raise LogFileError(exc.message, no) from None
         out.setdefault(rec.session, []).append(
             Rec(rec.accept_seq, rec.input_id, rec.kind.value, rec.payload, rec.accepted, rec.legacy,
-                rec.log_last_seq, rec.received_at, rec.reason)
+                rec.log_last_seq, rec.received_at, rec.reason, rec.accepted_by)
         )
     return out
 
@@ -99,6 +100,8 @@ def to_line(session: str, r: Rec) -> str:
         "log_last_seq": r.log_last_seq,
         "received_at": r.received_at,
     }
+    if r.accepted_by is not None:
+        obj["accepted_by"] = r.accepted_by
     if not r.accepted:
         obj["reason"] = r.refusal
     return json.dumps(obj, ensure_ascii=False, sort_keys=False)

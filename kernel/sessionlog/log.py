@@ -82,18 +82,27 @@ class SessionLog:
 
     # --- writing ---------------------------------------------------------------------------------
 
-    def accept(self, session: str, inp: SessionInput | Mapping[str, Any]) -> AcceptResult:
-        """Store the input with the session's next acceptance sequence (or return its original one)."""
+    def accept(self, session: str, inp: SessionInput | Mapping[str, Any], *, accepted_by: str | None = None
+               ) -> AcceptResult:
+        """Store the input with the session's next acceptance sequence (or return its original one).
+
+        ``accepted_by`` is the principal the host accepted the input from (from its credential, never
+        from the payload); the execution gate derives trust from it.
+        """
+        with self.db.write() as uow:
+            return self.accept_in(uow.conn, session, inp, accepted_by=accepted_by)
+
+    def accept_in(self, conn: Connection, session: str, inp: SessionInput | Mapping[str, Any], *,
+                  accepted_by: str | None = None) -> AcceptResult:
+        """``accept`` inside the caller's write transaction (the kernel consuming a single-use grant)."""
         si = coerce_input(inp)
         dig = content_digest(si.kind.value, si.payload)
-        with self.db.write() as uow:
-            conn = uow.conn
-            prior = self._prior(conn, session, si.input_id, dig)
-            if prior is not None:
-                return prior
-            seq, record_no = self._bump(conn, session, seq=True)
-            check_boundary(si.kind, si.payload, seq)  # raising rolls the increment back: no gap
-            self._insert(conn, session, record_no, seq, si, dig, accepted=True)
+        prior = self._prior(conn, session, si.input_id, dig)
+        if prior is not None:
+            return prior
+        seq, record_no = self._bump(conn, session, seq=True)
+        check_boundary(si.kind, si.payload, seq)  # raising rolls the increment back: no gap
+        self._insert(conn, session, record_no, seq, si, dig, accepted=True, accepted_by=accepted_by)
         return AcceptResult(session=session, input_id=si.input_id, accept_seq=seq, status="accepted")
 
     def refuse(self, session: str, inp: SessionInput | Mapping[str, Any], reason: str) -> AcceptResult:
@@ -165,11 +174,13 @@ class SessionLog:
                 return []
             last = row[0]
             rows = c.execute(
-                sa.select(I.seq, I.input_id, I.kind, I.payload, I.accepted, I.legacy, I.received_at, I.refusal)
+                sa.select(I.seq, I.input_id, I.kind, I.payload, I.accepted, I.legacy, I.received_at, I.refusal,
+                          I.accepted_by)
                 .where(I.session_id == session)
                 .order_by(I.record_no)
             ).all()
-        return [Rec(s, i, k, json.loads(p), bool(a), bool(lg), last, ra, rf) for s, i, k, p, a, lg, ra, rf in rows]
+        return [Rec(s, i, k, json.loads(p), bool(a), bool(lg), last, ra, rf, by)
+                for s, i, k, p, a, lg, ra, rf, by in rows]
 
     def sessions(self) -> list[str]:
         with self.db.read() as c:
@@ -285,11 +296,12 @@ class SessionLog:
     def _insert(
         conn: Connection, session: str, record_no: int, seq: int | None, si: SessionInput, dig: str, *,
         accepted: bool, legacy: bool = False, refusal: str | None = None, received_at: str | None = None,
+        accepted_by: str | None = None,
     ) -> None:
         conn.execute(_INSERT_INPUT, {
             "session_id": session, "record_no": record_no, "seq": seq, "input_id": si.input_id, "kind": si.kind.value,
             "payload": canonical_json(si.payload), "content_digest": dig, "accepted": accepted, "legacy": legacy,
-            "refusal": refusal, "received_at": received_at or utc_now_iso(),
+            "refusal": refusal, "received_at": received_at or utc_now_iso(), "accepted_by": accepted_by,
         })
 
     def _import_session(self, conn: Connection, session: str, recs: Sequence[Rec]) -> dict[str, int]:
@@ -325,7 +337,7 @@ class SessionLog:
             _, record_no = self._bump(conn, session, seq=False)
             self._insert(
                 conn, session, record_no, seq, si, dig, accepted=r.accepted, legacy=r.accepted and seq is None,
-                refusal=r.refusal, received_at=r.received_at,
+                refusal=r.refusal, received_at=r.received_at, accepted_by=r.accepted_by,
             )
             imported += 1
             top = max(top, seq or 0, r.log_last_seq or 0)

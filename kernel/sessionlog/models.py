@@ -22,6 +22,7 @@ class InputKind(StrEnum):
     PROGRESS = "progress"  # agent progress checkpoint with its completed tool-call count
     COMPACTION = "compaction"  # summary replacing history up to a sequence number
     ROLLBACK = "rollback"  # marker rewinding the replayed context to a sequence boundary
+    OBSERVATION = "observation"  # a tool's read of some state (entity/key/value), evidence for the gate
 
 
 # Kinds whose text is something to *do*; everything else is bookkeeping.
@@ -91,6 +92,14 @@ class RollbackPayload(_Payload):
     to_seq: StrictInt = Field(ge=0)
 
 
+class ObservationPayload(_Payload):
+    tool: str = Field(min_length=1)
+    status: Literal["ok", "error", "timeout", "denied", "partial"]
+    entity: str = Field(min_length=1)
+    key: str = Field(min_length=1)
+    value: Any = None
+
+
 PAYLOAD_MODELS: dict[InputKind, type[_Payload]] = {
     InputKind.MESSAGE: TextPayload,
     InputKind.STEER: TextPayload,
@@ -101,6 +110,7 @@ PAYLOAD_MODELS: dict[InputKind, type[_Payload]] = {
     InputKind.PROGRESS: ProgressPayload,
     InputKind.COMPACTION: CompactionPayload,
     InputKind.ROLLBACK: RollbackPayload,
+    InputKind.OBSERVATION: ObservationPayload,
 }
 
 
@@ -152,6 +162,7 @@ class Rec(NamedTuple):
     log_last_seq: int | None = None  # the log's last sequence when this record was written out
     received_at: str | None = None
     refusal: str | None = None  # why a received input was not accepted
+    accepted_by: str | None = None  # the principal (ROLE:agent) the host accepted it from; decides trust
 
 
 # --- results -------------------------------------------------------------------------------------

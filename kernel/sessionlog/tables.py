@@ -43,6 +43,7 @@ session_input = sa.Table(
     sa.Column("legacy", sa.Boolean, nullable=False),
     sa.Column("refusal", sa.Text, nullable=True),
     sa.Column("received_at", sa.Text, nullable=False),  # informational only, never used for order
+    sa.Column("accepted_by", sa.Text, nullable=True),  # principal ROLE:agent, from the credential
     sa.UniqueConstraint("session_id", "input_id", name="uq_session_input_id"),
     sa.UniqueConstraint("session_id", "seq", name="uq_session_input_seq"),  # NULLs are distinct
 )
