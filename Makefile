@@ -27,6 +27,7 @@ bench: setup
 	$(BIN)/python bench/kernel.py
 	$(BIN)/python bench/sessionlog.py
 	$(BIN)/python bench/scheduler.py
+	$(BIN)/python bench/gate.py
 
 lint: setup
 	$(BIN)/ruff check kernel roles scheduler tests bench

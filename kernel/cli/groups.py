@@ -6,7 +6,7 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
-    from kernel.cli import demo, goal, kernel_cmds, session, up, usage
+    from kernel.cli import demo, gate, goal, kernel_cmds, session, up, usage
 
     kernel_cmds.register(app)
     app.command("demo")(demo.demo)
@@ -14,3 +14,4 @@ def register(app: typer.Typer) -> None:
     app.command("usage")(usage.usage)
     app.add_typer(goal.app, name="goal")
     app.add_typer(session.app, name="session")
+    app.add_typer(gate.app, name="gate")
