@@ -69,6 +69,8 @@ class EffectRule:
 
 
 Guard = Callable[[UnitOfWork, Command, dict[str, Any] | None, Principal], None]
+# A guard that lets a command through may leave evidence here; it is recorded in the command's event.
+EVIDENCE_KEY = "guard_evidence"
 
 # Hot-path statements run on the driver cursor (UnitOfWork.sql); the tables are defined in store/schema.py.
 _GET_RECEIPT = "SELECT semantic_digest, result FROM receipts WHERE idempotency_key = ?"
@@ -352,6 +354,7 @@ class TaskCommandKernel:
             assert doc is not None and cmd.task_id is not None
             task_id, expected, data = cmd.task_id, doc["revision"], self._event_data(cmd, payload, doc)
         data["by"] = principal.id
+        data.update(uow.cache.pop(EVIDENCE_KEY, {}))  # what guards established (e.g. the gate verdict)
         event_type = EVENT_FOR[cmd.type]
         meta = {"actor": principal.agent, "role": principal.role, "command_id": cmd.idempotency_key,
                 "command_type": cmd.type.value, "causation_id": cmd.idempotency_key,
@@ -402,6 +405,8 @@ class TaskCommandKernel:
                         references=list(payload.references))
         elif cmd.type is CommandType.AMEND:
             data["changes"] = payload.model_dump(mode="json", exclude_none=True)
+        elif cmd.type is CommandType.PERFORM:
+            data.update(payload.model_dump(mode="json"), action_id=cmd.idempotency_key, round=doc["round"])
         else:
             data.update(payload.model_dump(mode="json"))
         return data

@@ -15,17 +15,22 @@ from dataclasses import dataclass, field
 
 from kernel.commands import EffectRule, TaskCommandKernel
 from kernel.logging import get_logger
+from kernel.model.upcasters import task_upcasters
+from kernel.outbox import OutboxRelay
 from kernel.permissions import HumanGrantGuard
+from kernel.protected import GateGuard
 from kernel.runners.config import runner_specs
 from kernel.runners.dispatcher import WAKE_RULE, Dispatcher
+from kernel.runners.tools import PERFORM_EFFECT, PERFORM_RULE, ToolExecutor
 from kernel.sessionlog import SessionLog
 from kernel.store.db import Database
+from kernel.store.events import EventStore
 from kernel.store.schema import metadata
 from kernel.workspace import Workspace
 from roles.registry import RoleRegistry
 
 log = get_logger(__name__)
-STANDARD_EFFECTS: tuple[EffectRule, ...] = (WAKE_RULE,)
+STANDARD_EFFECTS: tuple[EffectRule, ...] = (WAKE_RULE, PERFORM_RULE)
 
 
 def build_kernel(db: Database, workspace: Workspace | None) -> TaskCommandKernel:
@@ -34,7 +39,9 @@ def build_kernel(db: Database, workspace: Workspace | None) -> TaskCommandKernel
     roles = RoleRegistry.for_team(team.leader, team.roles) if team else RoleRegistry.for_team(
         "PM", ["PM", "DEV", "QA", "OPS"])
     db.create_schema(metadata)
-    return TaskCommandKernel(db, roles, effect_rules=STANDARD_EFFECTS, guards=[HumanGrantGuard(SessionLog(db))])
+    log, store = SessionLog(db), EventStore(task_upcasters())
+    return TaskCommandKernel(db, roles, effect_rules=STANDARD_EFFECTS, store=store,
+                             guards=[HumanGrantGuard(log), GateGuard(log, store)])
 
 
 @dataclass
@@ -64,6 +71,8 @@ class Coordinator:
         self.dispatcher = Dispatcher(self.kernel, workspace.root, runner_specs(workspace.config),
                                      owner=self.owner, leader=team.leader, handlers=handlers)
         self.stages: dict[str, Stage] = {}  # further adapters (folders, scheduler) register here
+        self.tools = OutboxRelay(db, {PERFORM_EFFECT: ToolExecutor(self.kernel, workspace.root)})
+        self.add_stage("actions", self.tools.run_pending)
 
     def add_stage(self, name: str, stage: Stage) -> None:
         self.stages[name] = stage

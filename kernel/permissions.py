@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kernel.model.commands import Command, CommandType
-from kernel.model.principal import Principal
+from kernel.model.principal import ADMIN, Principal
 from kernel.reasons import KernelError, ReasonCode
 from kernel.sessionlog import SessionLog
 from kernel.store.db import UnitOfWork
@@ -44,11 +44,19 @@ class HumanGrantGuard:
         scope = permission_scope(doc["task_id"])
         decision = self.log.permission_decision(session, cmd.type.value, scope, as_of=cmd.permission_as_of,
                                                 conn=uow.conn)
-        if decision.decision != "allow":
+        why = None
+        if decision.decision == "allow" and not self._from_a_human(uow, session, decision.input_id):
+            why = f"grant {decision.input_id} was not accepted from ADMIN (a human)"
+        elif decision.decision != "allow":
             why = decision.reason or (f"revoked by {decision.input_id} at sequence {decision.seq}"
                                       if decision.seq else "no grant was accepted")
+        if why is not None:
             cutoff = "the latest input" if cmd.permission_as_of is None else f"sequence {cmd.permission_as_of}"
             raise KernelError(ReasonCode.PERMISSION_REQUIRED,
                               f"{cmd.type.value} on a {doc['risk_level']}-risk task needs a current "
                               f"'{cmd.type.value}' grant for {scope} in session {session!r} as of {cutoff}: "
                               f"{why}")
+
+    def _from_a_human(self, uow: UnitOfWork, session: str, input_id: str | None) -> bool:
+        rec = next((r for r in self.log.records(session, uow.conn) if r.input_id == input_id), None)
+        return rec is not None and (rec.accepted_by or "").split(":", 1)[0] == ADMIN

@@ -27,6 +27,8 @@ class ReasonCode(StrEnum):
     CHILD_TASKS_OPEN = "child_tasks_open"
     REPORT_REQUIRED = "report_required"
     PERMISSION_REQUIRED = "permission_required"
+    GATE_BLOCKED = "gate_blocked"
+    GATE_INSUFFICIENT_EVIDENCE = "gate_insufficient_evidence"
 
 
 class KernelError(Exception):

@@ -10,7 +10,7 @@ from typing import Any
 from kernel.model.commands import CommandType
 
 ALL_COMMANDS = frozenset(CommandType)
-DRIVER_COMMANDS = frozenset({CommandType.CLAIM, CommandType.SUBMIT, CommandType.SUBMIT_REPORT})
+DRIVER_COMMANDS = frozenset({CommandType.CLAIM, CommandType.SUBMIT, CommandType.SUBMIT_REPORT, CommandType.PERFORM})
 
 
 class AssignScope(StrEnum):

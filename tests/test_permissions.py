@@ -21,9 +21,10 @@ def high_risk_in_review(any_db: Database, risk: str = "high") -> tuple[Harness, 
     return h, tid
 
 
-def grant(log: SessionLog, kind: str, input_id: str, task_id: str, permission: str = "approve") -> int:
+def grant(log: SessionLog, kind: str, input_id: str, task_id: str, permission: str = "approve",
+          by: str = "ADMIN:alice") -> int:
     r = log.accept("admin", {"input_id": input_id, "kind": kind,
-                             "payload": {"permission": permission, "scope": f"task:{task_id}"}})
+                             "payload": {"permission": permission, "scope": f"task:{task_id}"}}, accepted_by=by)
     return int(r.accept_seq)
 
 
@@ -35,6 +36,13 @@ def test_high_risk_approval_without_a_grant_is_refused_with_no_effect(any_db: Da
     assert h.event_count() == events
     grant(SessionLog(any_db), "allow", "g1", tid)
     assert h.cmd("approve", tid, ADMIN).status == "accepted"
+
+
+def test_a_grant_an_agent_gave_itself_does_not_authorize(any_db: Database) -> None:
+    h, tid = high_risk_in_review(any_db)
+    grant(SessionLog(any_db), "allow", "g1", tid, by="PM:pm-agent")
+    r = h.cmd("approve", tid, ADMIN)
+    assert r.reason == "permission_required" and "not accepted from ADMIN" in r.message
 
 
 def test_a_revoked_grant_does_not_authorize(any_db: Database) -> None:

@@ -26,6 +26,7 @@ class CommandType(StrEnum):
     FORCE_ARCHIVE = "force_archive"
     SUBMIT_REPORT = "submit_report"
     AMEND = "amend"
+    PERFORM = "perform"
 
 
 class Priority(StrEnum):
@@ -148,6 +149,28 @@ class AmendPayload(_Strict):
         return self
 
 
+class RequiredState(_Strict):
+    entity: str | None = None
+    key: str = Field(min_length=1)
+    equals: Any = None
+
+
+class PerformPayload(_Strict):
+    """A tool call the driver wants to make for its task, judged by the execution gate at execution time.
+
+    ``based_on_event``/``permission_event`` cite session-log input ids; ``plan_seq`` is the session
+    sequence the plan was formed at (default: now)."""
+
+    operation: str = Field(min_length=1, max_length=100)
+    entity: str = Field(min_length=1, max_length=500)
+    tool: str = Field(min_length=1, max_length=100)
+    args: dict[str, Any] = Field(default_factory=dict)
+    based_on_event: str | list[str] | None = None
+    permission_event: str | None = None
+    requires_state: RequiredState | None = None
+    plan_seq: int | None = Field(default=None, ge=0)
+
+
 PAYLOAD_MODELS: dict[CommandType, type[BaseModel]] = {
     CommandType.CREATE_TASK: CreateTaskPayload,
     CommandType.CLAIM: EmptyPayload,
@@ -159,6 +182,7 @@ PAYLOAD_MODELS: dict[CommandType, type[BaseModel]] = {
     CommandType.FORCE_ARCHIVE: ReasonPayload,
     CommandType.SUBMIT_REPORT: ReportPayload,
     CommandType.AMEND: AmendPayload,
+    CommandType.PERFORM: PerformPayload,
 }
 
 # Payload keys through which a caller might try to speak for someone else (check 2).

@@ -39,6 +39,7 @@ TRANSITIONS: dict[CommandType, tuple[frozenset[str], TaskState]] = {
 IN_PLACE: dict[CommandType, frozenset[str]] = {
     CommandType.SUBMIT_REPORT: frozenset({TaskState.ACTIVE, TaskState.REVIEW}),
     CommandType.AMEND: frozenset({TaskState.INBOX, TaskState.ACTIVE, TaskState.REVIEW, TaskState.DONE}),
+    CommandType.PERFORM: frozenset({TaskState.ACTIVE}),
 }
 # Which authority field of the task a command needs.
 AUTHORITY_FOR: dict[CommandType, str] = {
@@ -51,6 +52,7 @@ AUTHORITY_FOR: dict[CommandType, str] = {
     CommandType.ARCHIVE: "archive_authority",
     CommandType.FORCE_ARCHIVE: "archive_authority",
     CommandType.AMEND: "done_authority",
+    CommandType.PERFORM: "driver",
 }
 STARTS_ROUND = frozenset({CommandType.CLAIM, CommandType.REJECT, CommandType.REOPEN})
 
@@ -65,6 +67,7 @@ EVENT_FOR: dict[CommandType, str] = {
     CommandType.FORCE_ARCHIVE: "task_force_archived",
     CommandType.SUBMIT_REPORT: "report_submitted",
     CommandType.AMEND: "task_amended",
+    CommandType.PERFORM: "action_authorized",
 }
 TARGET_STATE_OF_EVENT = {EVENT_FOR[c]: target for c, (_src, target) in TRANSITIONS.items()}
 
@@ -110,6 +113,9 @@ def apply(doc: dict[str, Any] | None, event_type: str, data: dict[str, Any], rev
                                "status": data["status"], "by": data["by"]})
     elif event_type == "task_amended":
         doc.update(data["changes"])
+    elif event_type == "action_authorized":
+        doc.setdefault("actions", []).append({"action_id": data["action_id"], "operation": data["operation"],
+                                              "entity": data["entity"], "round": data["round"]})
     else:
         raise ValueError(f"unknown task event type {event_type!r}")
     doc["revision"] = revision

@@ -1,0 +1,93 @@
+"""Sequence numbers for files the kernel writes: max+1 over every folder the kind can live in.
+
+FCoP's own allocator fills gaps and looks only at the inbox, so it reuses
+numbers once a TASK moves on (digest §7). Here the number is one more than the
+highest ``KIND-YYYYMMDD-NNN`` seen anywhere that kind may live (all lifecycle
+stages, G2 ``tasks/`` and ``log/``, ``history/``, the quarantine, and temp files
+reserved by writers still in flight), never a gap. Allocation runs under a
+per-kind ``flock`` and is reserved by creating the temp file with ``O_EXCL``,
+so concurrent writers in any process get distinct numbers. Dates are UTC.
+Beyond 999 the field simply grows (``1000``): our reader accepts it, fcop's does not.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from kernel.fcop.detect import FcopWorkspace
+from kernel.fcop.errors import FcopError, FcopReason
+from kernel.fcop.filenames import EnvelopeKind, FcopFilename, parse_filename
+from kernel.fcop.safeio import locked, open_tmp, publish_reserved
+
+_MAX_DEPTH = 4
+_ATTEMPTS = 5
+
+
+@dataclass(frozen=True)
+class Published:
+    path: Path
+    name: FcopFilename
+    sha256: str
+
+
+def utc_date() -> str:
+    return datetime.now(UTC).strftime("%Y%m%d")
+
+
+def _names(directory: Path, depth: int = 0) -> list[str]:
+    try:
+        entries = list(os.scandir(directory))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    names = []
+    for entry in entries:
+        names.append(entry.name)
+        if depth < _MAX_DEPTH and entry.is_dir(follow_symlinks=False):
+            names.extend(_names(Path(entry.path), depth + 1))
+    return names
+
+
+def max_sequence(ws: FcopWorkspace, kind: EnvelopeKind, date: str) -> int:
+    """Highest NNN of ``kind`` on ``date`` anywhere in the workspace (0 if none)."""
+    pattern = re.compile(rf"^\.?{kind.value}-{date}-(\d{{3,}})(?:-|\.|$)")
+    best = 0
+    for directory in [*ws.envelope_dirs(kind), ws.quarantine_dir]:
+        for name in _names(directory):
+            if m := pattern.match(name):
+                best = max(best, int(m[1]))
+    return best
+
+
+def allocate_and_publish(ws: FcopWorkspace, kind: EnvelopeKind, directory: Path,
+                         make_name: Callable[[int, str], FcopFilename],
+                         render: Callable[[FcopFilename], bytes], *, date: str | None = None) -> Published:
+    """Pick the next number, reserve it, write ``render(name)`` and publish it in ``directory``.
+
+    ``make_name(sequence, date)`` builds the filename; ``render`` gets it so the
+    content may quote its own id (a REVIEW's ``review_id``).
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    date = date or utc_date()
+    for _ in range(_ATTEMPTS):
+        with locked(ws.lock_dir / f"seq-{kind.value}.lock"):
+            seq = max_sequence(ws, kind, date) + 1
+            name = make_name(seq, date)
+            if parse_filename(name.render()) != name:
+                raise FcopError(FcopReason.INVALID_FIELD_VALUE,
+                                f"{name.render()!r} would not be a well-formed {kind.value} name")
+            path = directory / name.render()
+            if os.path.lexists(path):
+                continue
+            data = render(name)  # before the reservation: a refusal leaves nothing behind
+            fd = open_tmp(path)
+        try:
+            return Published(path=path, name=name, sha256=publish_reserved(fd, path, data))
+        except FcopError as exc:
+            if exc.reason is not FcopReason.TARGET_EXISTS:
+                raise
+    raise FcopError(FcopReason.TARGET_EXISTS, f"could not allocate a {kind.value} number in {directory}", directory)

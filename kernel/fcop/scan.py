@@ -1,0 +1,236 @@
+"""Incremental listing of a workspace's envelopes, with a "settled" check against half-written files.
+
+Each scan lists every folder an envelope can live in and parses only files
+whose (size, mtime_ns, inode) changed since the previous scan. A file is
+handed out once it has *settled*:
+
+* it looks the same (same key and same bytes) on two looks at least
+  ``settle_s`` apart (``grace_s`` for a file that does not parse, since a
+  writer may still be busy with it), or
+* its mtime is already that old when first seen: it was written earlier and
+  arrived by rename (our own moves and ``mv`` keep the mtime).
+
+Dotfiles and ``*.tmp`` are ignored (writers in flight); files that vanish
+between listing and reading are simply gone; a name without an envelope
+prefix is a "ghost": reported once with a warning and left alone. Symlinks
+are never followed. ``settle_s=0, grace_s=0`` hands out everything at once
+(for ``--once`` runs over a quiescent folder).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+from kernel.fcop.detect import LIFECYCLE_DIR, FcopWorkspace
+from kernel.fcop.errors import FcopError, FcopReason, FcopWarning
+from kernel.fcop.filenames import EnvelopeKind, envelope_prefix
+from kernel.fcop.models import EnvelopeModel
+from kernel.fcop.parse import DEFAULT_MAX_BYTES, parse_envelope
+from kernel.fcop.safeio import read_bytes, sha256_hex
+from kernel.logging import get_logger
+
+log = get_logger("kernel.fcop.scan")
+_MAX_DEPTH = 4
+_AREA_KINDS: dict[str, frozenset[EnvelopeKind]] = {
+    LIFECYCLE_DIR: frozenset({EnvelopeKind.TASK}),
+    "tasks": frozenset({EnvelopeKind.TASK}),
+    "reports": frozenset({EnvelopeKind.REPORT}),
+    "issues": frozenset({EnvelopeKind.ISSUE}),
+    "reviews": frozenset({EnvelopeKind.REVIEW}),
+    "history": frozenset({EnvelopeKind.TASK, EnvelopeKind.REPORT}),
+    "log/tasks": frozenset({EnvelopeKind.TASK}),
+    "log/reports": frozenset({EnvelopeKind.REPORT}),
+    "log/issues": frozenset({EnvelopeKind.ISSUE}),
+    "log/reviews": frozenset({EnvelopeKind.REVIEW}),
+}
+
+_ARCHIVE_EXTRA = frozenset({EnvelopeKind.REPORT})  # see FcopWorkspace.envelope_dirs
+
+
+class EntryStatus(StrEnum):
+    READY = "ready"       # settled and parsed
+    INVALID = "invalid"   # settled and refused (quarantine it if it sits where agents write)
+    PENDING = "pending"   # not settled yet
+    GHOST = "ghost"       # not an envelope name: skipped
+
+
+@dataclass(frozen=True)
+class ScanEntry:
+    path: Path
+    rel: str              # POSIX path relative to the workspace root
+    area: str             # "_lifecycle", "tasks", "reports", "issues", "reviews", "history", "log/<kind>s"
+    stage: str | None     # the lifecycle stage for files under _lifecycle/ (Rule A: the path is the state)
+    size: int
+    mtime_ns: int
+    status: EntryStatus
+    envelope: EnvelopeModel | None = None
+    error: FcopError | None = None
+
+
+@dataclass
+class ScanBatch:
+    ready: list[ScanEntry] = field(default_factory=list)
+    invalid: list[ScanEntry] = field(default_factory=list)
+    pending: list[ScanEntry] = field(default_factory=list)
+    ghosts: list[ScanEntry] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Seen:
+    key: tuple[int, int, int]
+    first_seen: float
+    sha256: str | None
+    ok: bool
+    done: bool
+
+
+def _area(rel_parts: tuple[str, ...]) -> tuple[str, str | None]:
+    head = rel_parts[0]
+    if head == LIFECYCLE_DIR:
+        return head, rel_parts[1] if len(rel_parts) > 2 else None
+    if head == "log" and len(rel_parts) > 2:
+        return f"log/{rel_parts[1]}", None
+    return head, None
+
+
+class Scanner:
+    """Stateful scanner of one workspace; call :meth:`scan` repeatedly (after watch events and periodically)."""
+
+    def __init__(self, ws: FcopWorkspace, *, settle_s: float = 1.0, grace_s: float = 5.0,
+                 max_bytes: int = DEFAULT_MAX_BYTES, clock: Callable[[], float] = time.time) -> None:
+        self.ws = ws
+        self.settle_s = settle_s
+        self.grace_s = grace_s
+        self.max_bytes = max_bytes
+        self.clock = clock
+        self._seen: dict[str, _Seen] = {}
+        self._ghosts: set[str] = set()
+
+    def forget(self, rel: str) -> None:
+        """Drop what is known about ``rel`` so the next scan looks at it afresh."""
+        self._seen.pop(rel, None)
+
+    def _roots(self) -> list[Path]:
+        roots = {d for kind in EnvelopeKind for d in self.ws.envelope_dirs(kind)}
+        return sorted(roots)
+
+    def _walk(self, directory: Path, depth: int, out: list[os.DirEntry[str]]) -> None:
+        try:
+            entries = list(os.scandir(directory))
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            return
+        for entry in entries:
+            if entry.name.startswith(".") or entry.name.endswith(".tmp"):
+                continue
+            try:
+                is_dir = entry.is_dir(follow_symlinks=False)
+            except OSError:
+                continue
+            if is_dir:
+                if depth < _MAX_DEPTH:
+                    self._walk(Path(entry.path), depth + 1, out)
+            else:
+                out.append(entry)
+
+    def scan(self) -> ScanBatch:
+        batch = ScanBatch()
+        found: list[os.DirEntry[str]] = []
+        for root in self._roots():
+            self._walk(root, 0, found)
+        present: set[str] = set()
+        for entry in sorted(found, key=lambda e: e.path):
+            path = Path(entry.path)
+            rel = self.ws.relative(path)
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            present.add(rel)
+            self._visit(path, rel, st, batch)
+        for rel in [r for r in self._seen if r not in present]:
+            del self._seen[rel]
+            batch.removed.append(rel)
+        self._ghosts &= present
+        return batch
+
+    def _visit(self, path: Path, rel: str, st: os.stat_result, batch: ScanBatch) -> None:
+        parts = tuple(rel.split("/"))
+        area, stage = _area(parts)
+        kind = envelope_prefix(path.name)
+
+        def entry(status: EntryStatus, env: EnvelopeModel | None = None, err: FcopError | None = None) -> ScanEntry:
+            return ScanEntry(path=path, rel=rel, area=area, stage=stage, size=st.st_size, mtime_ns=st.st_mtime_ns,
+                             status=status, envelope=env, error=err)
+
+        if kind is None:
+            if rel not in self._ghosts:
+                self._ghosts.add(rel)
+                log.warning("fcop.ghost_file", path=rel, warning=FcopWarning.GHOST_FILE.value)
+                batch.ghosts.append(entry(EntryStatus.GHOST))
+            return
+        key = (st.st_size, st.st_mtime_ns, st.st_ino)
+        prev = self._seen.get(rel)
+        if prev is not None and prev.key == key and prev.done:
+            return
+        now = self.clock()
+        if prev is None or prev.key != key:
+            env, err, sha = self._look(path, area, stage, kind)
+            if err is not None and err.reason is FcopReason.SOURCE_MISSING:
+                return
+            immediate = err is not None and err.reason in (FcopReason.SYMLINK_REFUSED, FcopReason.NOT_REGULAR_FILE,
+                                                           FcopReason.BAD_FILENAME, FcopReason.MISPLACED_FILE)
+            age = now - st.st_mtime_ns / 1e9
+            settled = immediate or age >= (self.settle_s if err is None else self.grace_s)
+            prev = _Seen(key=key, first_seen=now, sha256=sha, ok=err is None, done=False)
+            self._seen[rel] = prev
+        else:
+            if now - prev.first_seen < (self.settle_s if prev.ok else self.grace_s):
+                batch.pending.append(entry(EntryStatus.PENDING))
+                return
+            env, err, sha = self._look(path, area, stage, kind)
+            if err is not None and err.reason is FcopReason.SOURCE_MISSING:
+                return
+            settled = sha == prev.sha256 and (err is None) == prev.ok
+            if not settled:
+                self._seen[rel] = _Seen(key=key, first_seen=now, sha256=sha, ok=err is None, done=False)
+        if not settled:
+            batch.pending.append(entry(EntryStatus.PENDING))
+            return
+        self._seen[rel].done = True
+        if err is None:
+            batch.ready.append(entry(EntryStatus.READY, env))
+        else:
+            batch.invalid.append(entry(EntryStatus.INVALID, err=err))
+
+    def _look(self, path: Path, area: str, stage: str | None,
+              kind: EnvelopeKind) -> tuple[EnvelopeModel | None, FcopError | None, str | None]:
+        """Read and parse once: (envelope, error, sha256 of the bytes read)."""
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return None, FcopError(FcopReason.SOURCE_MISSING, "vanished", path), None
+        if stat.S_ISLNK(st.st_mode):
+            return None, FcopError(FcopReason.SYMLINK_REFUSED, "symbolic links are never followed", path), None
+        allowed = _AREA_KINDS.get(area, frozenset()) | (_ARCHIVE_EXTRA if stage == "archive" else frozenset())
+        if kind not in allowed:
+            return None, FcopError(FcopReason.MISPLACED_FILE, f"a {kind.value} file does not belong in {area}/",
+                                   path), None
+        try:
+            data, _ = read_bytes(path, self.max_bytes)
+        except FileNotFoundError:
+            return None, FcopError(FcopReason.SOURCE_MISSING, "vanished", path), None
+        except FcopError as exc:
+            return None, exc, None
+        sha = sha256_hex(data)
+        try:
+            return parse_envelope(path.name, data, max_bytes=self.max_bytes), None, sha
+        except FcopError as exc:
+            exc.path = path
+            return None, exc, sha

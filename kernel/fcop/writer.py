@@ -1,0 +1,200 @@
+"""Strict writing: new envelopes in the canonical G3 form fcop itself writes, and transition appends.
+
+Key order follows fcop's serialisers (known keys in protocol order, then
+unknown keys sorted, then ``transitions``), so fcop's v3 reader parses and
+round-trips what we write. New TASKs get their creation event
+``{from: null, to: inbox}``; later moves append one event each (Rule E/F),
+keeping the body bytes and the existing front-matter text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kernel.canonical import utc_now_iso
+from kernel.fcop import frontmatter
+from kernel.fcop.detect import FcopWorkspace
+from kernel.fcop.errors import FcopError, FcopReason
+from kernel.fcop.filenames import (
+    EnvelopeKind,
+    FcopFilename,
+    is_role_code,
+    normalize_reference,
+    subject_short_for,
+)
+from kernel.fcop.models import (
+    PRIORITY_ALIASES,
+    REPORT_STATUSES,
+    REVIEW_DECISIONS,
+    SEVERITY_ALIASES,
+    Priority,
+    Transition,
+)
+from kernel.fcop.numbering import Published, allocate_and_publish
+from kernel.fcop.parse import DEFAULT_MAX_BYTES, decode
+from kernel.fcop.safeio import read_bytes, rewrite, sha256_hex
+
+_TASK_ORDER = ("protocol", "version", "sender", "recipient", "priority", "thread_key", "parent", "subject",
+               "references")
+_ISSUE_ORDER = ("protocol", "version", "reporter", "severity", "status", "summary", "created_at", "closed_at",
+                "closed_by", "resolution")
+_REVIEW_ORDER = ("protocol", "version", "type", "sender", "review_id", "subject_type", "subject_ref",
+                 "reviewer_role", "reviewer_agent", "decision", "rationale", "required_changes", "decided_at",
+                 "session_id")
+
+
+def _ordered(fields: Mapping[str, Any], order: Iterable[str]) -> dict[str, Any]:
+    present = {k: v for k, v in fields.items() if v is not None and v != [] and v != ""}
+    out = {k: present.pop(k) for k in order if k in present}
+    out.update(sorted(present.items()))
+    return out
+
+
+def _check_role(value: str, what: str) -> str:
+    if not is_role_code(value):
+        raise FcopError(FcopReason.INVALID_FIELD_VALUE, f"{what} {value!r} is not a role code")
+    return value
+
+
+def _priority(value: str | Priority) -> str:
+    p = PRIORITY_ALIASES.get(str(value).lower())
+    if p is None:
+        raise FcopError(FcopReason.INVALID_FIELD_VALUE, f"priority {value!r} is not P0-P3 or an alias")
+    return p.value
+
+
+def _reserved_keys(extra: Mapping[str, Any], reserved: Iterable[str]) -> None:
+    clash = sorted(set(extra) & set(reserved))
+    if clash:
+        raise FcopError(FcopReason.INVALID_FIELD_VALUE, f"extra keys {clash} would shadow protocol fields")
+
+
+@dataclass(frozen=True)
+class TaskDraft:
+    """What a new TASK says. ``by``/``tool`` are recorded in its creation event."""
+
+    sender: str
+    recipient: str
+    subject: str
+    body: str
+    priority: str = "P2"
+    thread_key: str | None = None
+    parent: str | None = None
+    references: tuple[str, ...] = ()
+    slot: str | None = None
+    slug: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    by: str | None = None
+    tool: str = "create_task"
+
+
+def render_task(draft: TaskDraft, at: str | None = None) -> bytes:
+    _reserved_keys(draft.extra, (*_TASK_ORDER, "transitions"))
+    fields = {"protocol": "fcop", "version": 1, "sender": _check_role(draft.sender, "sender"),
+              "recipient": _check_role(draft.recipient, "recipient"), "priority": _priority(draft.priority),
+              "thread_key": draft.thread_key, "subject": draft.subject,
+              "parent": normalize_reference(draft.parent) if draft.parent else None,
+              "references": [normalize_reference(r) for r in draft.references], **draft.extra}
+    mapping = _ordered(fields, _TASK_ORDER)
+    event = Transition(at=at or _event_time(), to="inbox", by=draft.by or draft.sender, tool=draft.tool)
+    mapping["transitions"] = [event.to_mapping()]
+    return frontmatter.render(mapping, draft.body).encode("utf-8")
+
+
+def _event_time() -> str:
+    """UTC with an offset, as fcop writes ``transitions[].at`` (``…+00:00``)."""
+    return utc_now_iso().replace("Z", "+00:00")
+
+
+def write_task(ws: FcopWorkspace, draft: TaskDraft, *, date: str | None = None) -> Published:
+    """A new TASK in the inbox (``_lifecycle/inbox/``, or ``tasks/`` in a G2 workspace)."""
+    def name(seq: int, day: str) -> FcopFilename:
+        return FcopFilename(kind=EnvelopeKind.TASK, date=day, sequence=seq, sender=draft.sender,
+                            recipient=draft.recipient, slot=draft.slot, slug=draft.slug)
+    return allocate_and_publish(ws, EnvelopeKind.TASK, ws.inbox_dir, name, lambda _: render_task(draft), date=date)
+
+
+def write_report(ws: FcopWorkspace, *, sender: str, recipient: str, task_id: str, body: str,
+                 status: str = "done", priority: str = "P2", supersedes: str | None = None,
+                 slug: str | None = None, extra: Mapping[str, Any] | None = None,
+                 date: str | None = None) -> Published:
+    """A REPORT answering ``task_id`` (linked only by ``references``, as fcop's ``write_report`` does)."""
+    extra = dict(extra or {})
+    _reserved_keys(extra, (*_TASK_ORDER, "status", "supersedes"))
+    if status not in REPORT_STATUSES:
+        raise FcopError(FcopReason.INVALID_FIELD_VALUE, f"report status {status!r} not in {sorted(REPORT_STATUSES)}")
+    fields = {"protocol": "fcop", "version": 1, "sender": _check_role(sender, "sender"),
+              "recipient": _check_role(recipient, "recipient"), "priority": _priority(priority),
+              "references": [normalize_reference(task_id)], "status": status,
+              "supersedes": normalize_reference(supersedes) if supersedes else None, **extra}
+    data = frontmatter.render(_ordered(fields, _TASK_ORDER), body).encode("utf-8")
+
+    def name(seq: int, day: str) -> FcopFilename:
+        return FcopFilename(kind=EnvelopeKind.REPORT, date=day, sequence=seq, sender=sender, recipient=recipient,
+                            slug=slug)
+    return allocate_and_publish(ws, EnvelopeKind.REPORT, ws.bucket_dir(EnvelopeKind.REPORT), name,
+                                lambda _: data, date=date)
+
+
+def write_issue(ws: FcopWorkspace, *, reporter: str, summary: str, body: str, severity: str = "medium",
+                extra: Mapping[str, Any] | None = None, date: str | None = None) -> Published:
+    """An ISSUE in fcop's library form (``ISSUE-…-REPORTER.md``; reporter, severity, status, summary)."""
+    extra = dict(extra or {})
+    _reserved_keys(extra, _ISSUE_ORDER)
+    if severity.lower() not in SEVERITY_ALIASES:
+        raise FcopError(FcopReason.INVALID_FIELD_VALUE, f"severity {severity!r} not in {sorted(SEVERITY_ALIASES)}")
+    fields = {"protocol": "fcop", "version": 1, "reporter": _check_role(reporter, "reporter"),
+              "severity": SEVERITY_ALIASES[severity.lower()], "status": "open", "summary": summary,
+              "created_at": utc_now_iso().replace("Z", "+00:00"), **extra}
+    data = frontmatter.render(_ordered(fields, _ISSUE_ORDER), body).encode("utf-8")
+
+    def name(seq: int, day: str) -> FcopFilename:
+        return FcopFilename(kind=EnvelopeKind.ISSUE, date=day, sequence=seq, sender=reporter)
+    return allocate_and_publish(ws, EnvelopeKind.ISSUE, ws.bucket_dir(EnvelopeKind.ISSUE), name,
+                                lambda _: data, date=date)
+
+
+def write_review(ws: FcopWorkspace, *, reviewer: str, subject_ref: str, decision: str, body: str = "",
+                 subject_type: str = "task", rationale: str | None = None,
+                 required_changes: Iterable[str] = (), extra: Mapping[str, Any] | None = None,
+                 date: str | None = None) -> Published:
+    """A REVIEW verdict in ``reviews/`` named ``REVIEW-…-REVIEWER-on-<subject>.md`` (its stem is its id)."""
+    extra = dict(extra or {})
+    _reserved_keys(extra, _REVIEW_ORDER)
+    if decision not in REVIEW_DECISIONS:
+        raise FcopError(FcopReason.INVALID_FIELD_VALUE, f"decision {decision!r} not in {sorted(REVIEW_DECISIONS)}")
+    changes = [c for c in required_changes if c]
+    if (decision == "needs_changes") != bool(changes):
+        raise FcopError(FcopReason.INVALID_FIELD_VALUE, "required_changes must be non-empty iff needs_changes")
+    _check_role(reviewer, "reviewer")
+
+    def name(seq: int, day: str) -> FcopFilename:
+        return FcopFilename(kind=EnvelopeKind.REVIEW, date=day, sequence=seq, sender=reviewer,
+                            subject_short=subject_short_for(subject_ref))
+
+    def render(fn: FcopFilename) -> bytes:
+        fields = {"protocol": "fcop", "version": 1, "type": "REVIEW", "sender": reviewer, "review_id": fn.stem,
+                  "subject_type": subject_type, "subject_ref": subject_ref, "reviewer_role": reviewer,
+                  "decision": decision, "rationale": rationale, "required_changes": changes,
+                  "decided_at": utc_now_iso().replace("Z", "+00:00"), **extra}
+        return frontmatter.render(_ordered(fields, _REVIEW_ORDER), body).encode("utf-8")
+    return allocate_and_publish(ws, EnvelopeKind.REVIEW, ws.bucket_dir(EnvelopeKind.REVIEW), name, render,
+                                date=date)
+
+
+def append_transition(path: Path, event: Transition, *, expect_sha256: str | None = None) -> str:
+    """Append one event to a TASK's ``transitions:`` in place; returns the new sha256.
+
+    Body bytes and the existing front-matter text are kept; a BOM is dropped
+    (fcop cannot read one). With ``expect_sha256`` the file must still be the
+    version the caller read. Run it under the task's lock (see ``locked``).
+    """
+    data, _ = read_bytes(path, DEFAULT_MAX_BYTES)
+    if expect_sha256 is not None and sha256_hex(data) != expect_sha256:
+        raise FcopError(FcopReason.CONTENT_CHANGED, "the file changed since it was read", path)
+    text, _bom = decode(data)
+    new = frontmatter.append_list_item(text, "transitions", event.to_mapping()).encode("utf-8")
+    return rewrite(path, new, expect_sha256=sha256_hex(data))
