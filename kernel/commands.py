@@ -20,6 +20,8 @@ from pydantic import BaseModel, ValidationError
 
 from kernel.canonical import canonical_json, digest, utc_now_iso
 from kernel.model.commands import (
+    CREATING,
+    AdoptTaskPayload,
     Command,
     CommandResult,
     CommandType,
@@ -191,7 +193,8 @@ class TaskCommandKernel:
             if str(claimed) not in (principal.role, principal.agent, principal.id):
                 raise KernelError(R.ACTOR_UNVERIFIED,
                                   f"payload claims {key}={claimed!r} but the credential is {principal.id}")
-        if isinstance(payload, CreateTaskPayload) and payload.sender != principal.role:
+        if (cmd.type is CommandType.CREATE_TASK and isinstance(payload, CreateTaskPayload)
+                and payload.sender != principal.role):
             raise KernelError(R.ACTOR_UNVERIFIED,
                               f"sender {payload.sender} does not match the credential's role {principal.role}")
         return principal
@@ -207,7 +210,7 @@ class TaskCommandKernel:
         return CommandResult(**{**stored, "status": "replayed", "events": []})
 
     def _check_identity(self, uow: UnitOfWork, cmd: Command, payload: BaseModel) -> dict[str, Any] | None:
-        if cmd.type is CommandType.CREATE_TASK:
+        if cmd.type in CREATING:
             assert isinstance(payload, CreateTaskPayload)
             if cmd.task_id and uow.sql(_TASK_EXISTS, (cmd.task_id,)).fetchone():
                 raise KernelError(R.TASK_EXISTS, f"{cmd.task_id} already exists")
@@ -235,12 +238,12 @@ class TaskCommandKernel:
     @staticmethod
     def _check_terminal(cmd: Command, doc: dict[str, Any] | None) -> None:
         if doc is not None and doc["state"] in TERMINAL_STATES:
-            what = "parent task" if cmd.type is CommandType.CREATE_TASK else "task"
+            what = "parent task" if cmd.type in CREATING else "task"
             raise KernelError(R.TASK_TERMINAL, f"{what} {doc['task_id']} is archived; nothing may change it")
 
     @staticmethod
     def _check_revision_and_round(cmd: Command, doc: dict[str, Any] | None) -> None:
-        if cmd.type is CommandType.CREATE_TASK or doc is None:
+        if cmd.type in CREATING or doc is None:
             return
         if cmd.expected_revision != doc["revision"]:
             raise KernelError(R.STALE_TASK_REVISION,
@@ -266,6 +269,8 @@ class TaskCommandKernel:
             self._check_inherited_policy(payload, doc)
         if principal.is_admin:
             return
+        if cmd.type is CommandType.ADOPT_TASK:
+            raise KernelError(R.ROLE_NOT_AUTHORIZED, "only ADMIN may adopt tasks found on disk")
         if cmd.type is CommandType.CREATE_TASK:
             assert isinstance(payload, CreateTaskPayload)
             self._check_assignment(spec, payload, doc, principal)
@@ -307,7 +312,7 @@ class TaskCommandKernel:
                                       f"budget {name}={wanted} exceeds the root's {limits[name]}")
 
     def _check_lifecycle(self, uow: UnitOfWork, cmd: Command, doc: dict[str, Any] | None) -> None:
-        if doc is None or cmd.type is CommandType.CREATE_TASK:
+        if doc is None or cmd.type in CREATING:
             return
         state = doc["state"]
         if cmd.type in TRANSITIONS:
@@ -346,7 +351,7 @@ class TaskCommandKernel:
     def _commit(self, uow: UnitOfWork, cmd: Command, payload: BaseModel, doc: dict[str, Any] | None,
                 principal: Principal, semantic: str) -> CommandResult:
         now = utc_now_iso()
-        if cmd.type is CommandType.CREATE_TASK:
+        if cmd.type in CREATING:
             assert isinstance(payload, CreateTaskPayload)
             data = self._creation_data(uow, cmd, payload, doc)
             task_id, expected, doc = data["task_id"], 0, None
@@ -386,7 +391,8 @@ class TaskCommandKernel:
                 "subject": p.subject, "body": p.body, "priority": p.priority.value, "risk_level": p.risk_level.value,
                 "references": list(p.references), "authority": default_authority(p.sender, p.recipient, explicit),
                 "cost_tier": (p.cost_tier.value if p.cost_tier else parent["cost_tier"] if parent else "standard"),
-                "budget": (p.budget.model_dump() if p.budget else parent["budget"] if parent else None)}
+                "budget": (p.budget.model_dump() if p.budget else parent["budget"] if parent else None),
+                **({"state": p.state, "round": p.round, "source": p.source} if isinstance(p, AdoptTaskPayload) else {})}
 
     @staticmethod
     def _event_data(cmd: Command, payload: BaseModel, doc: dict[str, Any]) -> dict[str, Any]:

@@ -27,6 +27,11 @@ class CommandType(StrEnum):
     SUBMIT_REPORT = "submit_report"
     AMEND = "amend"
     PERFORM = "perform"
+    ADOPT_TASK = "adopt_task"
+
+
+# Commands that bring a task into existence (no expected_revision/round; task_id optional).
+CREATING = frozenset({CommandType.CREATE_TASK, CommandType.ADOPT_TASK})
 
 
 class Priority(StrEnum):
@@ -120,6 +125,20 @@ class CreateTaskPayload(_Strict):
         return v
 
 
+class AdoptTaskPayload(CreateTaskPayload):
+    """Take over a task that already exists on disk (an imported FCoP workspace) in the state found there."""
+
+    state: Literal["inbox", "active", "review", "done", "archive"]
+    round: int = Field(ge=0)
+    source: str = Field(min_length=1, max_length=1000)  # the file it was adopted from
+
+    @model_validator(mode="after")
+    def _round_fits_state(self) -> AdoptTaskPayload:
+        if (self.state == "inbox") != (self.round == 0):
+            raise ValueError("an inbox task has round 0; a task past the inbox has round >= 1")
+        return self
+
+
 class EmptyPayload(_Strict):
     pass
 
@@ -183,6 +202,7 @@ PAYLOAD_MODELS: dict[CommandType, type[BaseModel]] = {
     CommandType.SUBMIT_REPORT: ReportPayload,
     CommandType.AMEND: AmendPayload,
     CommandType.PERFORM: PerformPayload,
+    CommandType.ADOPT_TASK: AdoptTaskPayload,
 }
 
 # Payload keys through which a caller might try to speak for someone else (check 2).
@@ -217,9 +237,9 @@ class Command(BaseModel):
 
     @model_validator(mode="after")
     def _targeting(self) -> Command:
-        if self.type is CommandType.CREATE_TASK:
+        if self.type in CREATING:
             if self.expected_revision is not None or self.round is not None:
-                raise ValueError("create_task takes no expected_revision or round")
+                raise ValueError(f"{self.type.value} takes no expected_revision or round")
         else:
             missing = [name for name in ("task_id", "thread_key", "expected_revision", "round")
                        if getattr(self, name) is None]

@@ -68,6 +68,7 @@ EVENT_FOR: dict[CommandType, str] = {
     CommandType.SUBMIT_REPORT: "report_submitted",
     CommandType.AMEND: "task_amended",
     CommandType.PERFORM: "action_authorized",
+    CommandType.ADOPT_TASK: "task_adopted",
 }
 TARGET_STATE_OF_EVENT = {EVENT_FOR[c]: target for c, (_src, target) in TRANSITIONS.items()}
 
@@ -92,15 +93,16 @@ def current_done_report(doc: dict[str, Any]) -> dict[str, Any] | None:
 def apply(doc: dict[str, Any] | None, event_type: str, data: dict[str, Any], revision: int,
           recorded_at: str) -> dict[str, Any]:
     """Fold one event into the task document (pure; returns a new dict for creation)."""
-    if event_type == "task_created":
+    if event_type in ("task_created", "task_adopted"):
         return {
             "task_id": data["task_id"], "thread_key": data["thread_key"], "parent": data["parent"],
             "root": data["root"], "sender": data["sender"], "recipient": data["recipient"],
             "subject": data["subject"], "body": data["body"], "priority": data["priority"],
             "risk_level": data["risk_level"], "references": list(data["references"]),
             "cost_tier": data["cost_tier"], "budget": data["budget"],
-            "authority": dict(data["authority"]), "state": TaskState.INBOX.value, "revision": revision,
-            "round": 0, "reports": [], "created_at": recorded_at, "updated_at": recorded_at,
+            "authority": dict(data["authority"]), "state": data.get("state", TaskState.INBOX.value),
+            "revision": revision, "round": data.get("round", 0), "reports": [], "created_at": recorded_at,
+            "updated_at": recorded_at,
         }
     assert doc is not None, f"{event_type} before task_created"
     target = TARGET_STATE_OF_EVENT.get(event_type)
