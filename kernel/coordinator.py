@@ -12,8 +12,12 @@ import os
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from kernel.commands import EffectRule, TaskCommandKernel
+from kernel.folders.adapter import FolderAdapter
+from kernel.folders.projection import PROJECT_RULE
 from kernel.logging import get_logger
 from kernel.model.upcasters import task_upcasters
 from kernel.outbox import OutboxRelay
@@ -30,7 +34,7 @@ from kernel.workspace import Workspace
 from roles.registry import RoleRegistry
 
 log = get_logger(__name__)
-STANDARD_EFFECTS: tuple[EffectRule, ...] = (WAKE_RULE, PERFORM_RULE)
+STANDARD_EFFECTS: tuple[EffectRule, ...] = (WAKE_RULE, PERFORM_RULE, PROJECT_RULE)
 
 
 def build_kernel(db: Database, workspace: Workspace | None) -> TaskCommandKernel:
@@ -60,7 +64,8 @@ Stage = Callable[[], int]
 
 
 class Coordinator:
-    def __init__(self, workspace: Workspace, db: Database, *, owner: str | None = None) -> None:
+    def __init__(self, workspace: Workspace, db: Database, *, owner: str | None = None, settle_s: float = 1.0,
+                 grace_s: float = 5.0) -> None:
         self.workspace = workspace
         self.db = db
         self.kernel = build_kernel(db, workspace)
@@ -69,10 +74,28 @@ class Coordinator:
         roles = self.kernel.roles
         handlers = {code: spec.handler for code in roles.codes() if (spec := roles.get(code)).handler}
         self.dispatcher = Dispatcher(self.kernel, workspace.root, runner_specs(workspace.config),
-                                     owner=self.owner, leader=team.leader, handlers=handlers)
-        self.stages: dict[str, Stage] = {}  # further adapters (folders, scheduler) register here
+                                     owner=self.owner, leader=team.leader, handlers=handlers,
+                                     task_file=self._task_file)
+        self.stages: dict[str, Stage] = {}  # further adapters (scheduler) register here
+        folder_cfg = workspace.config.get("folders", {})
+        self.folders: FolderAdapter | None = None
+        if folder_cfg.get("enabled", True):
+            self.folders = FolderAdapter(self.kernel, workspace.root, settle_s=settle_s, grace_s=grace_s,
+                                         submit_on_done_report=folder_cfg.get("submit_on_done_report", True))
+            self.add_stage("ingest", self.folders.ingest_pass)
         self.tools = OutboxRelay(db, {PERFORM_EFFECT: ToolExecutor(self.kernel, workspace.root)})
         self.add_stage("actions", self.tools.run_pending)
+        if self.folders is not None:
+            self.add_stage("project", self.folders.project_pass)
+            self.add_stage("ledger", self.folders.ledger_pass)
+
+    def _task_file(self, doc: dict[str, Any]) -> Path:
+        """The agent reads its TASK file where the projection put it."""
+        if self.folders is not None:
+            path = self.folders.projection.find(doc["task_id"]) or self.folders.projection.place(doc["task_id"])
+            if path is not None:
+                return path
+        return self.dispatcher.fallback_task_file(doc)
 
     def add_stage(self, name: str, stage: Stage) -> None:
         self.stages[name] = stage

@@ -22,7 +22,8 @@ def test_presets_give_leader_and_workers_their_powers() -> None:
 
 def test_unknown_role_gets_least_privilege() -> None:
     spec = RoleRegistry.for_team("ME", ["ME"], load_plugins=False).get("AUDITOR")
-    assert spec.commands == frozenset({CommandType.CLAIM, CommandType.SUBMIT, CommandType.SUBMIT_REPORT})
+    assert spec.commands == frozenset({CommandType.CLAIM, CommandType.SUBMIT, CommandType.SUBMIT_REPORT,
+                                     CommandType.PERFORM})
     assert spec.assign_scope is AssignScope.NOBODY
 
 

@@ -10,6 +10,7 @@ import typer
 
 from kernel.cli.common import Exit, emit, fail, get_ctx, stderr
 from kernel.coordinator import Coordinator
+from kernel.fcop import FcopError
 from kernel.workspace import Workspace, WorkspaceNotFound
 
 
@@ -24,7 +25,9 @@ def up(ctx: typer.Context, workspace: Path = typer.Argument(None, help="Workspac
     except WorkspaceNotFound as exc:
         fail(Exit.USAGE, str(exc))
     try:
-        coordinator = Coordinator(ws, c.database())
+        coordinator = Coordinator(ws, c.database(), settle_s=0.0 if once else 1.0, grace_s=0.0 if once else 5.0)
+    except FcopError as exc:  # e.g. unsupported_workspace_generation (G4), mixed or ambiguous roots
+        fail(Exit.REJECTED, f"{exc.reason.value}: {exc}", reason=exc.reason.value)
     except ValueError as exc:  # a bad [roles.X] table
         fail(Exit.USAGE, str(exc))
     if once:

@@ -50,7 +50,7 @@ class Dispatcher:
         self.specs = specs
         self.leader = leader
         self.handlers = handlers or {}
-        self.task_file = task_file or self._fallback_task_file
+        self.task_file = task_file or self.fallback_task_file
         self.goals = goals or GoalService(self.db, kernel.store)
         lease = max((s.timeout for s in specs.values()), default=600.0) + 60.0
         self.ledger = RunLedger(self.db, owner, lease_seconds=lease)
@@ -195,7 +195,7 @@ class Dispatcher:
     def _principal(self, role: str, task_id: str | None = None, round_: int | None = None) -> Principal:
         return Principal(role, self._agent_name(role), task_id, round_)
 
-    def _fallback_task_file(self, doc: dict[str, Any]) -> Path:
+    def fallback_task_file(self, doc: dict[str, Any]) -> Path:
         """Without a folder projection, render the task to a private file the agent can read."""
         path = self.workspace / ".taskkernel" / "tasks" / f"{doc['task_id']}.md"
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -3,15 +3,11 @@ was committed as an `action_authorized` event (outbox), and idempotently (tmp + 
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
-import sqlalchemy as sa
-
 from kernel.commands import EffectRule, TaskCommandKernel
-from kernel.store.schema import events
 
 PERFORM_EFFECT = "perform_action"
 PERFORM_RULE = EffectRule(PERFORM_EFFECT, frozenset({"action_authorized"}))
@@ -26,9 +22,10 @@ class ToolExecutor:
 
     def __call__(self, effect_key: str, payload: dict[str, Any]) -> None:
         with self.kernel.db.read() as conn:
-            data_text = conn.execute(sa.select(events.c.data).where(events.c.global_pos == payload["global_pos"])
-                                     ).scalar_one()
-        action = json.loads(data_text)
+            event = self.kernel.store.event_at(conn, payload["global_pos"])
+        if event is None:
+            raise LookupError(f"event {payload['global_pos']} of effect {effect_key} is missing")
+        action = event.data
         tool = getattr(self, f"_tool_{action['tool']}", None)
         if tool is None:
             raise LookupError(f"no built-in tool {action['tool']!r} for action {action['action_id']}")

@@ -145,6 +145,10 @@ class EventStore:
             events_table.c.stream_version)
         return [self._decode(r) for r in conn.execute(q)]
 
+    def event_at(self, conn: Connection, global_pos: int) -> RecordedEvent | None:
+        row = conn.execute(sa.select(*_COLUMNS).where(events_table.c.global_pos == global_pos)).first()
+        return self._decode(row) if row else None
+
     def read_all(self, conn: Connection, from_pos: int = 1, batch: int = 5000,
                  stream_prefix: str | None = None) -> Iterator[RecordedEvent]:
         """Every event from ``from_pos`` in global order, fetched in bounded batches."""

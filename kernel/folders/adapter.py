@@ -1,0 +1,38 @@
+"""The folder adapter as the coordinator drives it: ingest, project, refresh the ledger."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kernel.commands import TaskCommandKernel
+from kernel.fcop import Scanner, open_workspace
+from kernel.folders.ingest import Ingest, IngestStats
+from kernel.folders.projection import PROJECT_EFFECT, Projection
+from kernel.folders.tracking import FileTracker
+from kernel.outbox import OutboxRelay
+
+
+class FolderAdapter:
+    def __init__(self, kernel: TaskCommandKernel, workspace_root: Path, *, settle_s: float = 1.0,
+                 grace_s: float = 5.0, submit_on_done_report: bool = True) -> None:
+        # Raises FcopError(unsupported_workspace_generation) for a G4 workspace: we read G2/G3, write G3.
+        self.fcop = open_workspace(workspace_root, allow_mixed=True, create=True)
+        self.tracker = FileTracker(kernel.db)
+        self.scanner = Scanner(self.fcop, settle_s=settle_s, grace_s=grace_s)
+        self.ingest = Ingest(kernel, self.fcop, self.tracker, self.scanner,
+                             submit_on_done_report=submit_on_done_report)
+        self.projection = Projection(kernel, self.fcop, self.tracker)
+        self.relay = OutboxRelay(kernel.db, {PROJECT_EFFECT: self.projection})
+        self.last_ingest = IngestStats()
+
+    def ingest_pass(self) -> int:
+        self.last_ingest = self.ingest.run()
+        return self.last_ingest.progress
+
+    def project_pass(self) -> int:
+        return self.relay.run_pending()
+
+    def ledger_pass(self) -> int:
+        """Ledger rewrites are bookkeeping, not progress: they must not keep `--once` looping."""
+        self.projection.refresh_ledger()
+        return 0

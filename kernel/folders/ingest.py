@@ -1,0 +1,264 @@
+"""Ingest: settled FCoP files become kernel commands; malformed files are quarantined.
+
+- a new TASK in `_lifecycle/inbox/` (G3) or `tasks/` (G2): `create_task` as its sender;
+- a TASK unknown to the kernel in a later stage or an archive folder: `adopt_task` (ADMIN importing);
+- a known TASK an agent moved to another stage: the matching lifecycle command; if refused, the file
+  is moved back and the reason written beside it;
+- a REPORT: `submit_report` as its sender (claiming first when the driver reports on an inbox task;
+  a driver's `done` report then submits);
+- a REVIEW: `approve` / `reject` as its reviewer.
+
+Files carry no credential: a command born from a file acts as the role the file names, with agent
+`fcop-file`, and every role and authority check still applies. Idempotency keys are derived from
+path and content digest, so rescans and restarts never duplicate a command.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kernel.commands import TaskCommandKernel
+from kernel.fcop import (
+    FcopError,
+    FcopReason,
+    FcopWorkspace,
+    ReportEnvelope,
+    ReviewEnvelope,
+    ScanEntry,
+    Scanner,
+    TaskEnvelope,
+    move_no_overwrite,
+    quarantine,
+    write_new,
+)
+from kernel.folders.tracking import FileTracker, Origin
+from kernel.logging import get_logger
+from kernel.model.commands import CommandResult
+from kernel.model.principal import LOCAL_OWNER, Principal
+
+log = get_logger(__name__)
+FILE_AGENT = "fcop-file"
+REASON_SUFFIX = ".reason.md"
+ARCHIVE_AREAS = ("log/tasks", "history")
+# (kernel state, stage the file was moved to) -> the command that move stands for
+MOVES = {("inbox", "active"): "claim", ("active", "review"): "submit", ("review", "done"): "approve",
+         ("review", "active"): "reject", ("done", "active"): "reopen", ("done", "archive"): "archive",
+         ("inbox", "archive"): "force_archive", ("active", "archive"): "force_archive",
+         ("review", "archive"): "force_archive"}
+NEEDS_REASON = ("reject", "archive", "force_archive")
+REPORT_STATUS = {"done": "done", "accepted": "done", "blocked": "blocked", "in_progress": "in_progress",
+                 "aborted": "aborted"}
+
+
+@dataclass
+class IngestStats:
+    commands: int = 0
+    accepted: int = 0
+    refused: int = 0
+    quarantined: int = 0
+    moved_back: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def progress(self) -> int:
+        return self.commands + self.quarantined
+
+
+def file_key(entry: ScanEntry, sha256: str, step: str = "") -> str:
+    return f"file:{entry.rel}:{sha256[:16]}{':' + step if step else ''}"
+
+
+class Ingest:
+    def __init__(self, kernel: TaskCommandKernel, fcop: FcopWorkspace, tracker: FileTracker, scanner: Scanner,
+                 *, submit_on_done_report: bool = True) -> None:
+        self.kernel = kernel
+        self.fcop = fcop
+        self.tracker = tracker
+        self.scanner = scanner
+        self.submit_on_done_report = submit_on_done_report
+
+    def run(self) -> IngestStats:
+        stats = IngestStats()
+        batch = self.scanner.scan()
+        for entry in batch.invalid:
+            self._quarantine(entry, stats)
+        handlers: dict[type, Callable[[ScanEntry, Any, IngestStats], None]] = {
+            TaskEnvelope: self._task, ReportEnvelope: self._report, ReviewEnvelope: self._review}
+        # tasks first, so reports and reviews in the same batch find their task
+        for entry in sorted(batch.ready, key=lambda e: (not isinstance(e.envelope, TaskEnvelope), e.rel)):
+            env = entry.envelope
+            known = self.tracker.get(entry.rel)
+            if env is None or (known is not None and known.sha256 == env.sha256):
+                continue
+            handler = handlers.get(type(env))
+            if handler is None:  # ISSUEs are evidence only
+                self.tracker.record(entry.rel, env.sha256, None, Origin.INGESTED)
+                continue
+            try:
+                handler(entry, env, stats)
+            except FcopError as exc:  # the file moved or changed under us: look again next pass
+                log.warning("ingest_file_changed", rel=entry.rel, reason=exc.reason.value, message=str(exc))
+                self.scanner.forget(entry.rel)
+        return stats
+
+    # -- per kind ----------------------------------------------------------------------------
+    def _task(self, entry: ScanEntry, env: TaskEnvelope, stats: IngestStats) -> None:
+        doc = self.kernel.task(env.id)
+        stage = entry.stage or ("inbox" if entry.area == "tasks" else "archive" if entry.area in ARCHIVE_AREAS
+                                else None)
+        if doc is None:
+            self._new_task(entry, env, stage, stats)
+            return
+        if stage is None or stage == doc["state"] or entry.area == "tasks":
+            self.tracker.record(entry.rel, env.sha256, env.id, Origin.INGESTED)
+            return
+        self._agent_move(entry, env, doc, stage, stats)
+
+    def _new_task(self, entry: ScanEntry, env: TaskEnvelope, stage: str | None, stats: IngestStats) -> None:
+        base = {"sender": env.sender, "recipient": env.recipient, "subject": env.subject or env.id,
+                "body": env.body.strip(), "priority": env.priority.value, "references": list(env.references)}
+        if env.parent and self.kernel.task(env.parent) is not None:
+            base["parent"] = env.parent
+        if env.risk_level:
+            base["risk_level"] = env.risk_level
+        command: dict[str, Any] = {"task_id": env.id, "idempotency_key": file_key(entry, env.sha256)}
+        if env.thread_key:
+            command["thread_key"] = env.thread_key
+        if stage in (None, "inbox"):
+            result = self._submit({**command, "type": "create_task", "payload": base},
+                                  Principal(env.sender, FILE_AGENT), stats)
+        else:
+            rounds = max(1, sum(1 for t in env.transitions if t.to == "active"))
+            result = self._submit({**command, "type": "adopt_task",
+                                   "payload": {**base, "state": stage, "round": rounds, "source": entry.rel}},
+                                  LOCAL_OWNER, stats)
+        self._settle(entry, env.sha256, env.id, result, stats)
+
+    def _agent_move(self, entry: ScanEntry, env: TaskEnvelope, doc: dict[str, Any], stage: str,
+                    stats: IngestStats) -> None:
+        kind = MOVES.get((doc["state"], stage))
+        result: CommandResult | None = None
+        if kind is not None:
+            payload = {"reason": f"moved to {stage}/ by hand"} if kind in NEEDS_REASON else {}
+            command = {"type": kind, "task_id": doc["task_id"], "thread_key": doc["thread_key"],
+                       "expected_revision": doc["revision"], "round": doc["round"],
+                       "idempotency_key": file_key(entry, env.sha256, kind), "payload": payload}
+            result = self._submit(command, Principal(self._mover(env, doc, kind), FILE_AGENT), stats)
+        if result is not None and result.ok:
+            self.tracker.record(entry.rel, env.sha256, env.id, Origin.INGESTED)
+            return
+        reason = (f"{result.reason}: {result.message}" if result is not None
+                  else f"illegal_transition: {doc['state']} -> {stage} is not a lifecycle edge")
+        back = self.fcop.stage_dir(doc["state"]) / entry.path.name
+        move_no_overwrite(entry.path, back)
+        self._write_reason(back, f"Moved back to `{doc['state']}/`", reason)
+        rel = self.fcop.relative(back)
+        self.tracker.record(rel, env.sha256, env.id, Origin.INGESTED, note=reason, moved_from=entry.rel)
+        stats.moved_back += 1
+        stats.notes.append(f"{entry.rel}: moved back ({reason})")
+
+    @staticmethod
+    def _mover(env: TaskEnvelope, doc: dict[str, Any], kind: str) -> str:
+        """Who moved it: the role its last transition names, else the holder of the power the move needs."""
+        last = env.transitions[-1].by if env.transitions else ""
+        role = last.split(":", 1)[0].upper()
+        if role and role.replace("-", "").replace("_", "").isalnum() and role[0].isalpha():
+            return role
+        return str(doc["authority"]["driver" if kind in ("claim", "submit") else "done_authority"])
+
+    def _report(self, entry: ScanEntry, env: ReportEnvelope, stats: IngestStats) -> None:
+        task_id = env.task_id
+        doc = self.kernel.task(task_id) if task_id else None
+        if doc is None:
+            self._refuse(entry, env.sha256, task_id, f"task_not_found: the report references no known task "
+                                                     f"({', '.join(env.references) or 'no references'})", stats)
+            return
+        who = Principal(env.sender, FILE_AGENT)
+        driver_reports = env.sender == doc["authority"]["driver"]
+        if doc["state"] == "inbox" and driver_reports:  # G2 agents never claim: a report implies the work began
+            self._submit(self._on(doc, "claim", file_key(entry, env.sha256, "claim")), who, stats)
+            doc = self.kernel.task(doc["task_id"]) or doc
+        status = REPORT_STATUS.get(env.status, "in_progress")
+        payload = {"status": status, "body": env.body.strip(), "references": list(env.references),
+                   "report_id": env.id}
+        result = self._submit(self._on(doc, "submit_report", file_key(entry, env.sha256), payload), who, stats)
+        if result.ok and status == "done" and driver_reports and self.submit_on_done_report:
+            doc = self.kernel.task(doc["task_id"]) or doc
+            if doc["state"] == "active":
+                self._submit(self._on(doc, "submit", file_key(entry, env.sha256, "submit")), who, stats)
+        self._settle(entry, env.sha256, doc["task_id"], result, stats)
+
+    def _review(self, entry: ScanEntry, env: ReviewEnvelope, stats: IngestStats) -> None:
+        doc = self.kernel.task(env.subject_task_id) if env.subject_task_id else None
+        decision = env.decision
+        if doc is None or decision not in ("approved", "rejected", "needs_changes"):
+            why = ("task_not_found: the review's subject is no known task" if doc is None
+                   else f"review decision {decision!r} asks for no lifecycle change")
+            if doc is None:
+                self._refuse(entry, env.sha256, None, why, stats)
+            else:
+                self.tracker.record(entry.rel, env.sha256, doc["task_id"], Origin.INGESTED, note=why)
+            return
+        kind = "approve" if decision == "approved" else "reject"
+        payload = {} if kind == "approve" else {
+            "reason": env.rationale or "; ".join(env.required_changes) or f"review {decision}"}
+        result = self._submit(self._on(doc, kind, file_key(entry, env.sha256), payload),
+                              Principal(env.reviewer, FILE_AGENT), stats)
+        self._settle(entry, env.sha256, doc["task_id"], result, stats)
+
+    # -- helpers -----------------------------------------------------------------------------
+    @staticmethod
+    def _on(doc: dict[str, Any], kind: str, key: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
+        return {"type": kind, "task_id": doc["task_id"], "thread_key": doc["thread_key"],
+                "expected_revision": doc["revision"], "round": doc["round"], "idempotency_key": key,
+                "payload": payload or {}}
+
+    def _submit(self, command: dict[str, Any], principal: Principal, stats: IngestStats) -> CommandResult:
+        result = self.kernel.submit(command, principal)
+        stats.commands += 1
+        stats.accepted += result.ok
+        return result
+
+    def _settle(self, entry: ScanEntry, sha256: str, task_id: str | None, result: CommandResult,
+                stats: IngestStats) -> None:
+        if result.ok:
+            self.tracker.record(entry.rel, sha256, task_id or result.task_id, Origin.INGESTED)
+        else:
+            self._refuse(entry, sha256, task_id, f"{result.reason}: {result.message}", stats)
+
+    def _refuse(self, entry: ScanEntry, sha256: str, task_id: str | None, reason: str, stats: IngestStats) -> None:
+        """A well-formed file whose command the kernel refused: it stays, with the reason beside it."""
+        self._write_reason(entry.path, "Not applied", reason)
+        self.tracker.record(entry.rel, sha256, task_id, Origin.REFUSED, note=reason)
+        stats.refused += 1
+        stats.notes.append(f"{entry.rel}: {reason}")
+
+    @staticmethod
+    def _write_reason(path: Path, title: str, reason: str) -> None:
+        code, _, message = reason.partition(": ")
+        text = (f"---\nreason: {code}\nfile: {path.name}\n---\n\n# {title}: {code}\n\n{message or reason}\n\n"
+                "The file itself is unchanged. Fix the cause and write a new file to retry.\n")
+        for n in range(100):
+            target = path.with_name(f"{path.name}{'' if n == 0 else f'.{n}'}{REASON_SUFFIX}")
+            try:
+                write_new(target, text.encode("utf-8"))
+                return
+            except FcopError as exc:
+                if exc.reason is not FcopReason.TARGET_EXISTS:
+                    raise
+
+    def _quarantine(self, entry: ScanEntry, stats: IngestStats) -> None:
+        err = entry.error
+        reason = err.reason if err is not None else FcopReason.MALFORMED_FRONT_MATTER
+        try:
+            q = quarantine(self.fcop, entry.path, reason, str(err) if err is not None else "unreadable envelope")
+        except FcopError as exc:
+            log.warning("quarantine_failed", rel=entry.rel, reason=exc.reason.value)
+            return
+        self.scanner.forget(entry.rel)
+        stats.quarantined += 1
+        stats.notes.append(f"{entry.rel}: quarantined ({reason.value}) -> {q.path.name}")
+

@@ -1,0 +1,74 @@
+"""What the adapter knows about each file: the version it last ingested or wrote, and for which task.
+
+A file whose (path, sha256) matches its record is old news, so rescans and restarts never turn
+the same bytes into a second command, and the projection's own writes are not read back as
+requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+import sqlalchemy as sa
+
+from kernel.canonical import utc_now_iso
+from kernel.store.db import Database
+
+folders_metadata = sa.MetaData()
+
+
+class Origin(StrEnum):
+    PROJECTED = "projected"  # the kernel wrote or moved it
+    INGESTED = "ingested"  # an agent or person wrote it and the kernel took it in
+    REFUSED = "refused"  # read, but its command was rejected (a reason file sits beside it)
+    QUARANTINED = "quarantined"
+
+
+folder_files = sa.Table(
+    "folder_files",
+    folders_metadata,
+    sa.Column("rel", sa.Text, primary_key=True),
+    sa.Column("sha256", sa.Text, nullable=False),
+    sa.Column("task_id", sa.Text),
+    sa.Column("origin", sa.Text, nullable=False),
+    sa.Column("note", sa.Text),
+    sa.Column("updated_at", sa.Text, nullable=False),
+    sa.Index("ix_folder_files_task", "task_id"),
+)
+
+
+@dataclass(frozen=True)
+class Tracked:
+    rel: str
+    sha256: str
+    task_id: str | None
+    origin: Origin
+
+
+class FileTracker:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        db.create_schema(folders_metadata)
+
+    def get(self, rel: str) -> Tracked | None:
+        with self.db.read() as conn:
+            row = conn.execute(sa.select(folder_files).where(folder_files.c.rel == rel)).first()
+        return Tracked(row.rel, row.sha256, row.task_id, Origin(row.origin)) if row else None
+
+    def task_file(self, task_id: str) -> str | None:
+        """The TASK file the kernel last placed (or took in) for ``task_id``."""
+        with self.db.read() as conn:
+            return conn.execute(sa.select(folder_files.c.rel).where(
+                folder_files.c.task_id == task_id, folder_files.c.rel.contains("TASK-"),
+                folder_files.c.origin.in_([Origin.PROJECTED.value, Origin.INGESTED.value])
+            ).order_by(folder_files.c.updated_at.desc()).limit(1)).scalar()
+
+    def record(self, rel: str, sha256: str, task_id: str | None, origin: Origin, note: str | None = None,
+               *, moved_from: str | None = None) -> None:
+        with self.db.write() as uow:
+            if moved_from is not None:
+                uow.conn.execute(folder_files.delete().where(folder_files.c.rel == moved_from))
+            uow.conn.execute(folder_files.delete().where(folder_files.c.rel == rel))
+            uow.conn.execute(folder_files.insert().values(rel=rel, sha256=sha256, task_id=task_id,
+                                                          origin=origin.value, note=note, updated_at=utc_now_iso()))
