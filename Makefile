@@ -28,6 +28,8 @@ bench: setup
 	$(BIN)/python bench/sessionlog.py
 	$(BIN)/python bench/scheduler.py
 	$(BIN)/python bench/gate.py
+	$(BIN)/python bench/ingest_files.py
+	$(BIN)/python bench/ingest.py
 
 lint: setup
 	$(BIN)/ruff check kernel roles scheduler tests bench

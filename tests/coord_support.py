@@ -38,7 +38,8 @@ def make_workspace(root: Path, roles: dict[str, dict[str, Any]], *, database: st
 
 
 def coordinator(ws: Workspace, owner: str = "test-coordinator") -> Coordinator:
-    return Coordinator(ws, Database(ws.database_url, ws.durability), owner=owner)
+    """A coordinator as `up --once` builds it: files are taken as soon as they parse (no settle delay)."""
+    return Coordinator(ws, Database(ws.database_url, ws.durability), owner=owner, settle_s=0.0, grace_s=0.0)
 
 
 def admin_task(c: Coordinator, subject: str = "Login page", recipient: str = "PM", key: str | None = None,

@@ -146,7 +146,7 @@ class Ingest:
             command = {"type": kind, "task_id": doc["task_id"], "thread_key": doc["thread_key"],
                        "expected_revision": doc["revision"], "round": doc["round"],
                        "idempotency_key": file_key(entry, env.sha256, kind), "payload": payload}
-            result = self._submit(command, Principal(self._mover(env, doc, kind), FILE_AGENT), stats)
+            result = self._submit(command, Principal(self._mover(env, doc, kind, stage), FILE_AGENT), stats)
         if result is not None and result.ok:
             self.tracker.record(entry.rel, env.sha256, env.id, Origin.INGESTED)
             return
@@ -161,10 +161,11 @@ class Ingest:
         stats.notes.append(f"{entry.rel}: moved back ({reason})")
 
     @staticmethod
-    def _mover(env: TaskEnvelope, doc: dict[str, Any], kind: str) -> str:
-        """Who moved it: the role its last transition names, else the holder of the power the move needs."""
-        last = env.transitions[-1].by if env.transitions else ""
-        role = last.split(":", 1)[0].upper()
+    def _mover(env: TaskEnvelope, doc: dict[str, Any], kind: str, stage: str) -> str:
+        """Who moved it: the role named by a transition the mover appended for this move, else the holder
+        of the power the move needs."""
+        last = env.transitions[-1] if env.transitions else None
+        role = last.by.split(":", 1)[0].upper() if last is not None and last.to == stage else ""
         if role and role.replace("-", "").replace("_", "").isalnum() and role[0].isalpha():
             return role
         return str(doc["authority"]["driver" if kind in ("claim", "submit") else "done_authority"])

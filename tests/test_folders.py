@@ -1,0 +1,193 @@
+"""The folder adapter end to end: files in, commands out, folders projected back."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from kernel.fcop import read_envelope
+from kernel.model.principal import LOCAL_OWNER
+from kernel.store.schema import events
+from tests.coord_support import coordinator, make_workspace
+
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "fcop"
+SCRIPTED = {"runner": "scripted"}
+
+
+def fixtures() -> Path:
+    import os
+
+    for candidate in (Path(os.environ.get("TASKKERNEL_FIXTURES", "/nonexistent")) / "fcop", FIXTURES,
+                      Path("/work/shared/fixtures/fcop")):
+        if candidate.is_dir():
+            return candidate
+    raise AssertionError("FCoP fixtures not found (shared/fixtures/fcop beside the repository)")
+
+
+def task_file(ws: Path, name: str, sender: str = "ADMIN", recipient: str = "PM", body: str = "Do it.",
+              stage: str = "inbox", **front: str) -> Path:
+    extra = "".join(f"{k}: {v}\n" for k, v in front.items() if k != "subject")
+    path = ws / "fcop" / "_lifecycle" / stage / name
+    path.write_text(f"---\nprotocol: fcop\nversion: 1\nsender: {sender}\nrecipient: {recipient}\npriority: P2\n"
+                    f"subject: {front.get('subject', 'A task')}\n{extra}---\n{body}\n", encoding="utf-8")
+    return path
+
+
+def test_a_task_file_flows_through_the_scripted_team(tmp_path: Path) -> None:
+    ws = make_workspace(tmp_path / "ws", {"PM": SCRIPTED, "DEV": SCRIPTED, "QA": SCRIPTED})
+    task_file(ws.root, "TASK-20261130-001-ADMIN-to-PM.md", subject="Ship it")
+    c = coordinator(ws)
+    c.run_once()
+    review = ws.root / "fcop" / "_lifecycle" / "review" / "TASK-20261130-001-ADMIN-to-PM.md"
+    env = read_envelope(review)
+    assert [t.to for t in env.transitions] == ["inbox", "active", "review"]  # type: ignore[union-attr]
+    assert c.kernel.task("TASK-20261130-001")["state"] == "review"
+    done = sorted(p.name for p in (ws.root / "fcop" / "_lifecycle" / "done").iterdir())
+    assert done == ["TASK-20261130-002-PM-to-DEV.md", "TASK-20261130-003-PM-to-QA.md"]
+    ledger = [json.loads(x) for x in (ws.root / "fcop" / "ledger" / "tasks.jsonl").read_text().splitlines()]
+    assert {t["task_id"]: t["state"] for t in ledger}["TASK-20261130-001"] == "review"
+    assert "TASK-20261130-001" in (ws.root / "fcop" / "ledger" / "views" / "ADMIN.todo.md").read_text()
+
+
+def test_rescans_and_restarts_never_duplicate(tmp_path: Path) -> None:
+    ws = make_workspace(tmp_path / "ws", {})
+    task_file(ws.root, "TASK-20261130-001-ADMIN-to-PM.md")
+    c = coordinator(ws)
+    c.run_once()
+    with c.db.read() as conn:
+        before = conn.execute(sa.select(sa.func.count()).select_from(events)).scalar()
+    for _ in range(3):
+        assert sum(p.progress for p in coordinator(ws, owner="again").run_once()) == 0
+    with c.db.read() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(events)).scalar() == before
+
+
+def test_an_illegal_agent_move_is_moved_back_with_the_reason(tmp_path: Path) -> None:
+    ws = make_workspace(tmp_path / "ws", {})
+    task_file(ws.root, "TASK-20261130-001-ADMIN-to-PM.md")
+    c = coordinator(ws)
+    c.run_once()
+    lifecycle = ws.root / "fcop" / "_lifecycle"
+    shutil.move(lifecycle / "inbox" / "TASK-20261130-001-ADMIN-to-PM.md",
+                lifecycle / "done" / "TASK-20261130-001-ADMIN-to-PM.md")  # inbox -> done: no such edge
+    stats = c.run_once()
+    assert (lifecycle / "inbox" / "TASK-20261130-001-ADMIN-to-PM.md").is_file()
+    assert not (lifecycle / "done" / "TASK-20261130-001-ADMIN-to-PM.md").exists()
+    reason = (lifecycle / "inbox" / "TASK-20261130-001-ADMIN-to-PM.md.reason.md").read_text()
+    assert "illegal_transition" in reason
+    assert c.kernel.task("TASK-20261130-001")["state"] == "inbox"
+    assert stats and c.folders is not None
+
+
+def test_a_legal_agent_move_becomes_the_command(tmp_path: Path) -> None:
+    ws = make_workspace(tmp_path / "ws", {})
+    task_file(ws.root, "TASK-20261130-001-ADMIN-to-PM.md")
+    c = coordinator(ws)
+    c.run_once()
+    lifecycle = ws.root / "fcop" / "_lifecycle"
+    shutil.move(lifecycle / "inbox" / "TASK-20261130-001-ADMIN-to-PM.md",
+                lifecycle / "active" / "TASK-20261130-001-ADMIN-to-PM.md")  # an MCP claim_task
+    c.run_once()
+    doc = c.kernel.task("TASK-20261130-001")
+    assert (doc["state"], doc["round"]) == ("active", 1)
+    assert c.kernel.history("TASK-20261130-001")[-1].data["by"] == "PM:fcop-file"
+    env = read_envelope(lifecycle / "active" / "TASK-20261130-001-ADMIN-to-PM.md")
+    assert env.transitions[-1].to == "active"  # type: ignore[union-attr]
+
+
+def test_a_report_file_is_evidence_and_a_done_report_submits(tmp_path: Path) -> None:
+    ws = make_workspace(tmp_path / "ws", {})
+    task_file(ws.root, "TASK-20261130-001-ADMIN-to-PM.md")
+    c = coordinator(ws)
+    c.run_once()
+    (ws.root / "fcop" / "reports" / "REPORT-20261130-001-PM-to-ADMIN.md").write_text(
+        "---\nprotocol: fcop\nversion: 1\nsender: PM\nrecipient: ADMIN\nreferences:\n- TASK-20261130-001\n"
+        "status: done\n---\nAll done.\n", encoding="utf-8")
+    c.run_once()
+    doc = c.kernel.task("TASK-20261130-001")
+    assert doc["state"] == "review"
+    assert [(r["report_id"], r["status"]) for r in doc["reports"]] == [("REPORT-20261130-001", "done")]
+    assert (ws.root / "fcop" / "_lifecycle" / "review" / "TASK-20261130-001-ADMIN-to-PM.md").is_file()
+
+
+def test_a_malformed_file_is_quarantined_with_its_bytes_and_a_reason(tmp_path: Path) -> None:
+    ws = make_workspace(tmp_path / "ws", {})
+    bad = ws.root / "fcop" / "_lifecycle" / "inbox" / "TASK-20261130-009-ADMIN-to-PM.md"
+    raw = b"---\nprotocol: fcop\nversion: [1\nsender: ADMIN\n---\nbroken yaml\n"
+    bad.write_bytes(raw)
+    c = coordinator(ws)
+    c.run_once()
+    q = ws.root / "fcop" / "_quarantine"
+    assert (q / bad.name).read_bytes() == raw
+    assert "malformed" in (q / f"{bad.name}.reason.md").read_text()
+    assert c.kernel.task("TASK-20261130-009") is None
+
+
+def test_a_g4_workspace_is_refused_clearly(tmp_path: Path) -> None:
+    from tests.cli_support import taskkernel
+
+    ws = make_workspace(tmp_path / "ws", {})
+    shutil.rmtree(ws.root / "fcop")
+    shutil.copytree(fixtures() / "generated-v4" / "fcop", ws.root / "fcop")
+    r = taskkernel("up", str(ws.root), "--once", cwd=tmp_path)
+    assert r.returncode == 2 and json.loads(r.stdout)["reason"] == "unsupported_workspace_generation"
+
+
+def test_generated_v3_workspace_is_adopted_in_its_states(tmp_path: Path) -> None:
+    ws = make_workspace(tmp_path / "ws", {})
+    shutil.rmtree(ws.root / "fcop")
+    shutil.copytree(fixtures() / "generated-v3", ws.root / "fcop")
+    c = coordinator(ws)
+    c.run_once()
+    doc = c.kernel.task("TASK-20261130-001")
+    assert (doc["state"], doc["sender"], doc["recipient"]) == ("archive", "PM", "DEV")
+    assert c.kernel.history("TASK-20261130-001")[0].type == "task_adopted"
+
+
+def test_tetris_g2_workspace_ingests_to_expected_tasks_reports_and_states(tmp_path: Path) -> None:
+    ws = make_workspace(tmp_path / "ws", {})
+    shutil.rmtree(ws.root / "fcop")
+    root = ws.root / "fcop"
+    for bucket in ("tasks", "reports"):
+        shutil.copytree(fixtures() / "tetris-en-v1" / bucket, root / bucket)
+    (root / "fcop.json").write_text(json.dumps({"mode": "custom", "team": "tetris", "leader": "PLANNER",
+                                                "roles": ["PLANNER", "CODER", "ME"], "version": 1}))
+    c = coordinator(ws)
+    c.run_once()
+    states = {t: (c.kernel.task(t) or {}).get("state") for t in [f"TASK-20260429-00{i}" for i in range(1, 8)]}
+    assert None not in states.values(), states
+    reported = {d["task_id"] for t in states if (d := c.kernel.task(t)) and d["reports"]}
+    # every task with a done report from its driver is waiting for review; the rest are in the inbox
+    for task_id, state in states.items():
+        assert state == ("review" if task_id in reported else "inbox"), (task_id, state)
+    assert len(reported) >= 5
+    first = c.kernel.task("TASK-20260429-001")
+    approve = {"type": "approve", "task_id": first["task_id"], "thread_key": first["thread_key"],
+               "expected_revision": first["revision"], "round": first["round"], "idempotency_key": "ok"}
+    assert c.kernel.submit(approve, LOCAL_OWNER).status == "accepted"
+    c.run_once()
+    assert (ws.root / "fcop" / "_lifecycle" / "done" / "TASK-20260429-001-ADMIN-to-ME.md").is_file()
+
+
+def test_files_the_kernel_writes_are_read_by_fcops_v3_reader(tmp_path: Path) -> None:
+    import pytest
+
+    v3 = pytest.importorskip("fcop.compatibility.v3.project", reason="fcop is a dev dependency (the oracle)")
+    import warnings
+
+    ws = make_workspace(tmp_path / "ws", {"PM": SCRIPTED, "DEV": SCRIPTED, "QA": SCRIPTED})
+    task_file(ws.root, "TASK-20261130-001-ADMIN-to-PM.md", subject="Ship it")
+    c = coordinator(ws)
+    c.run_once()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        project = v3.Project(ws.root)
+        for task_id in ("TASK-20261130-001", "TASK-20261130-002", "TASK-20261130-003"):
+            doc = c.kernel.task(task_id)
+            seen = project.read_task(task_id)
+            assert seen.path.parent.name == doc["state"]
+            assert (seen.frontmatter.sender, seen.frontmatter.recipient) == (doc["sender"], doc["recipient"])
+            assert [t["to"] for t in seen.frontmatter.extra["transitions"]][-1] == doc["state"]
