@@ -191,3 +191,21 @@ def test_files_the_kernel_writes_are_read_by_fcops_v3_reader(tmp_path: Path) -> 
             assert seen.path.parent.name == doc["state"]
             assert (seen.frontmatter.sender, seen.frontmatter.recipient) == (doc["sender"], doc["recipient"])
             assert [t["to"] for t in seen.frontmatter.extra["transitions"]][-1] == doc["state"]
+
+
+def test_verify_finds_folder_drift_and_repairs_it(tmp_path: Path) -> None:
+    from tests.cli_support import taskkernel
+
+    ws = make_workspace(tmp_path / "ws", {"PM": SCRIPTED, "DEV": SCRIPTED, "QA": SCRIPTED})
+    task_file(ws.root, "TASK-20261130-001-ADMIN-to-PM.md", subject="Ship it")
+    coordinator(ws).run_once()
+    lifecycle = ws.root / "fcop" / "_lifecycle"
+    assert taskkernel("verify", cwd=ws.root).returncode == 0
+    shutil.move(lifecycle / "done" / "TASK-20261130-002-PM-to-DEV.md", lifecycle / "inbox")
+    broken = taskkernel("verify", cwd=ws.root)
+    out = json.loads(broken.stdout)
+    assert broken.returncode == 2 and out["problems"][0]["kind"] == "folder"
+    assert out["problems"][0]["task_id"] == "TASK-20261130-002"
+    fixed = taskkernel("verify", "--repair", cwd=ws.root)
+    assert fixed.returncode == 0 and json.loads(fixed.stdout)["repaired"] == 1
+    assert (lifecycle / "done" / "TASK-20261130-002-PM-to-DEV.md").is_file()

@@ -13,9 +13,11 @@ from rich.table import Table
 
 from kernel.cli.common import Exit, emit, fail, get_ctx, stderr
 from kernel.cli.wiring import build_kernel, principal_of
+from kernel.commands import TaskCommandKernel
 from kernel.credentials import issue_token
 from kernel.store.events import EventStore, RecordedEvent
 from kernel.store.schema import tasks as tasks_table
+from kernel.verify import VerifyReport
 from kernel.verify import verify as verify_store
 from kernel.workspace import TEAM_PRESETS, init_workspace
 
@@ -129,11 +131,37 @@ def log(ctx: typer.Context, stream: str = typer.Option(None, "--stream", help="O
                 sys.stdout.write(json.dumps(_event_json(ev), ensure_ascii=False) + "\n")
 
 
+def _verify_folders(kernel: TaskCommandKernel, root: Path, report: VerifyReport, repair: bool) -> None:
+    """The folders are a projection too: each task's TASK file must sit in the stage the log says."""
+    from kernel.fcop import FcopError, open_workspace
+    from kernel.folders.check import check_folders, repair_folders
+    from kernel.folders.projection import Projection
+    from kernel.folders.tracking import FileTracker
+
+    try:
+        projection = Projection(kernel, open_workspace(root, allow_mixed=True), FileTracker(kernel.db))
+    except FcopError as exc:
+        report.problems.append({"kind": "folder", "position": 0, "detail": str(exc)})
+        return
+    drifts = check_folders(projection)
+    if drifts and repair:
+        report.repaired += repair_folders(projection, drifts)
+        drifts = check_folders(projection)
+    report.problems.extend({"kind": "folder", "position": d.position, "task_id": d.task_id, "detail": d.detail}
+                           for d in drifts)
+    report.problems.sort(key=lambda p: p["position"])
+
+
 def verify(ctx: typer.Context, repair: bool = typer.Option(False, "--repair",
                                                           help="Rebuild drifted projections from events.")) -> None:
-    """Check the hash chain and every projection against the events; exit 2 at the first break."""
-    kernel = build_kernel(get_ctx(ctx))
+    """Check the hash chain, every read model and the task folders against the events; exit 2 at the first
+    break. --repair rebuilds drifted read models and moves drifted TASK files back where the log says."""
+    c = get_ctx(ctx)
+    kernel = build_kernel(c)
     report = verify_store(kernel.db, kernel.store, repair=repair)
+    root = c.workspace_root()
+    if root is not None and (root / "fcop").is_dir() and report.ok:
+        _verify_folders(kernel, root, report, repair)
     emit(report.as_json())
     if report.ok:
         stderr.print(f"[green]verified[/green] {report.events} events, {report.tasks} tasks"
