@@ -119,10 +119,33 @@ class Coordinator:
                 break
         return history
 
-    async def run(self, stop: asyncio.Event, poll_seconds: float = 1.0) -> None:
-        while not stop.is_set():
-            stats = await asyncio.to_thread(self.pass_once)
-            if stats.progress == 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=poll_seconds)
+    async def run(self, stop: asyncio.Event, poll_seconds: float = 1.0,
+                  on_pass: Callable[[PassStats], None] | None = None) -> None:
+        """Work until ``stop``: a pass after every burst of file changes (watchfiles), and at least every
+        ``poll_seconds`` as the safety net (timers, settling files, other coordinators' work)."""
+        wake = asyncio.Event()
+        watcher = asyncio.create_task(self._watch(stop, wake)) if self.folders is not None else None
+        try:
+            while not stop.is_set():
+                wake.clear()
+                stats = await asyncio.to_thread(self.pass_once)
+                if on_pass is not None:
+                    on_pass(stats)
+                if stats.progress == 0:
+                    waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(wake.wait())]
+                    await asyncio.wait(waiters, timeout=poll_seconds, return_when=asyncio.FIRST_COMPLETED)
+                    for w in waiters:
+                        w.cancel()
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
         log.info("coordinator_stopped", owner=self.owner)
+
+    async def _watch(self, stop: asyncio.Event, wake: asyncio.Event) -> None:
+        from watchfiles import awatch
+
+        assert self.folders is not None
+        async for _changes in awatch(self.folders.fcop.root, stop_event=stop, debounce=50, step=20):
+            wake.set()

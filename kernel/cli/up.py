@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sys
 from pathlib import Path
 
+import sqlalchemy as sa
 import typer
+from rich.live import Live
+from rich.table import Table
 
 from kernel.cli.common import Exit, emit, fail, get_ctx, stderr
-from kernel.coordinator import Coordinator
+from kernel.coordinator import Coordinator, PassStats
 from kernel.fcop import FcopError
+from kernel.store.schema import tasks
 from kernel.workspace import Workspace, WorkspaceNotFound
 
 
@@ -38,13 +43,40 @@ def up(ctx: typer.Context, workspace: Path = typer.Argument(None, help="Workspac
         stderr.print(f"processed: {totals}")
         return
     stop = asyncio.Event()
+    totals: dict[str, int] = {"passes": 0}
+
+    def count(stats: PassStats) -> None:
+        totals["passes"] += 1
+        for name, value in {"dispatched": stats.dispatched, "wakes": stats.wakes, "runs": stats.runs,
+                            **stats.extra}.items():
+            totals[name] = totals.get(name, 0) + value
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         stderr.print(f"[green]coordinator up[/green] for {ws.root} (Ctrl-C to stop)")
-        await coordinator.run(stop)
+        if not sys.stderr.isatty():
+            await coordinator.run(stop, on_pass=count)
+            return
+        with Live(_status(coordinator, totals), console=stderr, refresh_per_second=2) as live:
+            def show(stats: PassStats) -> None:
+                count(stats)
+                live.update(_status(coordinator, totals))
+
+            await coordinator.run(stop, on_pass=show)
 
     asyncio.run(main())
-    emit({"status": "stopped"})
+    emit({"status": "stopped", **totals})
+
+
+def _status(coordinator: Coordinator, totals: dict[str, int]) -> Table:
+    """The live view: tasks per state and what the coordinator has done since it started."""
+    with coordinator.db.read() as conn:
+        states = dict(conn.execute(sa.select(tasks.c.state, sa.func.count()).group_by(tasks.c.state)).all())
+    table = Table(title=f"taskkernel up: {coordinator.workspace.root}", show_header=True)
+    for state in ("inbox", "active", "review", "done", "archive"):
+        table.add_column(state, justify="right")
+    table.add_row(*(str(states.get(s, 0)) for s in ("inbox", "active", "review", "done", "archive")))
+    table.caption = " · ".join(f"{k} {v}" for k, v in totals.items())
+    return table
