@@ -10,8 +10,8 @@ import sqlalchemy as sa
 
 from kernel.fcop import FcopWorkspace, parse_filename
 from kernel.fcop.detect import STAGES
-from kernel.folders.projection import Projection
-from kernel.store.schema import tasks
+from kernel.folders.projection import PROJECT_EFFECT, Projection
+from kernel.store.schema import outbox, tasks
 
 
 @dataclass(frozen=True)
@@ -34,12 +34,17 @@ def task_files(fcop: FcopWorkspace) -> dict[str, list[Path]]:
 
 
 def check_folders(projection: Projection) -> list[FolderDrift]:
+    """Tasks whose folder projection is still queued (no coordinator has run since) are lag, not drift."""
     fcop = projection.fcop
     with projection.kernel.db.read() as conn:
         rows = conn.execute(sa.select(tasks.c.task_id, tasks.c.doc, tasks.c.last_pos)).all()
+        queued = {json.loads(p)["task_id"] for p in conn.execute(sa.select(outbox.c.payload).where(
+            outbox.c.effect == PROJECT_EFFECT, outbox.c.status.in_(("pending", "claimed")))).scalars()}
     files = task_files(fcop)
     drifts: list[FolderDrift] = []
     for task_id, doc_text, pos in rows:
+        if task_id in queued:
+            continue
         state = json.loads(doc_text)["state"]
         paths = files.get(task_id, [])
         if not paths:
