@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, Protocol
 
+import orjson
 import sqlalchemy as sa
 from pydantic import BaseModel, ValidationError
 
@@ -206,7 +206,7 @@ class TaskCommandKernel:
         if row[0] != semantic:
             raise KernelError(R.IDEMPOTENCY_CONFLICT,
                               f"idempotency key {cmd.idempotency_key!r} was used for a different command")
-        stored = json.loads(row[1])
+        stored = orjson.loads(row[1])
         return CommandResult(**{**stored, "status": "replayed", "events": []})
 
     def _check_identity(self, uow: UnitOfWork, cmd: Command, payload: BaseModel) -> dict[str, Any] | None:
@@ -353,7 +353,7 @@ class TaskCommandKernel:
         now = utc_now_iso()
         if cmd.type in CREATING:
             assert isinstance(payload, CreateTaskPayload)
-            data = self._creation_data(uow, cmd, payload, doc)
+            data = self._creation_data(uow, cmd, payload, doc, now)
             task_id, expected, doc = data["task_id"], 0, None
         else:
             assert doc is not None and cmd.task_id is not None
@@ -371,8 +371,8 @@ class TaskCommandKernel:
         ev = recorded[-1]
         new_doc = apply(doc, event_type, data, ev.stream_version, now)
         self._save_projection(uow, new_doc, ev.global_pos, created=doc is None)
-        result = CommandResult(
-            status="accepted", message=_accepted_message(cmd.type, new_doc), task_id=task_id,
+        result = CommandResult.model_construct(  # built from trusted values: no validation on the hot path
+            reason=None, status="accepted", message=_accepted_message(cmd.type, new_doc), task_id=task_id,
             revision=new_doc["revision"], round=new_doc["round"], events=[e.global_pos for e in recorded])
         uow.sql(_INSERT_RECEIPT, (cmd.idempotency_key, cmd.type.value, semantic, principal.id, task_id,
                                   canonical_json(result.wire()), recorded[0].global_pos, ev.global_pos, now))
@@ -380,8 +380,8 @@ class TaskCommandKernel:
         return result
 
     def _creation_data(self, uow: UnitOfWork, cmd: Command, p: CreateTaskPayload,
-                       parent: dict[str, Any] | None) -> dict[str, Any]:
-        task_id = cmd.task_id or self._allocate_task_id(uow)
+                       parent: dict[str, Any] | None, now: str) -> dict[str, Any]:
+        task_id = cmd.task_id or self._allocate_task_id(uow, now)
         if cmd.task_id:
             self._reserve_explicit_id(uow, cmd.task_id)
         thread = canonical_thread_key(cmd.thread_key) or (parent["thread_key"] if parent else task_id)
@@ -417,8 +417,8 @@ class TaskCommandKernel:
             data.update(payload.model_dump(mode="json"))
         return data
 
-    def _allocate_task_id(self, uow: UnitOfWork) -> str:
-        day = datetime.now(UTC).strftime("%Y%m%d")
+    def _allocate_task_id(self, uow: UnitOfWork, now_iso: str) -> str:
+        day = now_iso[:10].replace("-", "")  # UTC date
         while True:
             n = _bump_counter(uow, f"task:{day}")
             task_id = f"TASK-{day}-{n:03d}"
@@ -439,7 +439,7 @@ class TaskCommandKernel:
     @staticmethod
     def _load(uow: UnitOfWork, task_id: str) -> dict[str, Any] | None:
         row = uow.sql(_GET_TASK, (task_id,)).fetchone()
-        return json.loads(row[0]) if row else None
+        return orjson.loads(row[0]) if row else None
 
     @staticmethod
     def _save_projection(uow: UnitOfWork, doc: dict[str, Any], pos: int, *, created: bool) -> None:
@@ -452,6 +452,8 @@ class TaskCommandKernel:
                                    doc["task_id"]))
 
     def _write_outbox(self, uow: UnitOfWork, recorded: Iterable[RecordedEvent], doc: dict[str, Any]) -> None:
+        if not self.effect_rules:
+            return
         rows = [(f"{rule.effect}:{ev.global_pos}", rule.effect,
                  canonical_json({"event_type": ev.type, "global_pos": ev.global_pos, "task_id": doc["task_id"],
                                  "state": doc["state"], "revision": doc["revision"], "round": doc["round"],

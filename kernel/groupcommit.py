@@ -22,9 +22,12 @@ _STOP = object()
 
 
 class GroupCommitter:
-    def __init__(self, kernel: TaskCommandKernel, max_batch: int = 64) -> None:
+    def __init__(self, kernel: TaskCommandKernel, max_batch: int = 64, linger: float = 0.0002) -> None:
         self.kernel = kernel
         self.max_batch = max_batch
+        # How long the writer waits for one more command before committing what it has: submitters
+        # woken by the previous commit need a moment to hand in their next command.
+        self.linger = linger
         self._queue: queue.Queue[Any] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="taskkernel-group-commit", daemon=True)
         self._thread.start()
@@ -45,6 +48,7 @@ class GroupCommitter:
         self.close()
 
     def _run(self) -> None:
+        expected = 1  # how many submitters were active last time: worth waiting for that many
         while True:
             first = self._queue.get()
             if first is _STOP:
@@ -53,13 +57,16 @@ class GroupCommitter:
             stop = False
             while len(batch) < self.max_batch:
                 try:
-                    nxt = self._queue.get_nowait()
+                    # linger only until the batch is as large as the last one; then take what is there
+                    wait = self.linger if len(batch) < expected else 0.0
+                    nxt = self._queue.get(timeout=wait) if wait else self._queue.get_nowait()
                 except queue.Empty:
                     break
                 if nxt is _STOP:
                     stop = True
                     break
                 batch.append(nxt)
+            expected = len(batch)
             self._commit(batch)
             if stop:
                 return

@@ -152,6 +152,6 @@ def _timeline(c: Coordinator) -> None:
     for ev in events:
         detail = ev.data.get("subject") or ev.data.get("status") or ev.data.get("reason") or \
             ev.data.get("decision") or ""
-        table.add_row(str(ev.global_pos), ev.stream_id.split(":", 1)[-1], ev.type, str(ev.data.get("by", ev.meta.get("actor", ""))),
-                      str(detail)[:40])
+        by = str(ev.data.get("by", ev.meta.get("actor", "")))
+        table.add_row(str(ev.global_pos), ev.stream_id.split(":", 1)[-1], ev.type, by, str(detail)[:40])
     stderr.print(table)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
+from functools import cached_property
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -251,6 +252,11 @@ class Command(BaseModel):
         return {k: self.payload[k] for k in IDENTITY_CLAIM_KEYS if k in self.payload}
 
     def validated_payload(self) -> BaseModel:
+        """The payload checked against its type's model (validated once, then cached)."""
+        return self._payload_model
+
+    @cached_property
+    def _payload_model(self) -> BaseModel:
         body = {k: v for k, v in self.payload.items() if k not in IDENTITY_CLAIM_KEYS}
         return PAYLOAD_MODELS[self.type].model_validate(body)
 

@@ -8,8 +8,10 @@ against, and the global event position is assigned in commit order.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -71,6 +73,11 @@ class Database:
         self.durability = Durability(durability)
         self.engine: Engine = _make_engine(url, self.durability)
         self.dialect: str = self.engine.dialect.name
+        # One write connection per thread, kept between transactions: checking a connection out of the
+        # pool and back for every command costs more than the command's own statements.
+        self._local = threading.local()
+        self._writers: list[Connection] = []
+        self._writers_lock = threading.Lock()
 
     @classmethod
     def sqlite_file(cls, path: str | os.PathLike[str],
@@ -84,12 +91,40 @@ class Database:
     @contextmanager
     def write(self) -> Iterator[UnitOfWork]:
         """Exclusive write transaction; commits on normal exit, rolls back on error."""
-        with self.engine.connect().execution_options(taskkernel_write=True) as conn, conn.begin():
-            if self.is_postgres:
-                conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({WRITER_LOCK_KEY})")
-                if self.durability is Durability.PROCESS:
-                    conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
-            yield UnitOfWork(conn, self.dialect)
+        conn, temporary = self._writer()
+        try:
+            with conn.begin():
+                if self.is_postgres:
+                    conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({WRITER_LOCK_KEY})")
+                    if self.durability is Durability.PROCESS:
+                        conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
+                yield UnitOfWork(conn, self.dialect)
+        except sa.exc.DBAPIError as exc:
+            if not temporary and (exc.connection_invalidated or conn.invalidated):
+                self._drop_writer(conn)
+            raise
+        finally:
+            if temporary:
+                conn.close()
+
+    def _writer(self) -> tuple[Connection, bool]:
+        """This thread's write connection, or (inside another write on this thread) a temporary one."""
+        conn: Connection | None = getattr(self._local, "conn", None)
+        if conn is None or conn.closed or conn.invalidated or getattr(self._local, "pid", None) != os.getpid():
+            conn = self.engine.connect().execution_options(taskkernel_write=True)
+            self._local.conn, self._local.pid = conn, os.getpid()
+            with self._writers_lock:
+                self._writers.append(conn)
+        if conn.in_transaction():
+            return self.engine.connect().execution_options(taskkernel_write=True), True
+        return conn, False
+
+    def _drop_writer(self, conn: Connection) -> None:
+        self._local.conn = None
+        with self._writers_lock, contextlib.suppress(ValueError):
+            self._writers.remove(conn)
+        with contextlib.suppress(Exception):
+            conn.close()
 
     @contextmanager
     def read(self) -> Iterator[Connection]:
@@ -103,6 +138,11 @@ class Database:
                 md.create_all(conn)
 
     def dispose(self) -> None:
+        with self._writers_lock:
+            writers, self._writers = self._writers, []
+        for conn in writers:
+            with contextlib.suppress(Exception):
+                conn.close()
         self.engine.dispose()
 
 
