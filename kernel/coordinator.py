@@ -22,7 +22,7 @@ from kernel.logging import get_logger
 from kernel.model.upcasters import task_upcasters
 from kernel.outbox import OutboxRelay
 from kernel.permissions import HumanGrantGuard
-from kernel.protected import GateGuard
+from kernel.protected import DEFAULT_PROTECTED, GateGuard
 from kernel.runners.config import runner_specs
 from kernel.runners.dispatcher import WAKE_RULE, Dispatcher
 from kernel.runners.tools import PERFORM_EFFECT, PERFORM_RULE, ToolExecutor
@@ -44,8 +44,12 @@ def build_kernel(db: Database, workspace: Workspace | None) -> TaskCommandKernel
         "PM", ["PM", "DEV", "QA", "OPS"])
     db.create_schema(metadata)
     log, store = SessionLog(db), EventStore(task_upcasters())
+    gate_cfg = (workspace.config.get("gate", {}) if workspace else {})
+    gate = GateGuard(log, store, default_session=gate_cfg.get("session", "admin"),
+                     protected_by_risk={**DEFAULT_PROTECTED, **gate_cfg.get("protected", {})},
+                     protected_by_role=gate_cfg.get("roles", {}))
     return TaskCommandKernel(db, roles, effect_rules=STANDARD_EFFECTS, store=store,
-                             guards=[HumanGrantGuard(log), GateGuard(log, store)])
+                             guards=[HumanGrantGuard(log), gate])
 
 
 @dataclass

@@ -193,3 +193,27 @@ def test_seed_001_staging_to_production_through_the_coordinator(tmp_path: Path) 
     c.run_once()
     assert gate_events(c.db, tid2)[-1]["status"] == "PASS"
     assert config.read_text() == '{"timeout": 30}\n'
+
+
+def test_protection_is_configurable_per_role_and_risk_level(tmp_path: Path) -> None:
+    ws = make_workspace(tmp_path / "ws", {})
+    with open(ws.root / "taskkernel.toml", "a") as fh:
+        fh.write('\n[gate]\nprotected = { low = ["deploy"] }\nroles = { DEV = ["close"] }\n')
+    from kernel.workspace import Workspace
+
+    c = coordinator(Workspace.load(ws.root))
+    log = SessionLog(c.db)
+    say(log, "m1", "message", ADMIN, entity="ticket:42", text="Close ticket 42 and write a note")
+    tid = admin_task(c, recipient="DEV", risk_level="low")
+    c.kernel.submit({"type": "claim", "task_id": tid, "thread_key": tid, "expected_revision": 1, "round": 0,
+                     "idempotency_key": "cl"}, DEV)
+
+    def perform(op: str, key: str) -> Any:
+        doc = c.kernel.task(tid)
+        return c.kernel.submit({"type": "perform", "task_id": tid, "thread_key": tid, "round": 1,
+                                "expected_revision": doc["revision"], "idempotency_key": key,
+                                "payload": {"operation": op, "entity": "ticket:42", "tool": "t",
+                                            "based_on_event": "m1"}}, DEV)
+
+    assert perform("write", "w").status == "accepted", "write is not protected on low-risk tasks here"
+    assert perform("close", "c").reason == "gate_insufficient_evidence", "DEV's close is protected"
