@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-c", "from kernel.cli.app import main; main()"]
@@ -26,3 +29,21 @@ def taskkernel(*args: str, cwd: Path, stdin: str | None = None, env: dict[str, s
 def taskkernel_bg(*args: str, cwd: Path) -> subprocess.Popen[str]:
     return subprocess.Popen([*CLI, *args], cwd=cwd, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
+
+
+@dataclass(frozen=True)
+class Run:
+    """A finished CLI run; ``json`` is its last stdout line parsed."""
+
+    code: int
+    out: str
+    err: str
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.out.strip().splitlines()[-1])
+
+
+def run(*args: str, cwd: Path, stdin: str | None = None) -> Run:
+    proc = taskkernel(*args, cwd=cwd, stdin=stdin)
+    return Run(proc.returncode, proc.stdout, proc.stderr)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.cli_support import taskkernel
+from tests.cli_support import run
 
 PERM = {"permission": "deploy", "scope": "env:staging"}
 
@@ -56,18 +56,4 @@ def write_jsonl(path: Path, records: list[dict[str, Any]] | tuple[dict[str, Any]
     return path
 
 
-@dataclass(frozen=True)
-class Run:
-    code: int
-    out: str
-    err: str
-
-    @property
-    def json(self) -> Any:
-        return json.loads(self.out.strip().splitlines()[-1])
-
-
-def cli(*args: str, cwd: Path, stdin: str | None = None) -> Run:
-    """Run ``taskkernel ARGS`` in a fresh interpreter (the real entry point)."""
-    proc = taskkernel(*args, cwd=cwd, stdin=stdin)
-    return Run(proc.returncode, proc.stdout, proc.stderr)
+cli = run  # ``taskkernel ARGS`` in a fresh interpreter (the real entry point)

@@ -7,17 +7,14 @@ import copy
 import hashlib
 import json
 import os
-import subprocess
-import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-CLI = "from kernel.cli.app import main; main()"
+from tests.cli_support import Run, run
+
 Ev = dict[str, Any]
 
 P: Ev = {"id": "e1", "seq": 1, "kind": "policy", "source": "operator",
@@ -107,28 +104,9 @@ S10_REVIEW: Ev = {
 
 # ---- running the real CLI ----------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Run:
-    code: int
-    out: str
-    err: str
-
-    @property
-    def json(self) -> Any:
-        return json.loads(self.out.strip().splitlines()[-1])
-
-
-def cli_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("TASKKERNEL_DB", "TASKKERNEL_WORKSPACE")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    return env
-
-
 def gate(*args: str, cwd: Path) -> Run:
     """``taskkernel gate ARGS`` in a fresh interpreter through the real entry point."""
-    proc = subprocess.run([sys.executable, "-c", CLI, "gate", *args], cwd=cwd, env=cli_env(),
-                          capture_output=True, text=True, timeout=120)
-    return Run(proc.returncode, proc.stdout, proc.stderr)
+    return run("gate", *args, cwd=cwd)
 
 
 def write_jsonl(path: Path, events: list[Ev]) -> Path:

@@ -32,7 +32,8 @@ def say(log: SessionLog, input_id: str, kind: str, by: str, **payload: Any) -> i
 
 
 def world_at_staging(log: SessionLog) -> None:
-    say(log, "m1", "message", ADMIN, entity="file:staging/config.json", text="Raise the timeout in staging config to 30s")
+    say(log, "m1", "message", ADMIN, entity="file:staging/config.json",
+        text="Raise the timeout in staging config to 30s")
     say(log, "o1", "observation", TOOL, tool="get_env", status="ok", entity="env:current", key="name", value="staging")
     say(log, "g1", "allow", ADMIN, permission="write", scope="file:staging/*", principal="DEV")
 

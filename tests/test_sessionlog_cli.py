@@ -6,7 +6,8 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tests.sessionlog_support import PERM, SCENARIOS, Run, Scenario, cli, line, write_jsonl
+from tests.cli_support import Run
+from tests.sessionlog_support import PERM, SCENARIOS, Scenario, cli, line, write_jsonl
 
 EXPECTED_KEYS = {"status", "reason", "order", "excluded", "legacy", "as_of", "state"}
 
