@@ -6,7 +6,7 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
-    from kernel.cli import demo, gate, goal, kernel_cmds, session, up, usage
+    from kernel.cli import demo, gate, goal, kernel_cmds, schedule, session, up, usage
 
     kernel_cmds.register(app)
     app.command("demo")(demo.demo)
@@ -15,3 +15,4 @@ def register(app: typer.Typer) -> None:
     app.add_typer(goal.app, name="goal")
     app.add_typer(session.app, name="session")
     app.add_typer(gate.app, name="gate")
+    app.add_typer(schedule.app, name="schedule")

@@ -1,0 +1,216 @@
+"""Schedule management: add, list, show, pause, resume, remove, backfill, preview.
+
+Every change bumps the schedule's revision (so a concurrent tick's compare-and-set fails instead
+of overwriting it) and, on PostgreSQL, notifies the other coordinators.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from kernel.canonical import canonical_json
+from scheduler.ledger import Ledger, ScheduleRow
+from scheduler.models import (
+    Kind,
+    OccurrenceState,
+    ScheduleError,
+    SchedulerException,
+    ScheduleSpec,
+)
+from scheduler.tables import occurrence, occurrence_conflict, schedule
+from scheduler.triggers import Trigger, db_time, from_db_time, iso_z
+
+_MICRO = timedelta(microseconds=1)
+
+
+class Schedules:
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.db = ledger.db
+
+    # -- reading ----------------------------------------------------------------------------------
+
+    def _find(self, conn: Connection, name: str, *, lock: bool = False) -> Any:
+        sel = sa.select(schedule).where(schedule.c.name == name, schedule.c.removed_utc.is_(None))
+        if lock and self.db.is_postgres:
+            sel = sel.with_for_update()
+        row = conn.execute(sel).first()
+        if row is None:
+            raise SchedulerException(ScheduleError.SCHEDULE_NOT_FOUND, f"no schedule named {name!r}")
+        return row
+
+    def get(self, name: str) -> ScheduleRow:
+        with self.db.read() as conn:
+            return ScheduleRow.load(self._find(conn, name))
+
+    def all(self) -> list[ScheduleRow]:
+        with self.db.read() as conn:
+            rows = conn.execute(sa.select(schedule).where(schedule.c.removed_utc.is_(None))
+                                .order_by(schedule.c.name)).all()
+        return [ScheduleRow.load(r) for r in rows]
+
+    def trigger(self, s: ScheduleRow) -> Trigger:
+        return self.ledger.triggers.get(s)
+
+    def upcoming(self, s: ScheduleRow, now: datetime, count: int) -> list[dict[str, Any]]:
+        """The next ``count`` nominal occurrences after both the watermark and ``now``."""
+        trig = self.trigger(s)
+        return [self._occ_view(trig, n) for n in trig.preview(s.watermark, now, count)]
+
+    @staticmethod
+    def _occ_view(trig: Trigger, n: datetime) -> dict[str, Any]:
+        key = trig.key(n)
+        return {"dedup_key": key, "nominal": iso_z(n), "local": trig.local(n), "due": iso_z(trig.due(n, key))}
+
+    def outcomes(self, s: ScheduleRow, limit: int = 10) -> list[dict[str, Any]]:
+        """The latest ``limit`` decided occurrences (fired, missed, duplicates), newest first."""
+        with self.db.read() as conn:
+            # Keys of one schedule sort chronologically (wall keys: except inside a DST fold), so the
+            # primary key finds the latest rows without an extra index on every claim.
+            occ = conn.execute(sa.select(occurrence).where(occurrence.c.schedule_id == s.id)
+                               .order_by(occurrence.c.occurrence_key.desc()).limit(limit + 1)).all()
+            dup = conn.execute(sa.select(occurrence_conflict).where(occurrence_conflict.c.schedule_id == s.id)
+                               .order_by(occurrence_conflict.c.nominal_utc.desc()).limit(limit)).all()
+        items = [{
+            "dedup_key": r.occurrence_key, "nominal": _out(r.nominal_utc), "state": r.state, "reason": r.reason,
+            "attempt": r.attempt, "fired_at": _out(r.fired_utc), "finished_at": _out(r.finished_utc),
+            "run_ref": r.run_ref, "detail": r.detail,
+        } for r in occ]
+        items += [{"dedup_key": r.occurrence_key, "nominal": _out(r.nominal_utc), "state": "missed",
+                   "reason": r.reason} for r in dup]
+        items.sort(key=lambda i: i["nominal"], reverse=True)
+        return items[:limit]
+
+    def view(self, s: ScheduleRow) -> dict[str, Any]:
+        return {
+            "name": s.name, "id": s.id, "kind": s.spec.kind.value, "spec": s.spec.spec, "tz": s.spec.tz,
+            "misfire": s.spec.misfire.value, "catchup_window": s.spec.catchup_window,
+            "catchup_max": s.spec.catchup_max, "grace": s.spec.grace, "overlap": s.spec.overlap.value,
+            "jitter": s.spec.jitter, "dst": s.spec.dst, "paused": s.paused, "pause_reason": s.pause_reason,
+            "watermark": iso_z(s.watermark), "next_due": iso_z(s.next_due) if s.next_due else None,
+            "revision": s.revision, "no_progress": s.no_progress,
+            "action": {"type": s.spec.action.type.value,
+                       **s.spec.action.model_dump(mode="json", exclude_defaults=True)} if s.spec.action else None,
+        }
+
+    # -- changing ---------------------------------------------------------------------------------
+
+    def add(self, spec: ScheduleSpec, now: datetime) -> ScheduleRow:
+        self.add_many([spec], now)
+        return self.get(spec.name)
+
+    def add_many(self, specs: list[ScheduleSpec], now: datetime) -> None:
+        """Add schedules in one transaction (all or none)."""
+        # Nominal occurrences at or after the creation instant belong to the schedule.
+        watermark = now - _MICRO
+        rows = []
+        for spec in specs:
+            if spec.action is None:
+                raise SchedulerException(ScheduleError.INVALID_ACTION, f"schedule {spec.name!r} needs an action")
+            sid = "sch_" + uuid.uuid4().hex[:16]
+            definition = canonical_json(spec.definition())
+            trig = self.ledger.triggers.for_row(sid, definition, db_time(now))
+            first = trig.next_after(watermark)
+            rows.append({
+                "id": sid, "name": spec.name, "kind": spec.kind.value, "spec": spec.spec, "tz": spec.tz,
+                "definition": definition, "created_utc": db_time(now),
+                "watermark_utc": db_time(watermark), "next_due_utc": db_time(trig.due(first)) if first else None,
+                "revision": 0,
+            })
+        names = [spec.name for spec in specs]
+        if len(set(names)) != len(names):
+            raise SchedulerException(ScheduleError.SCHEDULE_EXISTS, "duplicate names in one batch")
+        with self.ledger.tx() as conn:
+            taken = conn.execute(sa.select(schedule.c.name).where(
+                schedule.c.name.in_(names), schedule.c.removed_utc.is_(None))).scalars().all()
+            if taken:
+                raise SchedulerException(ScheduleError.SCHEDULE_EXISTS, f"a schedule named {taken[0]!r} exists")
+            conn.execute(schedule.insert(), rows)
+            self.ledger.notify(conn)
+
+    def pause(self, name: str, now: datetime) -> ScheduleRow:
+        return self._set_paused(name, now, paused=True)
+
+    def resume(self, name: str, now: datetime) -> ScheduleRow:
+        return self._set_paused(name, now, paused=False)
+
+    def _set_paused(self, name: str, now: datetime, *, paused: bool) -> ScheduleRow:
+        with self.ledger.tx() as conn:
+            row = self._find(conn, name, lock=True)
+            if not paused and row.paused:
+                # Occurrences that came due during the pause are recorded missed ("paused") before
+                # the schedule runs again, so resuming never fires them as a catch-up.
+                more = True
+                while more:
+                    _, more = self.ledger.apply_due(conn, [row], "resume", now)
+                    row = self._find(conn, name)
+            conn.execute(schedule.update().where(schedule.c.id == row.id).values(
+                paused=int(paused), pause_reason="manual" if paused else None,
+                no_progress=0 if not paused else schedule.c.no_progress, revision=schedule.c.revision + 1))
+            self.ledger.notify(conn)
+        return self.get(name)
+
+    def remove(self, name: str, now: datetime) -> ScheduleRow:
+        """Soft delete: the ledger rows stay for audit; the name can be reused."""
+        with self.ledger.tx() as conn:
+            row = self._find(conn, name, lock=True)
+            conn.execute(schedule.update().where(schedule.c.id == row.id).values(
+                removed_utc=db_time(now), next_due_utc=None, revision=schedule.c.revision + 1))
+            self.ledger.notify(conn)
+            removed = conn.execute(sa.select(schedule).where(schedule.c.id == row.id)).one()
+        return ScheduleRow.load(removed)
+
+    def backfill(self, name: str, start: datetime, end: datetime, now: datetime,
+                 max_count: int = 100) -> dict[str, Any]:
+        """Reserve the nominal occurrences in ``[start, end]`` that never fired, for the coordinators
+        to run in order. Explicit (a range), bounded (``max_count``), deduplicated (a key that
+        already fired is reported, not queued; a missed one is re-queued once)."""
+        if end < start:
+            raise SchedulerException(ScheduleError.INVALID_RANGE, "--to is before --from")
+        if end > now:
+            raise SchedulerException(ScheduleError.INVALID_RANGE, "backfill covers past occurrences only (--to > now)")
+        s = self.get(name)
+        trig = self.trigger(s)
+        # Calendar triggers advance from a nominal date, so walk them from the creation anchor.
+        walk_from = s.created - _MICRO if s.spec.kind is Kind.CALENDAR else start - _MICRO
+        nominals: dict[str, datetime] = {}
+        for n in trig.iter_after(walk_from, end):
+            if n >= start:
+                nominals.setdefault(trig.key(n), n)
+                if len(nominals) > max_count:
+                    raise SchedulerException(ScheduleError.BACKFILL_TOO_LARGE,
+                                             f"more than {max_count} occurrences in range; narrow it or raise --max")
+        now_s = db_time(now)
+        queued: list[str] = []
+        skipped: list[dict[str, str]] = []
+        with self.ledger.tx() as conn:
+            existing = {r.occurrence_key: r.state for r in conn.execute(
+                sa.select(occurrence.c.occurrence_key, occurrence.c.state).where(
+                    occurrence.c.schedule_id == s.id, occurrence.c.occurrence_key.in_(list(nominals))))}
+            for key, n in nominals.items():
+                state = existing.get(key)
+                if state is None:
+                    conn.execute(self.ledger.insert(occurrence).values(
+                        schedule_id=s.id, occurrence_key=key, nominal_utc=db_time(n), due_utc=db_time(n),
+                        state=OccurrenceState.CLAIMED.value, fencing=0, attempt=1, recorded_utc=now_s,
+                    ).on_conflict_do_nothing())
+                elif state == OccurrenceState.MISSED.value:
+                    conn.execute(occurrence.update().where(
+                        occurrence.c.schedule_id == s.id, occurrence.c.occurrence_key == key,
+                        occurrence.c.state == OccurrenceState.MISSED.value,
+                    ).values(state=OccurrenceState.CLAIMED.value, reason=None, recorded_utc=now_s))
+                else:
+                    skipped.append({"dedup_key": key, "state": state})
+                    continue
+                queued.append(key)
+            self.ledger.notify(conn)
+        return {"name": name, "queued": queued, "skipped": skipped}
+
+
+def _out(text: str | None) -> str | None:
+    return iso_z(from_db_time(text)) if text else None
