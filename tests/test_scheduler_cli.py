@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +13,7 @@ from typer.testing import CliRunner
 
 from kernel.cli import schedule
 from kernel.cli.common import CliContext
-
-ROOT = Path(__file__).resolve().parents[1]
-# Until the lead wires the group into kernel/cli/groups.py, attach it the same way main() would.
-MAIN = ("from kernel.cli.app import main, app; from kernel.cli import schedule, groups; import inspect; "
-        "'schedule' in inspect.getsource(groups) or app.add_typer(schedule.app, name='schedule'); main()")
+from tests.cli_support import taskkernel
 
 root = typer.Typer()
 
@@ -107,10 +101,7 @@ def test_duplicate_name_and_backfill(cli: Any) -> None:
 
 
 def run_main(args: list[str], cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("TASKKERNEL_DB", None)
-    return subprocess.run([sys.executable, "-c", MAIN, *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          input=stdin, timeout=60)
+    return taskkernel(*args, cwd=cwd, stdin=stdin, timeout=60)
 
 
 def test_simulate_runs_in_a_fresh_process_without_a_workspace(tmp_path: Path) -> None:
