@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kernel.automations import Automations
 from kernel.commands import EffectRule, TaskCommandKernel
 from kernel.folders.adapter import FolderAdapter
 from kernel.folders.projection import PROJECT_RULE
@@ -89,6 +90,8 @@ class Coordinator:
             self.add_stage("ingest", self.folders.ingest_pass)
         self.tools = OutboxRelay(db, {PERFORM_EFFECT: ToolExecutor(self.kernel, workspace.root)})
         self.add_stage("actions", self.tools.run_pending)
+        self.automations = Automations(self.kernel, self.owner)
+        self.add_stage("automations", self.automations.tick)  # `run` replaces it by the scheduler's own timer
         if self.folders is not None:
             self.add_stage("project", self.folders.project_pass)
             self.add_stage("ledger", self.folders.ledger_pass)
@@ -129,6 +132,8 @@ class Coordinator:
         ``poll_seconds`` as the safety net (timers, settling files, other coordinators' work)."""
         wake = asyncio.Event()
         watcher = asyncio.create_task(self._watch(stop, wake)) if self.folders is not None else None
+        self.stages.pop("automations", None)
+        scheduler = asyncio.create_task(self.automations.run(stop))
         try:
             while not stop.is_set():
                 wake.clear()
@@ -141,6 +146,8 @@ class Coordinator:
                     for w in waiters:
                         w.cancel()
         finally:
+            stop.set()
+            await scheduler
             if watcher is not None:
                 watcher.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

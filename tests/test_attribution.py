@@ -74,3 +74,25 @@ def test_a_child_cannot_escalate_its_roots_policy(tmp_path: Path) -> None:
     assert child("c", budget={"tokens": 50_000}) == "policy_escalation"
     assert child("d") == "economy", "a child inherits the root's tier"
     assert child("e", budget={"tokens": 500}) == "economy"
+
+
+def test_an_automation_fire_is_recorded_as_automation_usage(tmp_path: Path) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from scheduler.admin import Schedules
+    from scheduler.models import ActionSpec, ActionType, spec_from_user
+
+    ws = make_workspace(tmp_path / "ws", {})
+    c = coordinator(ws)
+    start = datetime.now(UTC).replace(microsecond=0)
+    spec = spec_from_user({"every": "10m", "start": start.isoformat(), "owner_role": "ADMIN"}, name="patrol")
+    action = ActionSpec(type=ActionType.CREATE_TASK, template={"recipient": "OPS", "subject": "patrol {dedup_key}"})
+    Schedules(c.automations.runtime.ledger).add(spec.model_copy(update={"action": action}), start)
+    for minutes in (11, 21, 31):
+        c.automations.tick(start + timedelta(minutes=minutes))
+    rows = json.loads(usage_cli(ws.root, "--by", "feature", "--json").stdout)["rows"]
+    assert {r["owner"]: r["units"] for r in rows} == {"automation": 3}
+    by_agent = json.loads(usage_cli(ws.root, "--by", "agent", "--json").stdout)["rows"]
+    assert by_agent[0]["owner"] == "scheduler:patrol"
+    roots = {r["owner"] for r in json.loads(usage_cli(ws.root, "--by", "root", "--json").stdout)["rows"]}
+    assert len(roots) == 3 and all(r.startswith("TASK-") for r in roots), "each fire is owned by the task it made"

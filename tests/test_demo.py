@@ -22,4 +22,5 @@ def test_demo_runs_the_whole_story(tmp_path: Path) -> None:
     assert ("rejected", "permission_required") in verdicts, "approval needs ADMIN's grant from the session log"
     assert ("rejected", "stale_task_revision") in verdicts
     assert ("replayed", None) in verdicts
-    assert any(s["step"] == "heartbeat" for s in out["steps"])
+    [beat] = [s for s in out["steps"] if s["step"] == "heartbeat"]
+    assert beat["detail"].startswith("2 fire(s)"), "the 30-minute heartbeat fired twice in one virtual hour"

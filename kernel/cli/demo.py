@@ -24,6 +24,8 @@ from kernel.sessionlog import SessionLog
 from kernel.store.db import Database
 from kernel.verify import verify
 from kernel.workspace import Workspace, init_workspace
+from scheduler.admin import Schedules
+from scheduler.models import ActionSpec, ActionType, spec_from_user
 
 DEMO_TOML = """\
 [kernel]
@@ -137,12 +139,18 @@ def demo(ctx: typer.Context, directory: Path = typer.Option(None, "--dir", help=
 
 
 def _heartbeat(c: Coordinator, d: _Demo) -> None:
-    """Placeholder until the scheduler is wired: records the heartbeat as an automation input."""
-    now = datetime.now(UTC) + timedelta(seconds=0)
-    SessionLog(c.db).accept("heartbeat", {"input_id": f"heartbeat@{now:%Y-%m-%dT%H:%M}", "kind": "progress",
-                                          "payload": {"text": "heartbeat", "completed_tool_calls": 0}},
-                            accepted_by="SYSTEM:scheduler")
-    d.note("heartbeat", detail="fired")
+    """A real durable schedule, fired by the real scheduler code on a virtual clock (no sleeping)."""
+    start = datetime.now(UTC).replace(microsecond=0)
+    spec = spec_from_user({"every": "30m", "start": start.isoformat(), "owner_role": "ADMIN"}, name="heartbeat")
+    action = ActionSpec(type=ActionType.ACCEPT_INPUT, session="heartbeat", kind="progress",
+                        payload={"text": "heartbeat {dedup_key}", "completed_tool_calls": 0})
+    Schedules(c.automations.runtime.ledger).add(spec.model_copy(update={"action": action}), start)
+    for minutes in (31, 33, 61):  # two occurrences due over the hour; the 33-minute tick finds nothing new
+        claimed = c.automations.tick(start + timedelta(minutes=minutes))
+        d.note(f"tick at +{minutes} min", detail=f"{claimed} occurrence(s) claimed and run")
+    records = SessionLog(c.db).records("heartbeat")
+    d.note("heartbeat", detail=f"{len(records)} fire(s) in session 'heartbeat', "
+                               f"accepted by {records[0].accepted_by if records else '-'}")
 
 
 def _timeline(c: Coordinator) -> None:
