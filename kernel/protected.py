@@ -123,7 +123,7 @@ class GateGuard:
             code = (ReasonCode.GATE_BLOCKED if verdict.status is GateStatus.BLOCK
                     else ReasonCode.GATE_INSUFFICIENT_EVIDENCE)
             raise KernelError(code, f"{verdict.status.value} {first.code}: {first.detail} "
-                                    f"(trace {verdict.trace_sha256[:12]}, session {session!r} at {head})")
+                                    f"(trace {(verdict.trace_sha256 or '')[:12]}, session {session!r} at {head})")
         self._consume_single_use(uow, session, records, payload, cmd.idempotency_key)
         uow.cache[EVIDENCE_KEY] = {"verdict": {"status": verdict.status.value, "trace_sha256": verdict.trace_sha256,
                                                "session": session, "session_head_seq": head,

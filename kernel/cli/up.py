@@ -37,10 +37,10 @@ def up(ctx: typer.Context, workspace: Path = typer.Argument(None, help="Workspac
         fail(Exit.USAGE, str(exc))
     if once:
         passes = coordinator.run_once()
-        totals = {"passes": len(passes), "dispatched": sum(p.dispatched for p in passes),
-                  "wakes": sum(p.wakes for p in passes), "runs": sum(p.runs for p in passes)}
-        emit({"status": "ok", **totals})
-        stderr.print(f"processed: {totals}")
+        done = {"passes": len(passes), "dispatched": sum(p.dispatched for p in passes),
+                "wakes": sum(p.wakes for p in passes), "runs": sum(p.runs for p in passes)}
+        emit({"status": "ok", **done})
+        stderr.print(f"processed: {done}")
         return
     stop = asyncio.Event()
     totals: dict[str, int] = {"passes": 0}
@@ -73,7 +73,8 @@ def up(ctx: typer.Context, workspace: Path = typer.Argument(None, help="Workspac
 def _status(coordinator: Coordinator, totals: dict[str, int]) -> Table:
     """The live view: tasks per state and what the coordinator has done since it started."""
     with coordinator.db.read() as conn:
-        states = dict(conn.execute(sa.select(tasks.c.state, sa.func.count()).group_by(tasks.c.state)).all())
+        states: dict[str, int] = {row[0]: row[1] for row in conn.execute(
+            sa.select(tasks.c.state, sa.func.count()).group_by(tasks.c.state))}
     table = Table(title=f"taskkernel up: {coordinator.workspace.root}", show_header=True)
     for state in ("inbox", "active", "review", "done", "archive"):
         table.add_column(state, justify="right")
