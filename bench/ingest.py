@@ -29,6 +29,16 @@ from kernel.store.db import Database  # noqa: E402
 from kernel.workspace import Workspace, init_workspace  # noqa: E402
 
 
+def day_seq(i: int) -> tuple[str, int]:
+    """FCoP numbers at most 999 files per kind and day: spread larger sets over several days."""
+    return f"202611{1 + (i - 1) // 999:02d}", (i - 1) % 999 + 1
+
+
+def task_id(i: int) -> str:
+    day, seq = day_seq(i)
+    return f"TASK-{day}-{seq:03d}"
+
+
 def task_text(i: int) -> str:
     return (f"---\nprotocol: fcop\nversion: 1\nsender: ADMIN\nrecipient: PM\npriority: P2\nsubject: Job {i}\n"
             f"thread_key: bench-{i}\n---\nDo job {i}.\n")
@@ -36,7 +46,7 @@ def task_text(i: int) -> str:
 
 def report_text(i: int) -> str:
     return (f"---\nprotocol: fcop\nversion: 1\nsender: PM\nrecipient: ADMIN\npriority: P2\nreferences:\n"
-            f"- TASK-20261130-{i:03d}\nstatus: done\n---\nJob {i} done.\n")
+            f"- {task_id(i)}\nstatus: done\n---\nJob {i} done.\n")
 
 
 def workspace(root: Path, n_tasks: int, durability: str) -> Workspace:
@@ -44,8 +54,9 @@ def workspace(root: Path, n_tasks: int, durability: str) -> Workspace:
     (root / "taskkernel.toml").write_text(f'[kernel]\ndurability = "{durability}"\n')
     fcop = root / "fcop"
     for i in range(1, n_tasks + 1):
-        (fcop / "_lifecycle" / "inbox" / f"TASK-20261130-{i:03d}-ADMIN-to-PM.md").write_text(task_text(i))
-        (fcop / "reports" / f"REPORT-20261130-{i:03d}-PM-to-ADMIN.md").write_text(report_text(i))
+        day, seq = day_seq(i)
+        (fcop / "_lifecycle" / "inbox" / f"TASK-{day}-{seq:03d}-ADMIN-to-PM.md").write_text(task_text(i))
+        (fcop / "reports" / f"REPORT-{day}-{seq:03d}-PM-to-ADMIN.md").write_text(report_text(i))
     return Workspace.load(root)
 
 
@@ -66,7 +77,8 @@ def cold(tmp: Path, n_files: int, durability: str) -> dict[str, float]:
     while coordinator.folders.ingest_pass():
         pass
     ours = time.perf_counter() - t0
-    states = {coordinator.kernel.task(f"TASK-20261130-{i:03d}")["state"] for i in (1, n_tasks)}
+    assert listed == n_files, f"fcop listed {listed} of {n_files} files"
+    states = {coordinator.kernel.task(task_id(i))["state"] for i in (1, n_tasks)}
     assert states == {"review"}, states
     return {"files": n_files, "fcop_listed": listed, "fcop_v3_list_s": round(baseline, 3),
             "taskkernel_ingest_s": round(ours, 3), "files_per_s": round(n_files / ours),
@@ -85,12 +97,12 @@ def watch(tmp: Path, count: int, settle_s: float) -> dict[str, float]:
     inbox = ws.root / "fcop" / "_lifecycle" / "inbox"
     latencies = []
     for i in range(1, count + 1):
-        name = f"TASK-20261130-{i:03d}-ADMIN-to-PM.md"
+        name = f"{task_id(i)}-ADMIN-to-PM.md"
         tmp_file = inbox / f".{name}.tmp"
         tmp_file.write_text(task_text(i))
         published = time.perf_counter()
         tmp_file.rename(inbox / name)
-        while coordinator.kernel.task(f"TASK-20261130-{i:03d}") is None:
+        while coordinator.kernel.task(task_id(i)) is None:
             time.sleep(0.002)
         latencies.append(time.perf_counter() - published)
     loop.call_soon_threadsafe(stop.set)
