@@ -22,6 +22,7 @@ from kernel.canonical import canonical_json, digest, utc_now_iso
 from kernel.model.commands import (
     CREATING,
     AdoptTaskPayload,
+    AmendPayload,
     Command,
     CommandResult,
     CommandType,
@@ -50,6 +51,7 @@ from kernel.store.events import EventStore, NewEvent, RecordedEvent
 from kernel.store.schema import tasks
 
 R = ReasonCode
+RISK_ORDER = ("low", "medium", "high", "irreversible")
 
 
 class RolePolicy(Protocol):
@@ -115,21 +117,12 @@ class TaskCommandKernel:
                      ) -> list[CommandResult]:
         """Judge commands in order inside one write transaction (group commit: one fsync).
 
-        Each command sees the effects of the ones before it. If the transaction itself fails,
-        nothing of the batch is kept and each command is retried in a transaction of its own.
+        Each command sees the effects of the ones before it. If the transaction fails, nothing of the
+        batch is kept and the error propagates; the caller retries each command on its own.
         """
         parsed = [self._parse(c) for c, _ in items]
-        try:
-            with self.db.write() as uow:
-                return [self._judge(uow, p, principal) for p, (_, principal) in zip(parsed, items, strict=True)]
-        except Exception:
-            if len(items) == 1:
-                raise
-        results = []
-        for p, (_, principal) in zip(parsed, items, strict=True):
-            with self.db.write() as uow:
-                results.append(self._judge(uow, p, principal))
-        return results
+        with self.db.write() as uow:
+            return [self._judge(uow, p, principal) for p, (_, principal) in zip(parsed, items, strict=True)]
 
     def task(self, task_id: str) -> dict[str, Any] | None:
         with self.db.read() as conn:
@@ -276,6 +269,10 @@ class TaskCommandKernel:
             self._check_assignment(spec, payload, doc, principal)
             return
         assert doc is not None
+        if isinstance(payload, AmendPayload) and payload.risk_level is not None and \
+                RISK_ORDER.index(payload.risk_level.value) < RISK_ORDER.index(doc["risk_level"]):
+            raise KernelError(R.ROLE_NOT_AUTHORIZED, f"only ADMIN may lower a task's risk level "
+                              f"({doc['risk_level']} -> {payload.risk_level.value}): it decides which grants apply")
         needed = AUTHORITY_FOR[cmd.type]
         holders = {doc["authority"][needed]}
         if cmd.type is CommandType.AMEND:

@@ -58,6 +58,7 @@ class PassStats:
     dispatched: int = 0
     wakes: int = 0
     runs: int = 0
+    failures: int = 0
     extra: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -108,12 +109,26 @@ class Coordinator:
         self.stages[name] = stage
 
     def pass_once(self) -> PassStats:
+        """One pass over every stage. A stage that fails is logged and skipped for this pass: the
+        coordinator keeps running, and the work it left (outbox rows, leases) is retried later."""
         stats = PassStats()
-        for name, stage in self.stages.items():
-            stats.extra[name] = stage()
-        stats.dispatched = self.dispatcher.dispatch_new()
-        stats.wakes = self.dispatcher.relay_wakes()
-        stats.runs = self.dispatcher.run_due()
+        stages: list[tuple[str, Stage]] = [*self.stages.items(), ("dispatch", self.dispatcher.dispatch_new),
+                                           ("wakes", self.dispatcher.relay_wakes), ("runs", self.dispatcher.run_due)]
+        for name, stage in stages:
+            try:
+                done = stage()
+            except Exception:  # noqa: BLE001 - one bad input must not stop the coordinator
+                log.exception("coordinator_stage_failed", stage=name)
+                stats.failures += 1
+                continue
+            if name == "dispatch":
+                stats.dispatched = done
+            elif name == "wakes":
+                stats.wakes = done
+            elif name == "runs":
+                stats.runs = done
+            else:
+                stats.extra[name] = done
         return stats
 
     def run_once(self, max_passes: int = 500) -> list[PassStats]:

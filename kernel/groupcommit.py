@@ -74,9 +74,12 @@ class GroupCommitter:
     def _commit(self, batch: list[_Item]) -> None:
         try:
             results = self.kernel.submit_batch([(cmd, principal) for cmd, principal, _ in batch])
-        except BaseException as exc:  # noqa: BLE001 - hand the failure to every waiting caller
-            for _, _, fut in batch:
-                fut.set_exception(exc)
+        except Exception:  # noqa: BLE001 - the batch rolled back: give every command its own transaction
+            for cmd, principal, fut in batch:
+                try:
+                    fut.set_result(self.kernel.submit(cmd, principal))
+                except Exception as exc:  # noqa: BLE001 - only this caller sees its command's failure
+                    fut.set_exception(exc)
             return
         for (_, _, fut), result in zip(batch, results, strict=True):
             fut.set_result(result)

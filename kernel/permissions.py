@@ -42,16 +42,22 @@ class HumanGrantGuard:
             return
         session = cmd.permission_session or self.default_session
         scope = permission_scope(doc["task_id"])
-        decision = self.log.permission_decision(session, cmd.type.value, scope, as_of=cmd.permission_as_of,
-                                                conn=uow.conn)
+        # The grant must hold now; a cutoff named by the command can only add a condition (it must also
+        # have held then), never bring back a grant that was revoked since.
+        cutoffs = [None] if cmd.permission_as_of is None else [None, cmd.permission_as_of]
         why = None
-        if decision.decision == "allow" and not self._from_a_human(uow, session, decision.input_id):
-            why = f"grant {decision.input_id} was not accepted from ADMIN (a human)"
-        elif decision.decision != "allow":
-            why = decision.reason or (f"revoked by {decision.input_id} at sequence {decision.seq}"
-                                      if decision.seq else "no grant was accepted")
+        for as_of in cutoffs:
+            decision = self.log.permission_decision(session, cmd.type.value, scope, as_of=as_of, conn=uow.conn)
+            if decision.decision == "allow" and not self._from_a_human(uow, session, decision.input_id):
+                why = f"grant {decision.input_id} was not accepted from ADMIN (a human)"
+            elif decision.decision != "allow":
+                why = decision.reason or (f"revoked by {decision.input_id} at sequence {decision.seq}"
+                                          if decision.seq else "no grant was accepted")
+            if why is not None:
+                break
         if why is not None:
-            cutoff = "the latest input" if cmd.permission_as_of is None else f"sequence {cmd.permission_as_of}"
+            cutoff = "the latest input" if cmd.permission_as_of is None else \
+                f"the latest input and at sequence {cmd.permission_as_of}"
             raise KernelError(ReasonCode.PERMISSION_REQUIRED,
                               f"{cmd.type.value} on a {doc['risk_level']}-risk task needs a current "
                               f"'{cmd.type.value}' grant for {scope} in session {session!r} as of {cutoff}: "

@@ -104,7 +104,11 @@ class GateGuard:
         session = cmd.permission_session or self.default_session
         records = self.log.records(session, uow.conn)
         head = max((r.seq or 0 for r in records), default=0)
-        trace = build_trace(records, self.protected_operations(doc["risk_level"], principal.role))
+        try:
+            trace = build_trace(records, self.protected_operations(doc["risk_level"], principal.role))
+        except (KeyError, TypeError, ValueError) as exc:  # an input the gate cannot read: fail closed
+            raise KernelError(ReasonCode.GATE_INSUFFICIENT_EVIDENCE,
+                              f"session {session!r} holds an input the gate cannot read ({exc!r})") from exc
         plan_seq = head if payload.plan_seq is None else min(payload.plan_seq, head)
         action = {"id": cmd.idempotency_key, "seq": _seq(plan_seq) + SEQ_STRIDE // 2, "kind": "action",
                   "principal": principal.role, "tool": payload.tool, "operation": payload.operation,

@@ -110,3 +110,11 @@ def test_db_flag_selects_postgresql(pg_url: str, tmp_path: Path) -> None:
 def test_commands_outside_a_workspace_are_usage_errors(tmp_path: Path) -> None:
     r = tk("task", "list", cwd=tmp_path)
     assert r.returncode == 64 and "taskkernel init" in r.stdout
+
+
+def test_only_the_owner_or_admin_may_issue_credentials(ws: Path) -> None:
+    dev = tk("token", "issue", "DEV", cwd=ws).stdout.strip()
+    r = tk("--token", dev, "token", "issue", "ADMIN", cwd=ws)
+    assert r.returncode == 2 and json.loads(r.stdout)["reason"] == "role_not_authorized"
+    admin = tk("token", "issue", "ADMIN", "--agent", "alice", cwd=ws).stdout.strip()
+    assert tk("--token", admin, "token", "issue", "QA", cwd=ws).stdout.strip().startswith("tk_")

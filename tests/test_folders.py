@@ -209,3 +209,50 @@ def test_verify_finds_folder_drift_and_repairs_it(tmp_path: Path) -> None:
     fixed = taskkernel("verify", "--repair", cwd=ws.root)
     assert fixed.returncode == 0 and json.loads(fixed.stdout)["repaired"] == 1
     assert (lifecycle / "done" / "TASK-20261130-002-PM-to-DEV.md").is_file()
+
+
+def test_a_decision_cannot_be_made_by_moving_a_file(tmp_path: Path) -> None:
+    ws = make_workspace(tmp_path / "ws", {})
+    task_file(ws.root, "TASK-20261130-001-ADMIN-to-PM.md")
+    c = coordinator(ws)
+    c.run_once()
+    lifecycle = ws.root / "fcop" / "_lifecycle"
+    name = "TASK-20261130-001-ADMIN-to-PM.md"
+    shutil.move(lifecycle / "inbox" / name, lifecycle / "active" / name)  # the driver's claim: fine
+    c.run_once()
+    (ws.root / "fcop" / "reports" / "REPORT-20261130-001-PM-to-ADMIN.md").write_text(
+        "---\nprotocol: fcop\nversion: 1\nsender: PM\nrecipient: ADMIN\nreferences:\n- TASK-20261130-001\n"
+        "status: done\n---\nDone.\n", encoding="utf-8")
+    c.run_once()
+    assert c.kernel.task("TASK-20261130-001")["state"] == "review"
+    shutil.move(lifecycle / "review" / name, lifecycle / "done" / name)  # an "approval" by hand
+    c.run_once()
+    assert c.kernel.task("TASK-20261130-001")["state"] == "review"
+    assert (lifecycle / "review" / name).is_file()
+    assert "role_not_authorized" in (lifecycle / "review" / f"{name}.reason.md").read_text()
+
+
+def test_an_fcop_named_review_approves_without_moving_the_wrong_file(tmp_path: Path) -> None:
+    from tests.cli_support import taskkernel
+
+    ws = make_workspace(tmp_path / "ws", {"PM": SCRIPTED})
+    task_file(ws.root, "TASK-20261130-001-ADMIN-to-PM.md")
+    c = coordinator(ws)
+    c.run_once()
+    doc = c.kernel.task("TASK-20261130-001")
+    for kind, payload in (("submit_report", {"status": "done"}), ("submit", {})):
+        doc = c.kernel.task("TASK-20261130-001")
+        c.kernel.submit({"type": kind, "task_id": doc["task_id"], "thread_key": doc["thread_key"],
+                         "expected_revision": doc["revision"], "round": doc["round"],
+                         "idempotency_key": f"pm-{kind}", "payload": payload}, LOCAL_OWNER)
+    c.run_once()
+    review = ws.root / "fcop" / "reviews" / "REVIEW-20261130-001-ADMIN-on-task-20261130-001-admin-to-pm.md"
+    review.write_text("---\nprotocol: fcop\nversion: 1\ntype: REVIEW\nsender: ADMIN\n"
+                      "review_id: REVIEW-20261130-001-ADMIN-on-task-20261130-001-admin-to-pm\nsubject_type: task\n"
+                      "subject_ref: TASK-20261130-001\nreviewer_role: ADMIN\ndecision: approved\n"
+                      "decided_at: '2026-11-30T10:00:00+00:00'\n---\nLooks right.\n", encoding="utf-8")
+    c.run_once()
+    assert c.kernel.task("TASK-20261130-001")["state"] == "done"
+    assert (ws.root / "fcop" / "_lifecycle" / "done" / "TASK-20261130-001-ADMIN-to-PM.md").is_file()
+    assert review.is_file(), "the REVIEW stays in reviews/"
+    assert taskkernel("verify", cwd=ws.root).returncode == 0

@@ -107,3 +107,29 @@ def test_grant_through_the_cli(tmp_path: Path) -> None:
            json.dumps({"permission": "approve", "scope": f"task:{tid}"}))
     assert json.loads(r.stdout)["accept_seq"] == 1
     assert json.loads(tk("submit", stdin=approve).stdout)["status"] == "accepted"
+
+
+def test_a_cutoff_cannot_bring_back_a_revoked_grant(any_db: Database) -> None:
+    h, tid = high_risk_in_review(any_db)
+    log = SessionLog(any_db)
+    grant(log, "allow", "g1", tid)
+    grant(log, "revoke", "g2", tid)
+    r = h.cmd("approve", tid, ADMIN, permission_as_of=1)
+    assert r.reason == "permission_required" and "revoked by g2" in r.message
+    assert h.kernel.task(tid)["state"] == "review"
+
+
+def test_only_admin_may_lower_a_tasks_risk_level(any_db: Database) -> None:
+    from tests.kernel_harness import DEV
+
+    h = Harness(any_db)
+    h.kernel = build_kernel(any_db, None)
+    root = h.create().task_id
+    h.cmd("claim", root, PM)
+    child = h.create(sender=PM, recipient="DEV", parent=root, risk_level="high").task_id
+    h.drive_to(child, "review", driver=DEV, reviewer=PM)
+    assert h.cmd("approve", child, PM).reason == "permission_required"
+    r = h.cmd("amend", child, PM, payload={"risk_level": "low"})
+    assert r.reason == "role_not_authorized" and "lower" in r.message
+    assert h.cmd("amend", child, PM, payload={"risk_level": "irreversible"}).status == "accepted"
+    assert h.cmd("amend", child, ADMIN, payload={"risk_level": "low"}).status == "accepted"

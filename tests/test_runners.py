@@ -138,3 +138,37 @@ def test_usage_line_parsing() -> None:
     assert parse_usage('noise\n{"tokens_in": 5, "cost_usd": 0.5}\n') == {"tokens_in": 5, "cost_usd": 0.5}
     assert parse_usage('{"usage": {"tokens_out": 7}}') == {"tokens_out": 7}
     assert parse_usage('{"other": 1}\nplain text') == {}
+
+
+def test_implausible_usage_figures_are_ignored_and_never_stop_the_coordinator(tmp_path: Path) -> None:
+    agent = write_agent(tmp_path / "agent.py", """
+        print('{"tokens_in": 1e400, "tokens_out": -5, "cost_usd": NaN}')
+    """)
+    ws = make_workspace(tmp_path / "ws", {"DEV": {"runner": "command", "argv": [sys.executable, str(agent)],
+                                                 "max_attempts": 1}})
+    c = coordinator(ws)
+    admin_task(c, recipient="DEV")
+    c.run_once()
+    with c.db.read() as conn:
+        row = conn.execute(sa.select(usage_table)).one()
+    assert (row.tokens_in, row.tokens_out, row.cost_usd) == (0, 0, 0.0)
+    assert parse_usage('{"tokens_in": 1e400}') == {} and parse_usage('{"tokens_in": true}') == {}
+
+
+def test_the_blocked_report_lands_even_if_the_agent_moved_the_task_first(tmp_path: Path) -> None:
+    agent = write_agent(tmp_path / "agent.py", f"""
+        import json, os, subprocess, sys
+        run = lambda *a, stdin=None: subprocess.run([{sys.executable!r}, "-c",
+            "from kernel.cli.app import main; main()", *a], input=stdin, capture_output=True, text=True)
+        task = json.loads(run("task", "show", os.environ["TASKKERNEL_TASK_ID"]).stdout)
+        run("submit", stdin=json.dumps({{"type": "submit_report", "task_id": task["task_id"],
+            "thread_key": task["thread_key"], "expected_revision": task["revision"], "round": task["round"],
+            "idempotency_key": "progress-1", "payload": {{"status": "in_progress", "body": "halfway"}}}}))
+        sys.exit(3)
+    """)
+    ws = make_workspace(tmp_path / "ws", {"DEV": {"runner": "command", "argv": [sys.executable, str(agent)],
+                                                 "max_attempts": 1}})
+    c = coordinator(ws)
+    tid = admin_task(c, recipient="DEV")
+    c.run_once()
+    assert [r["status"] for r in c.kernel.task(tid)["reports"]] == ["in_progress", "blocked"]

@@ -56,7 +56,13 @@ def token_issue(ctx: typer.Context, role: str = typer.Argument(..., help="Role c
     """Print a new credential (the token alone, one line)."""
     if round_ is not None and task is None:
         fail(Exit.USAGE, "--round needs --task")
-    token = issue_token(get_ctx(ctx).database(), role.upper(), agent, task_id=task, round=round_)
+    c = get_ctx(ctx)
+    caller = principal_of(c)
+    if caller is None or not caller.is_admin or caller.task_id is not None:
+        emit({"status": "rejected", "reason": "role_not_authorized",
+              "message": "only the workspace owner (no token) or an unscoped ADMIN credential may issue credentials"})
+        raise typer.Exit(int(Exit.REJECTED))
+    token = issue_token(c.database(), role.upper(), agent, task_id=task, round=round_)
     sys.stdout.write(token + "\n")
 
 

@@ -2,8 +2,8 @@
 
 - a new TASK in `_lifecycle/inbox/` (G3) or `tasks/` (G2): `create_task` as its sender;
 - a TASK unknown to the kernel in a later stage or an archive folder: `adopt_task` (ADMIN importing);
-- a known TASK an agent moved to another stage: the matching lifecycle command; if refused, the file
-  is moved back and the reason written beside it;
+- a known TASK an agent moved to another stage: the driver's claim or submit; any other move (or a
+  refused one) is moved back with the reason written beside it;
 - a REPORT: `submit_report` as its sender (claiming first when the driver reports on an inbox task;
   a driver's `done` report then submits);
 - a REVIEW: `approve` / `reject` as its reviewer.
@@ -48,7 +48,9 @@ MOVES = {("inbox", "active"): "claim", ("active", "review"): "submit", ("review"
          ("review", "active"): "reject", ("done", "active"): "reopen", ("done", "archive"): "archive",
          ("inbox", "archive"): "force_archive", ("active", "archive"): "force_archive",
          ("review", "archive"): "force_archive"}
-NEEDS_REASON = ("reject", "archive", "force_archive")
+# A file carries no credential, so a move is only taken as the driver's own claim or submit; decisions
+# (approve, reject, reopen, archive) need a REVIEW file or an authenticated command.
+DRIVER_MOVES = frozenset({"claim", "submit"})
 REPORT_STATUS = {"done": "done", "accepted": "done", "blocked": "blocked", "in_progress": "in_progress",
                  "aborted": "aborted"}
 
@@ -141,17 +143,20 @@ class Ingest:
                     stats: IngestStats) -> None:
         kind = MOVES.get((doc["state"], stage))
         result: CommandResult | None = None
-        if kind is not None:
-            payload = {"reason": f"moved to {stage}/ by hand"} if kind in NEEDS_REASON else {}
+        refusal = None
+        if kind is not None and kind not in DRIVER_MOVES:
+            refusal = (f"role_not_authorized: moving a file may only claim or submit; {kind} needs a REVIEW file "
+                       "or `taskkernel submit` with a credential")
+        elif kind is not None:
             command = {"type": kind, "task_id": doc["task_id"], "thread_key": doc["thread_key"],
                        "expected_revision": doc["revision"], "round": doc["round"],
-                       "idempotency_key": file_key(entry, env.sha256, kind), "payload": payload}
-            result = self._submit(command, Principal(self._mover(env, doc, kind, stage), FILE_AGENT), stats)
+                       "idempotency_key": file_key(entry, env.sha256, kind), "payload": {}}
+            result = self._submit(command, Principal(doc["authority"]["driver"], FILE_AGENT), stats)
         if result is not None and result.ok:
             self.tracker.record(entry.rel, env.sha256, env.id, Origin.INGESTED)
             return
-        reason = (f"{result.reason}: {result.message}" if result is not None
-                  else f"illegal_transition: {doc['state']} -> {stage} is not a lifecycle edge")
+        reason = refusal or (f"{result.reason}: {result.message}" if result is not None
+                             else f"illegal_transition: {doc['state']} -> {stage} is not a lifecycle edge")
         back = self.fcop.stage_dir(doc["state"]) / entry.path.name
         move_no_overwrite(entry.path, back)
         self._write_reason(back, f"Moved back to `{doc['state']}/`", reason)
@@ -159,16 +164,6 @@ class Ingest:
         self.tracker.record(rel, env.sha256, env.id, Origin.INGESTED, note=reason, moved_from=entry.rel)
         stats.moved_back += 1
         stats.notes.append(f"{entry.rel}: moved back ({reason})")
-
-    @staticmethod
-    def _mover(env: TaskEnvelope, doc: dict[str, Any], kind: str, stage: str) -> str:
-        """Who moved it: the role named by a transition the mover appended for this move, else the holder
-        of the power the move needs."""
-        last = env.transitions[-1] if env.transitions else None
-        role = last.by.split(":", 1)[0].upper() if last is not None and last.to == stage else ""
-        if role and role.replace("-", "").replace("_", "").isalnum() and role[0].isalpha():
-            return role
-        return str(doc["authority"]["driver" if kind in ("claim", "submit") else "done_authority"])
 
     def _report(self, entry: ScanEntry, env: ReportEnvelope, stats: IngestStats) -> None:
         task_id = env.task_id

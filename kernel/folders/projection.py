@@ -84,7 +84,7 @@ class Projection:
 
     def find(self, task_id: str) -> Path | None:
         rel = self.tracker.task_file(task_id)
-        if rel and (self.fcop.root / rel).is_file():
+        if rel and (self.fcop.root / rel).is_file() and Path(rel).name.startswith(f"{task_id}-"):
             return self.fcop.root / rel
         for directory in [self.fcop.stage_dir(s) for s in STAGES] + [self.fcop.root / "tasks"]:
             hits = sorted(directory.glob(f"{task_id}-*.md")) if directory.is_dir() else []

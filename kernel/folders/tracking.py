@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import PurePosixPath
 
 import sqlalchemy as sa
 
@@ -57,12 +58,14 @@ class FileTracker:
         return Tracked(row.rel, row.sha256, row.task_id, Origin(row.origin)) if row else None
 
     def task_file(self, task_id: str) -> str | None:
-        """The TASK file the kernel last placed (or took in) for ``task_id``."""
+        """The TASK file the kernel last placed (or took in) for ``task_id`` (matched by file name: reports
+        and reviews about the task are tracked under its id too)."""
         with self.db.read() as conn:
-            return conn.execute(sa.select(folder_files.c.rel).where(
-                folder_files.c.task_id == task_id, folder_files.c.rel.contains("TASK-"),
+            rels = conn.execute(sa.select(folder_files.c.rel).where(
+                folder_files.c.task_id == task_id,
                 folder_files.c.origin.in_([Origin.PROJECTED.value, Origin.INGESTED.value])
-            ).order_by(folder_files.c.updated_at.desc()).limit(1)).scalar()
+            ).order_by(folder_files.c.updated_at.desc())).scalars().all()
+        return next((rel for rel in rels if PurePosixPath(rel).name.startswith(f"{task_id}-")), None)
 
     def record(self, rel: str, sha256: str, task_id: str | None, origin: Origin, note: str | None = None,
                *, moved_from: str | None = None) -> None:

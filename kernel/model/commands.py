@@ -265,7 +265,8 @@ class Command(BaseModel):
         return {"type": self.type.value, "task_id": self.task_id,
                 "thread_key": canonical_thread_key(self.thread_key) if self.thread_key else None,
                 "principal": principal_id, "payload": self.payload,
-                "based_on_event": self.based_on_event, "permission_session": self.permission_session}
+                "based_on_event": self.based_on_event, "permission_session": self.permission_session,
+                "permission_as_of": self.permission_as_of}
 
 
 CommandStatus = Literal["accepted", "replayed", "rejected"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ from typing import Any
 from kernel.runners.config import RunnerSpec
 
 USAGE_KEYS = ("tokens_in", "tokens_out", "cost_usd")
+USAGE_LIMIT = 1e12  # anything larger (or negative, NaN, infinite) is not a usage figure
 
 
 @dataclass
@@ -37,7 +39,7 @@ def parse_usage(stdout: str) -> dict[str, Any]:
         except json.JSONDecodeError:
             continue
         found = obj.get("usage") if isinstance(obj.get("usage"), dict) else obj
-        picked = {k: found[k] for k in USAGE_KEYS if isinstance(found.get(k), int | float)}
+        picked = {k: found[k] for k in USAGE_KEYS if _plausible(found.get(k))}
         if picked:
             return picked
     return {}
@@ -50,7 +52,7 @@ def run_command(spec: RunnerSpec, placeholders: dict[str, str], env: dict[str, s
     log_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     try:
-        with open(log_dir / "stdout.log", "w+", encoding="utf-8") as out, \
+        with open(log_dir / "stdout.log", "w+", encoding="utf-8", errors="replace") as out, \
                 open(log_dir / "stderr.log", "w", encoding="utf-8") as err:
             proc = subprocess.Popen(argv, cwd=cwd, env={**os.environ, **spec.env, **env}, stdout=out, stderr=err,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
@@ -68,6 +70,11 @@ def run_command(spec: RunnerSpec, placeholders: dict[str, str], env: dict[str, s
     if code != 0:
         return Outcome(False, code, _ms(started), f"exit code {code}", usage)
     return Outcome(True, 0, _ms(started), None, usage, stdout.strip().splitlines()[-1][:200] if stdout.strip() else "")
+
+
+def _plausible(value: Any) -> bool:
+    return (isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+            and 0 <= value <= USAGE_LIMIT)
 
 
 def _ms(started: float) -> int:

@@ -17,7 +17,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from kernel.commands import EffectRule, TaskCommandKernel
-from kernel.credentials import issue_token
+from kernel.credentials import issue_token, revoke_token
 from kernel.goals import GoalService
 from kernel.logging import get_logger
 from kernel.model.principal import Principal
@@ -83,7 +83,14 @@ class Dispatcher:
     def run_due(self, limit: int = 10) -> int:
         ran = 0
         for run in self.ledger.claim_due(limit):
-            self._run(run)
+            try:
+                self._run(run)
+            except Exception as exc:  # noqa: BLE001 - a bug in one run must not starve the others
+                log.exception("run_failed_internally", run_id=run.run_id)
+                if run.attempt < run.max_attempts:
+                    self.ledger.retry_later(run, self.specs[run.role].backoff, f"internal error: {exc}", None)
+                else:
+                    self.ledger.block(run, f"internal error: {exc}")
             ran += 1
         return ran
 
@@ -109,9 +116,11 @@ class Dispatcher:
                 spec = self.specs.get(role)
                 if spec is None:
                     continue
-                run_id = f"{target['task_id']}:r{target['round']}:{purpose.value}:{payload['global_pos']}"
-                self.ledger.enqueue(uow, run_id, target["task_id"], target["round"], role, purpose,
-                                    spec.max_attempts)
+                # the round the event happened in, not the task's round now (a late relay must not
+                # turn two events of different rounds into two runs of the same round)
+                round_ = payload["round"] if target is doc else target["round"]
+                run_id = f"{target['task_id']}:r{round_}:{purpose.value}:{payload['global_pos']}"
+                self.ledger.enqueue(uow, run_id, target["task_id"], round_, role, purpose, spec.max_attempts)
 
     # -- running -----------------------------------------------------------------------------
     def _run(self, run: ClaimedRun) -> None:
@@ -166,18 +175,33 @@ class Dispatcher:
                "TASKKERNEL_TASK_FILE": str(task_file), "TASKKERNEL_WORKSPACE": str(self.workspace),
                "TASKKERNEL_DB": self.db.url, "TASKKERNEL_PURPOSE": run.purpose.value}
         log_dir = self.workspace / ".taskkernel" / "runs" / run.run_id.replace(":", "_") / f"attempt-{run.attempt}"
-        return run_command(spec, placeholders, env, self.workspace, log_dir)
+        try:
+            return run_command(spec, placeholders, env, self.workspace, log_dir)
+        finally:
+            revoke_token(self.db, token)  # the credential lives exactly as long as the run
 
     def _give_up(self, run: ClaimedRun, doc: dict[str, Any], reason: str) -> None:
-        self.ledger.block(run, reason)
-        if run.purpose is Purpose.EXECUTE and doc["state"] == "active":
-            # ADR-0002's report gate: the session is over and no done report came, so say so on the task.
-            principal = Principal(run.role, "coordinator", run.task_id, run.round)
-            self.kernel.submit({"type": "submit_report", "task_id": doc["task_id"], "thread_key": doc["thread_key"],
-                                "expected_revision": doc["revision"], "round": doc["round"],
-                                "idempotency_key": f"blocked:{run.run_id}",
-                                "payload": {"status": "blocked", "body": f"runner gave up: {reason}"}}, principal)
+        if not self.ledger.block(run, reason):
+            return  # our lease was lost: whoever holds the run now decides
         log.error("run_blocked", run_id=run.run_id, reason=reason)
+        if run.purpose is not Purpose.EXECUTE:
+            return
+        # ADR-0002's report gate: the session is over and no done report came, so say so on the task.
+        # The agent may have moved the task on before failing, so judge against the task as it is now.
+        principal = Principal(run.role, "coordinator", run.task_id, run.round)
+        for _ in range(5):
+            current = self.kernel.task(doc["task_id"])
+            if current is None or current["state"] != "active" or current["round"] != run.round:
+                return
+            result = self.kernel.submit({
+                "type": "submit_report", "task_id": current["task_id"], "thread_key": current["thread_key"],
+                "expected_revision": current["revision"], "round": current["round"],
+                "idempotency_key": f"blocked:{run.run_id}",
+                "payload": {"status": "blocked", "body": f"runner gave up: {reason}"}}, principal)
+            if result.reason != "stale_task_revision":
+                if not result.ok:
+                    log.error("blocked_report_refused", run_id=run.run_id, reason=result.reason)
+                return
 
     def _record_usage(self, run: ClaimedRun, doc: dict[str, Any], outcome: Outcome) -> None:
         u = outcome.usage

@@ -65,16 +65,23 @@ class _Payload(BaseModel):
 
 class TextPayload(_Payload):
     text: str
+    entity: str | None = Field(default=None, min_length=1)  # what the instruction is about (for the gate)
+    supersedes: list[str] | None = None  # input ids this instruction replaces
 
 
-class AnswerPayload(_Payload):
-    text: str
+class AnswerPayload(TextPayload):
     question_id: str | None = None
 
 
 class PermissionPayload(_Payload):
     permission: str = Field(min_length=1)
     scope: str = Field(min_length=1)
+    # optional, read by the execution gate: checked here so a malformed grant is refused at the door
+    principal: str | None = Field(default=None, min_length=1)
+    expires_seq: StrictInt | None = Field(default=None, ge=1)
+    single_use: StrictBool = False
+    revokes: str | None = Field(default=None, min_length=1)
+    supersedes: list[str] | None = None
 
 
 class ProgressPayload(_Payload):
@@ -98,6 +105,7 @@ class ObservationPayload(_Payload):
     entity: str = Field(min_length=1)
     key: str = Field(min_length=1)
     value: Any = None
+    supersedes: list[str] | None = None
 
 
 PAYLOAD_MODELS: dict[InputKind, type[_Payload]] = {

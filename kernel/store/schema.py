@@ -67,6 +67,7 @@ outbox = sa.Table(
     sa.Column("status", sa.Text, nullable=False, server_default="pending"),
     sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
     sa.Column("claimed_until", sa.Text),
+    sa.Column("claim_token", sa.Text),
     sa.Column("last_error", sa.Text),
     sa.Column("done_at", sa.Text),
     sa.Index("ix_outbox_status", "status", "source_pos"),
