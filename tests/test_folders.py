@@ -36,6 +36,23 @@ def task_file(ws: Path, name: str, sender: str = "ADMIN", recipient: str = "PM",
     return path
 
 
+NAME = "TASK-20261130-001-ADMIN-to-PM.md"
+
+
+def one_task_ingested(tmp_path: Path, roles: dict | None = None):  # type: ignore[no-untyped-def]
+    """A workspace whose coordinator has taken in one ADMIN->PM TASK file; returns (ws, coordinator, lifecycle)."""
+    ws = make_workspace(tmp_path / "ws", roles or {})
+    task_file(ws.root, NAME)
+    c = coordinator(ws)
+    c.run_once()
+    return ws, c, ws.root / "fcop" / "_lifecycle"
+
+
+def move(lifecycle: Path, src: str, dst: str) -> None:
+    shutil.move(lifecycle / src / NAME, lifecycle / dst / NAME)
+
+
+
 def test_a_task_file_flows_through_the_scripted_team(tmp_path: Path) -> None:
     ws = make_workspace(tmp_path / "ws", {"PM": SCRIPTED, "DEV": SCRIPTED, "QA": SCRIPTED})
     task_file(ws.root, "TASK-20261130-001-ADMIN-to-PM.md", subject="Ship it")
@@ -66,35 +83,23 @@ def test_rescans_and_restarts_never_duplicate(tmp_path: Path) -> None:
 
 
 def test_an_illegal_agent_move_is_moved_back_with_the_reason(tmp_path: Path) -> None:
-    ws = make_workspace(tmp_path / "ws", {})
-    task_file(ws.root, "TASK-20261130-001-ADMIN-to-PM.md")
-    c = coordinator(ws)
+    _, c, lifecycle = one_task_ingested(tmp_path)
+    move(lifecycle, "inbox", "done")  # inbox -> done: no such edge
     c.run_once()
-    lifecycle = ws.root / "fcop" / "_lifecycle"
-    shutil.move(lifecycle / "inbox" / "TASK-20261130-001-ADMIN-to-PM.md",
-                lifecycle / "done" / "TASK-20261130-001-ADMIN-to-PM.md")  # inbox -> done: no such edge
-    stats = c.run_once()
-    assert (lifecycle / "inbox" / "TASK-20261130-001-ADMIN-to-PM.md").is_file()
-    assert not (lifecycle / "done" / "TASK-20261130-001-ADMIN-to-PM.md").exists()
-    reason = (lifecycle / "inbox" / "TASK-20261130-001-ADMIN-to-PM.md.reason.md").read_text()
-    assert "illegal_transition" in reason
+    assert (lifecycle / "inbox" / NAME).is_file()
+    assert not (lifecycle / "done" / NAME).exists()
+    assert "illegal_transition" in (lifecycle / "inbox" / f"{NAME}.reason.md").read_text()
     assert c.kernel.task("TASK-20261130-001")["state"] == "inbox"
-    assert stats and c.folders is not None
 
 
 def test_a_legal_agent_move_becomes_the_command(tmp_path: Path) -> None:
-    ws = make_workspace(tmp_path / "ws", {})
-    task_file(ws.root, "TASK-20261130-001-ADMIN-to-PM.md")
-    c = coordinator(ws)
-    c.run_once()
-    lifecycle = ws.root / "fcop" / "_lifecycle"
-    shutil.move(lifecycle / "inbox" / "TASK-20261130-001-ADMIN-to-PM.md",
-                lifecycle / "active" / "TASK-20261130-001-ADMIN-to-PM.md")  # an MCP claim_task
+    _, c, lifecycle = one_task_ingested(tmp_path)
+    move(lifecycle, "inbox", "active")  # an MCP claim_task
     c.run_once()
     doc = c.kernel.task("TASK-20261130-001")
     assert (doc["state"], doc["round"]) == ("active", 1)
     assert c.kernel.history("TASK-20261130-001")[-1].data["by"] == "PM:fcop-file"
-    env = read_envelope(lifecycle / "active" / "TASK-20261130-001-ADMIN-to-PM.md")
+    env = read_envelope(lifecycle / "active" / NAME)
     assert env.transitions[-1].to == "active"  # type: ignore[union-attr]
 
 
@@ -212,20 +217,16 @@ def test_verify_finds_folder_drift_and_repairs_it(tmp_path: Path) -> None:
 
 
 def test_a_decision_cannot_be_made_by_moving_a_file(tmp_path: Path) -> None:
-    ws = make_workspace(tmp_path / "ws", {})
-    task_file(ws.root, "TASK-20261130-001-ADMIN-to-PM.md")
-    c = coordinator(ws)
-    c.run_once()
-    lifecycle = ws.root / "fcop" / "_lifecycle"
-    name = "TASK-20261130-001-ADMIN-to-PM.md"
-    shutil.move(lifecycle / "inbox" / name, lifecycle / "active" / name)  # the driver's claim: fine
+    ws, c, lifecycle = one_task_ingested(tmp_path)
+    name = NAME
+    move(lifecycle, "inbox", "active")  # the driver's claim: fine
     c.run_once()
     (ws.root / "fcop" / "reports" / "REPORT-20261130-001-PM-to-ADMIN.md").write_text(
         "---\nprotocol: fcop\nversion: 1\nsender: PM\nrecipient: ADMIN\nreferences:\n- TASK-20261130-001\n"
         "status: done\n---\nDone.\n", encoding="utf-8")
     c.run_once()
     assert c.kernel.task("TASK-20261130-001")["state"] == "review"
-    shutil.move(lifecycle / "review" / name, lifecycle / "done" / name)  # an "approval" by hand
+    move(lifecycle, "review", "done")  # an "approval" by hand
     c.run_once()
     assert c.kernel.task("TASK-20261130-001")["state"] == "review"
     assert (lifecycle / "review" / name).is_file()
