@@ -67,6 +67,7 @@ class PassStats:
 
 
 Stage = Callable[[], int]
+_CORE_FIELDS = {"dispatch": "dispatched", "wakes": "wakes", "runs": "runs"}  # stage -> PassStats field
 
 
 class Coordinator:
@@ -121,12 +122,8 @@ class Coordinator:
                 log.exception("coordinator_stage_failed", stage=name)
                 stats.failures += 1
                 continue
-            if name == "dispatch":
-                stats.dispatched = done
-            elif name == "wakes":
-                stats.wakes = done
-            elif name == "runs":
-                stats.runs = done
+            if name in _CORE_FIELDS:
+                setattr(stats, _CORE_FIELDS[name], done)
             else:
                 stats.extra[name] = done
         return stats

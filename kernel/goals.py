@@ -181,9 +181,8 @@ class GoalService:
         return bool(res.rowcount)
 
     def _event(self, uow: UnitOfWork, goal_id: str, event_type: str, data: dict[str, Any]) -> None:
-        stream = f"goal:{goal_id}"
-        self.store.append(uow, stream, self.store.stream_version(uow, stream), [NewEvent(event_type, data)],
-                          {"actor": "kernel", "role": "SYSTEM", "recorded_at": utc_now_iso()})
+        self.store.append_at_head(uow, f"goal:{goal_id}", [NewEvent(event_type, data)],
+                                  {"actor": "kernel", "role": "SYSTEM", "recorded_at": utc_now_iso()})
 
     @staticmethod
     def _spent(conn: Any, root_task: str, since: str) -> Spent:

@@ -45,10 +45,13 @@ class HumanGrantGuard:
         # The grant must hold now; a cutoff named by the command can only add a condition (it must also
         # have held then), never bring back a grant that was revoked since.
         cutoffs = [None] if cmd.permission_as_of is None else [None, cmd.permission_as_of]
+        records = self.log.records(session, uow.conn)  # read once, judged at each cutoff
+        by_id = {r.input_id: r for r in records}
         why = None
         for as_of in cutoffs:
-            decision = self.log.permission_decision(session, cmd.type.value, scope, as_of=as_of, conn=uow.conn)
-            if decision.decision == "allow" and not self._from_a_human(uow, session, decision.input_id):
+            decision = self.log.permission_decision(session, cmd.type.value, scope, as_of=as_of, records=records)
+            grant = by_id.get(decision.input_id or "")
+            if decision.decision == "allow" and (grant is None or (grant.accepted_by or "").split(":", 1)[0] != ADMIN):
                 why = f"grant {decision.input_id} was not accepted from ADMIN (a human)"
             elif decision.decision != "allow":
                 why = decision.reason or (f"revoked by {decision.input_id} at sequence {decision.seq}"
@@ -62,7 +65,3 @@ class HumanGrantGuard:
                               f"{cmd.type.value} on a {doc['risk_level']}-risk task needs a current "
                               f"'{cmd.type.value}' grant for {scope} in session {session!r} as of {cutoff}: "
                               f"{why}")
-
-    def _from_a_human(self, uow: UnitOfWork, session: str, input_id: str | None) -> bool:
-        rec = next((r for r in self.log.records(session, uow.conn) if r.input_id == input_id), None)
-        return rec is not None and (rec.accepted_by or "").split(":", 1)[0] == ADMIN

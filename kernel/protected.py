@@ -118,10 +118,9 @@ class GateGuard:
         verdict = evaluate(TraceIndex.from_events(trace), action)
         record = {**verdict.as_event(), "task_id": doc["task_id"], "round": doc["round"], "session": session,
                   "session_head_seq": head, "plan_seq": plan_seq, "by": principal.id}
-        stream = f"gate:{doc['task_id']}"
-        self.store.append(uow, stream, self.store.stream_version(uow, stream), [NewEvent("gate_decision", record)],
-                          {"actor": principal.agent, "role": principal.role, "command_id": cmd.idempotency_key,
-                           "command_type": cmd.type.value})
+        self.store.append_at_head(uow, f"gate:{doc['task_id']}", [NewEvent("gate_decision", record)],
+                                  {"actor": principal.agent, "role": principal.role,
+                                   "command_id": cmd.idempotency_key, "command_type": cmd.type.value})
         if verdict.status is not GateStatus.PASS:
             first = verdict.reasons[0]
             code = (ReasonCode.GATE_BLOCKED if verdict.status is GateStatus.BLOCK

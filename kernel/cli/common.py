@@ -7,7 +7,6 @@ import os
 import sys
 from dataclasses import dataclass, field
 from enum import IntEnum
-from pathlib import Path
 from typing import Any, NoReturn
 
 import typer
@@ -72,11 +71,14 @@ class CliContext:
             self._db.create_schema(kernel_metadata)
         return self._db
 
-    def workspace_root(self) -> Path | None:
-        try:
-            return Workspace.locate(self.workspace_path).root
-        except WorkspaceNotFound:
-            return None
+    def optional_workspace(self) -> Workspace | None:
+        """The workspace if there is one (commands given only --db may run without)."""
+        if self._workspace is None:
+            try:
+                self._workspace = Workspace.locate(self.workspace_path)
+            except WorkspaceNotFound:
+                return None
+        return self._workspace
 
 
 def get_ctx(ctx: typer.Context) -> CliContext:

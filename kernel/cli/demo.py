@@ -16,7 +16,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from kernel.cli.common import Exit, emit, get_ctx, stderr
+from kernel.cli.common import Exit, emit, stderr
 from kernel.coordinator import Coordinator
 from kernel.model.commands import CommandResult
 from kernel.model.principal import LOCAL_OWNER, Principal
@@ -79,14 +79,13 @@ class _Demo:
         stderr.print(f"  {what:<28} {detail}")
 
 
-def demo(ctx: typer.Context, directory: Path = typer.Option(None, "--dir", help="Workspace directory to use.")
+def demo(directory: Path = typer.Option(None, "--dir", help="Workspace directory to use.")
          ) -> None:
     """Run the coordinator demo on a fresh dev-team workspace (embedded SQLite, scripted agents, no network)."""
     root = directory or Path(tempfile.mkdtemp(prefix="taskkernel-demo-"))
     init_workspace(root, "dev-team")
     (root / "taskkernel.toml").write_text(DEMO_TOML, encoding="utf-8")
     ws = Workspace.load(root)
-    get_ctx(ctx).workspace_path = str(ws.root)
     c = Coordinator(ws, Database(ws.database_url, ws.durability), owner="demo", settle_s=0, grace_s=0)
     d = _Demo(c)
 

@@ -15,7 +15,7 @@ from kernel.cli.common import Exit, emit, fail, get_ctx, stderr
 from kernel.cli.wiring import build_kernel, principal_of
 from kernel.commands import TaskCommandKernel
 from kernel.credentials import issue_token
-from kernel.store.events import EventStore, RecordedEvent
+from kernel.store.events import RecordedEvent
 from kernel.store.schema import tasks as tasks_table
 from kernel.verify import VerifyReport
 from kernel.verify import verify as verify_store
@@ -129,8 +129,9 @@ def task_list(ctx: typer.Context, state: str = typer.Option(None, "--state", hel
 def log(ctx: typer.Context, stream: str = typer.Option(None, "--stream", help="Only this stream, e.g. task:ID."),
         from_pos: int = typer.Option(1, "--from", help="First global position.")) -> None:
     """Events as JSON lines, in global (commit) order."""
-    store = EventStore(build_kernel(get_ctx(ctx)).store.upcasters)
-    with get_ctx(ctx).database().read() as conn:
+    kernel = build_kernel(get_ctx(ctx))
+    store = kernel.store
+    with kernel.db.read() as conn:
         events = store.read_stream(conn, stream) if stream else store.read_all(conn, from_pos)
         for ev in events:
             if ev.global_pos >= from_pos:
@@ -165,9 +166,9 @@ def verify(ctx: typer.Context, repair: bool = typer.Option(False, "--repair",
     c = get_ctx(ctx)
     kernel = build_kernel(c)
     report = verify_store(kernel.db, kernel.store, repair=repair)
-    root = c.workspace_root()
-    if root is not None and (root / "fcop").is_dir() and report.ok:
-        _verify_folders(kernel, root, report, repair)
+    ws = c.optional_workspace()
+    if ws is not None and ws.fcop_dir.is_dir() and report.ok:
+        _verify_folders(kernel, ws.root, report, repair)
     emit(report.as_json())
     if report.ok:
         stderr.print(f"[green]verified[/green] {report.events} events, {report.tasks} tasks"

@@ -10,8 +10,7 @@ from kernel.model.principal import Principal
 
 
 def build_kernel(ctx: CliContext) -> TaskCommandKernel:
-    root = ctx.workspace_root()
-    return build_workspace_kernel(ctx.database(), ctx.workspace() if root else None)
+    return build_workspace_kernel(ctx.database(), ctx.optional_workspace())
 
 
 def principal_of(ctx: CliContext) -> Principal | None:

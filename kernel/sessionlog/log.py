@@ -202,14 +202,16 @@ class SessionLog:
 
     def permission_decision(
         self, session: str, permission: str, scope: str, as_of: int | None = None, conn: Connection | None = None,
+        records: Sequence[Rec] | None = None,
     ) -> PermissionDecision:
         """allow/deny for one permission and scope at the current sequence (or as of ``as_of``).
 
         Pass the caller's ``conn`` to decide inside its own transaction, so the cutoff is the
-        sequence visible to the command being checked. A log that does not replay as ``known``
-        denies (fail closed) and says why.
+        sequence visible to the command being checked (or hand in ``records`` already read from it).
+        A log that does not replay as ``known`` denies (fail closed) and says why.
         """
-        result = replay(self.records(session, conn), as_of=as_of, reducer="permission")
+        result = replay(self.records(session, conn) if records is None else records, as_of=as_of,
+                        reducer="permission")
         if not result.known:
             return PermissionDecision("deny", None, None, result.reason)
         decision, seq, input_id = PermissionReducer.lookup(result.state, permission, scope)

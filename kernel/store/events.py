@@ -131,6 +131,13 @@ class EventStore:
         uow.cache["chain_head"] = (pos, prev)
         return out
 
+    def append_at_head(self, uow: UnitOfWork, stream_id: str, new_events: Sequence[NewEvent],
+                       meta: dict[str, Any]) -> list[RecordedEvent]:
+        """Append after whatever the stream holds now (for streams with a single writer under the lock,
+        such as goal and gate records, where no caller-held version needs checking)."""
+        head = self.stream_version(uow, stream_id)
+        return self.append(uow, stream_id, head, new_events, meta, verified_version=True)
+
     def _chain_head(self, uow: UnitOfWork) -> tuple[int, str]:
         head = uow.cache.get("chain_head")
         if head is None:
