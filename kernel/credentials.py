@@ -1,17 +1,25 @@
-"""Credentials: opaque bearer tokens mapped to a principal. Only a SHA-256 of each token is stored."""
+"""Credentials: opaque bearer tokens mapped to a principal. Only a SHA-256 of each token is stored.
+
+A token is checked for shape before it is looked up: an empty or malformed value is an error,
+never "no credential" (an agent that blanks its variable must not become the owner).
+"""
 
 from __future__ import annotations
 
+import re
 import secrets
 
 import sqlalchemy as sa
 
 from kernel.canonical import sha256_hex, utc_now_iso
-from kernel.model.principal import LOCAL_OWNER, Principal
+from kernel.model.principal import Principal
+from kernel.reasons import KernelError, ReasonCode
 from kernel.store.db import Database
 from kernel.store.schema import credentials
 
 TOKEN_PREFIX = "tk_"
+_TOKEN_SHAPE = re.compile(r"tk_[A-Za-z0-9_-]{20,128}")
+STALE_LEASE = "stale_lease"  # revoked_reason of a run token whose lease was fenced out
 
 
 def issue_token(db: Database, role: str, agent: str | None = None, *, task_id: str | None = None,
@@ -25,22 +33,50 @@ def issue_token(db: Database, role: str, agent: str | None = None, *, task_id: s
     return token
 
 
+def token_hash(token: str) -> str:
+    return sha256_hex(token)
+
+
 def revoke_token(db: Database, token: str) -> bool:
+    return revoke_hash(db, token_hash(token))
+
+
+def revoke_hash(db: Database, hashed: str, reason: str | None = None) -> bool:
+    """Revoke by stored hash (the run ledger keeps only the hash of a run's token)."""
     with db.write() as uow:
         res = uow.conn.execute(credentials.update().where(
-            credentials.c.token_hash == sha256_hex(token), credentials.c.revoked_at.is_(None)
-        ).values(revoked_at=utc_now_iso()))
+            credentials.c.token_hash == hashed, credentials.c.revoked_at.is_(None)
+        ).values(revoked_at=utc_now_iso(), revoked_reason=reason))
         return bool(res.rowcount)
 
 
-def resolve_principal(db: Database, token: str | None) -> Principal | None:
-    """No token: the workspace's local owner (ADMIN). Unknown or revoked token: None (unverified)."""
-    if not token:
-        return LOCAL_OWNER
+def well_formed(token: str) -> bool:
+    return bool(_TOKEN_SHAPE.fullmatch(token))
+
+
+def authenticate(db: Database, token: str) -> Principal:
+    """The principal a token stands for, or ``KernelError``: ``actor_unverified`` for an empty, malformed,
+    unknown or revoked token, ``stale_lease`` for a run token the coordinator fenced out."""
+    if not well_formed(token):
+        raise KernelError(ReasonCode.ACTOR_UNVERIFIED,
+                          "malformed credential: a token is 'tk_' followed by 20-128 URL-safe characters")
     with db.read() as conn:
         row = conn.execute(sa.select(credentials.c.role, credentials.c.agent, credentials.c.task_id,
-                                     credentials.c.round, credentials.c.revoked_at)
-                           .where(credentials.c.token_hash == sha256_hex(token))).first()
-    if row is None or row.revoked_at is not None:
-        return None
+                                     credentials.c.round, credentials.c.revoked_at, credentials.c.revoked_reason)
+                           .where(credentials.c.token_hash == token_hash(token))).first()
+    if row is None:
+        raise KernelError(ReasonCode.ACTOR_UNVERIFIED, "unknown credential")
+    if row.revoked_at is not None:
+        if row.revoked_reason == STALE_LEASE:
+            raise KernelError(ReasonCode.STALE_LEASE,
+                              "this run's lease was taken over; its credential no longer acts")
+        raise KernelError(ReasonCode.ACTOR_UNVERIFIED, "revoked credential")
     return Principal(row.role, row.agent, row.task_id, row.round)
+
+
+def resolve_principal(db: Database, token: str) -> Principal | None:
+    """Like ``authenticate`` but answering None for any credential that does not stand for a principal."""
+    try:
+        return authenticate(db, token)
+    except KernelError:
+        return None

@@ -12,7 +12,9 @@ from enum import StrEnum
 class ReasonCode(StrEnum):
     # TaskCommandKernel, in the order the checks run
     INVALID_COMMAND = "invalid_command"
+    INVALID_TASK_ID = "invalid_task_id"  # a task id out of the FCoP pattern or range (shape check)
     ACTOR_UNVERIFIED = "actor_unverified"
+    STALE_LEASE = "stale_lease"  # a run's credential after its lease was fenced out (revoked by the coordinator)
     IDEMPOTENCY_CONFLICT = "idempotency_conflict"
     TASK_NOT_FOUND = "task_not_found"
     TASK_EXISTS = "task_exists"

@@ -14,10 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from kernel.canonical import utc_now_iso
+from kernel.private import private_dir, write_private
 
 CONFIG_NAME = "taskkernel.toml"
 STATE_DIR = ".taskkernel"
 DB_NAME = "kernel.db"
+OWNER_TOKEN_NAME = "owner.token"  # the owner's credential (0600), read by the owner's CLI
+CHAIN_KEY_NAME = "chain.key"  # HMAC key of the event hash chain (0600); back it up with the database
 LIFECYCLE_STAGES = ("inbox", "active", "review", "done", "archive")
 
 TEAM_PRESETS: dict[str, dict[str, Any]] = {
@@ -36,6 +39,9 @@ DEFAULT_TOML = """\
 [kernel]
 # "full": fsync every commit (survives kill -9 and power loss); "process": survives kill -9 only.
 durability = "full"
+# No token means no authority: the owner's CLI reads its credential from .taskkernel/owner.token (0600);
+# agents get only their run's scoped token (docs/security.md).
+require_token = true
 # database = "postgresql+psycopg://user@host/db"   # default: .taskkernel/kernel.db (SQLite, WAL)
 """
 
@@ -79,6 +85,20 @@ class Workspace:
         return str(self.config.get("kernel", {}).get("database") or f"sqlite:///{self.sqlite_path}")
 
     @property
+    def require_token(self) -> bool:
+        """New workspaces say true; a workspace written before the setting existed keeps the old
+        meaning (no token = the local owner) until its owner turns it on."""
+        return bool(self.config.get("kernel", {}).get("require_token", False))
+
+    @property
+    def owner_token_path(self) -> Path:
+        return self.state_dir / OWNER_TOKEN_NAME
+
+    @property
+    def chain_key_path(self) -> Path:
+        return self.state_dir / CHAIN_KEY_NAME
+
+    @property
     def durability(self) -> str:
         return str(self.config.get("kernel", {}).get("durability", "full"))
 
@@ -111,7 +131,7 @@ def init_workspace(root: Path, team: str = "dev-team") -> Workspace:
     if team not in TEAM_PRESETS:
         raise ValueError(f"unknown team preset {team!r}; choose one of {', '.join(TEAM_PRESETS)}")
     root.mkdir(parents=True, exist_ok=True)
-    (root / STATE_DIR).mkdir(exist_ok=True)
+    private_dir(root / STATE_DIR)
     fcop = root / "fcop"
     for stage in LIFECYCLE_STAGES:
         (fcop / "_lifecycle" / stage).mkdir(parents=True, exist_ok=True)
@@ -124,5 +144,5 @@ def init_workspace(root: Path, team: str = "dev-team") -> Workspace:
         fcop_json.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     config = root / CONFIG_NAME
     if not config.exists():
-        config.write_text(DEFAULT_TOML, encoding="utf-8")
+        write_private(config, DEFAULT_TOML.encode("utf-8"))  # may come to hold a database password
     return Workspace.load(root)

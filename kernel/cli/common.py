@@ -11,7 +11,12 @@ from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
+from kernel.credentials import authenticate
+from kernel.model.principal import LOCAL_OWNER, Principal
+from kernel.private import read_private
+from kernel.reasons import KernelError, ReasonCode
 from kernel.store.db import Database
 from kernel.store.schema import metadata as kernel_metadata
 from kernel.workspace import Workspace, WorkspaceNotFound
@@ -39,6 +44,13 @@ def fail(code: Exit, message: str, **extra: Any) -> NoReturn:
     emit({"status": "error", "code": code.name.lower(), "message": message, **extra})
     stderr.print(f"[red]error:[/red] {message}")
     raise typer.Exit(int(code))
+
+
+def reject(reason: str, message: str, **extra: Any) -> NoReturn:
+    """A refusal the caller can act on: JSON with the reason code on stdout, exit 2."""
+    emit({"status": "rejected", "reason": reason, "message": message, **extra})
+    stderr.print(f"[red]rejected[/red] {escape(reason)}: {escape(message)}")
+    raise typer.Exit(int(Exit.REJECTED))
 
 
 @dataclass
@@ -70,6 +82,44 @@ class CliContext:
             self._db = Database(url, durability)
             self._db.create_schema(kernel_metadata)
         return self._db
+
+    def try_principal(self) -> Principal | KernelError:
+        """Who is calling (docs/security.md), or why the credential stands for nobody. A token given
+        (--token or TASKKERNEL_TOKEN, even empty) must be a live credential. Without one: in a workspace
+        with ``require_token`` the owner's credential file is read; in an older workspace, or with only
+        --db (whoever holds the database URL holds the database), the caller is the local owner."""
+        token = self.token
+        if token is None and "TASKKERNEL_TOKEN" in os.environ:
+            token = os.environ["TASKKERNEL_TOKEN"]  # set but empty: an error, never the owner
+        if token is None:
+            ws = self.optional_workspace()
+            if ws is None or not ws.require_token:
+                return LOCAL_OWNER
+            try:
+                token = read_private(ws.owner_token_path).decode("ascii").strip()
+            except (OSError, UnicodeDecodeError):
+                return KernelError(ReasonCode.ACTOR_UNVERIFIED,
+                                   f"no credential: pass --token or TASKKERNEL_TOKEN (the owner's is in "
+                                   f"{ws.owner_token_path}, readable only by the workspace owner)")
+        try:
+            return authenticate(self.database(), token)
+        except KernelError as exc:
+            return exc
+
+    def principal(self) -> Principal:
+        """The caller's principal; an unverified credential ends the command with its refusal (exit 2)."""
+        found = self.try_principal()
+        if isinstance(found, KernelError):
+            reject(found.reason.value, found.message)
+        return found
+
+    def require_admin(self, what: str) -> Principal:
+        """The caller, if it holds an unscoped ADMIN credential; else a ``role_not_authorized`` refusal."""
+        principal = self.principal()
+        if not principal.is_admin or principal.task_id is not None:
+            reject(ReasonCode.ROLE_NOT_AUTHORIZED.value,
+                   f"{what} needs the workspace owner's or an unscoped ADMIN credential (caller: {principal.id})")
+        return principal
 
     def optional_workspace(self) -> Workspace | None:
         """The workspace if there is one (commands given only --db may run without)."""

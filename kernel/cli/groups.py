@@ -6,11 +6,12 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
-    from kernel.cli import demo, gate, goal, kernel_cmds, schedule, session, up, usage
+    from kernel.cli import demo, gate, goal, kernel_cmds, schedule, session, up, usage, verify
 
     kernel_cmds.register(app)
     app.command("demo")(demo.demo)
     app.command("up")(up.up)
+    app.command("verify")(verify.verify)
     app.command("usage")(usage.usage)
     app.add_typer(goal.app, name="goal")
     app.add_typer(session.app, name="session")

@@ -1,4 +1,4 @@
-"""Kernel commands: init, token, submit, task, log, verify."""
+"""Kernel commands: init, token, submit, task, log."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ import typer
 from rich.table import Table
 
 from kernel.cli.common import Exit, emit, fail, get_ctx, stderr
-from kernel.cli.wiring import build_kernel, principal_of
-from kernel.commands import TaskCommandKernel
+from kernel.cli.wiring import build_kernel
 from kernel.credentials import issue_token
+from kernel.model.principal import ADMIN
+from kernel.private import write_private
+from kernel.reasons import KernelError, ReasonCode
 from kernel.store.events import RecordedEvent
 from kernel.store.schema import tasks as tasks_table
-from kernel.verify import VerifyReport
-from kernel.verify import verify as verify_store
 from kernel.workspace import TEAM_PRESETS, init_workspace
 
 task_app = typer.Typer(no_args_is_help=True, help="Inspect tasks.")
@@ -29,7 +29,6 @@ def register(app: typer.Typer) -> None:
     app.command("init")(init)
     app.command("submit")(submit)
     app.command("log")(log)
-    app.command("verify")(verify)
     app.add_typer(task_app, name="task")
     app.add_typer(token_app, name="token")
 
@@ -39,10 +38,15 @@ def init(ctx: typer.Context, directory: Path = typer.Argument(Path("."), help="W
     """Create the workspace: .taskkernel/kernel.db, taskkernel.toml and the FCoP folders."""
     if team not in TEAM_PRESETS:
         fail(Exit.USAGE, f"unknown team preset {team!r}; choose one of {', '.join(TEAM_PRESETS)}")
-    ws = init_workspace(directory, team)
+    try:
+        ws = init_workspace(directory, team)
+    except OSError as exc:
+        fail(Exit.INTERNAL, f"cannot create the workspace at {directory}: {exc}")
     c = get_ctx(ctx)
     c.workspace_path = str(ws.root)
     c.database()
+    if ws.require_token and not ws.owner_token_path.exists():
+        write_private(ws.owner_token_path, (issue_token(c.database(), ADMIN, "owner") + "\n").encode("ascii"))
     emit({"status": "ok", "workspace": str(ws.root), "database": c.database().url, "team": team})
     stderr.print(f"[green]workspace ready[/green] at {ws.root} (team {team})")
 
@@ -57,11 +61,7 @@ def token_issue(ctx: typer.Context, role: str = typer.Argument(..., help="Role c
     if round_ is not None and task is None:
         fail(Exit.USAGE, "--round needs --task")
     c = get_ctx(ctx)
-    caller = principal_of(c)
-    if caller is None or not caller.is_admin or caller.task_id is not None:
-        emit({"status": "rejected", "reason": "role_not_authorized",
-              "message": "only the workspace owner (no token) or an unscoped ADMIN credential may issue credentials"})
-        raise typer.Exit(int(Exit.REJECTED))
+    c.require_admin("issuing credentials")
     token = issue_token(c.database(), role.upper(), agent, task_id=task, round=round_)
     sys.stdout.write(token + "\n")
 
@@ -77,7 +77,13 @@ def submit(ctx: typer.Context, source: str = typer.Argument("-", metavar="[FILE|
     c = get_ctx(ctx)
     kernel = build_kernel(c)
     command = raw if isinstance(raw, dict) else {"type": None, "payload": raw}
-    result = kernel.submit(command, principal_of(c))
+    caller = c.try_principal()
+    if isinstance(caller, KernelError):  # the shape is still judged first: a malformed command says so
+        result = kernel.submit(command, None)
+        if result.reason == ReasonCode.ACTOR_UNVERIFIED.value:
+            result = result.model_copy(update={"reason": caller.reason.value, "message": caller.message})
+    else:
+        result = kernel.submit(command, caller)
     emit(result.wire())
     colour = {"accepted": "green", "replayed": "cyan", "rejected": "red"}[result.status]
     stderr.print(f"[{colour}]{result.status}[/{colour}] {result.reason or ''} {result.message}")
@@ -136,43 +142,3 @@ def log(ctx: typer.Context, stream: str = typer.Option(None, "--stream", help="O
         for ev in events:
             if ev.global_pos >= from_pos:
                 sys.stdout.write(json.dumps(_event_json(ev), ensure_ascii=False) + "\n")
-
-
-def _verify_folders(kernel: TaskCommandKernel, root: Path, report: VerifyReport, repair: bool) -> None:
-    """The folders are a projection too: each task's TASK file must sit in the stage the log says."""
-    from kernel.fcop import FcopError, open_workspace
-    from kernel.folders.check import check_folders, repair_folders
-    from kernel.folders.projection import Projection
-    from kernel.folders.tracking import FileTracker
-
-    try:
-        projection = Projection(kernel, open_workspace(root, allow_mixed=True), FileTracker(kernel.db))
-    except FcopError as exc:
-        report.problems.append({"kind": "folder", "position": 0, "detail": str(exc)})
-        return
-    drifts = check_folders(projection)
-    if drifts and repair:
-        report.repaired += repair_folders(projection, drifts)
-        drifts = check_folders(projection)
-    report.problems.extend({"kind": "folder", "position": d.position, "task_id": d.task_id, "detail": d.detail}
-                           for d in drifts)
-    report.problems.sort(key=lambda p: p["position"])
-
-
-def verify(ctx: typer.Context, repair: bool = typer.Option(False, "--repair",
-                                                          help="Rebuild drifted projections from events.")) -> None:
-    """Check the hash chain, every read model and the task folders against the events; exit 2 at the first
-    break. --repair rebuilds drifted read models and moves drifted TASK files back where the log says."""
-    c = get_ctx(ctx)
-    kernel = build_kernel(c)
-    report = verify_store(kernel.db, kernel.store, repair=repair)
-    ws = c.optional_workspace()
-    if ws is not None and ws.fcop_dir.is_dir() and report.ok:
-        _verify_folders(kernel, ws.root, report, repair)
-    emit(report.as_json())
-    if report.ok:
-        stderr.print(f"[green]verified[/green] {report.events} events, {report.tasks} tasks"
-                     + (f", repaired {report.repaired}" if report.repaired else ""))
-        return
-    stderr.print(f"[red]broken[/red] at position {report.first_broken_position}: {report.problems[0]['detail']}")
-    raise typer.Exit(int(Exit.REJECTED))

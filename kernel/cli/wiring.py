@@ -5,7 +5,6 @@ from __future__ import annotations
 from kernel.cli.common import CliContext
 from kernel.commands import TaskCommandKernel
 from kernel.coordinator import build_kernel as build_workspace_kernel
-from kernel.credentials import resolve_principal
 from kernel.model.principal import Principal
 
 
@@ -13,5 +12,6 @@ def build_kernel(ctx: CliContext) -> TaskCommandKernel:
     return build_workspace_kernel(ctx.database(), ctx.optional_workspace())
 
 
-def principal_of(ctx: CliContext) -> Principal | None:
-    return resolve_principal(ctx.database(), ctx.token)
+def principal_of(ctx: CliContext) -> Principal:
+    """The caller's principal; an unverified credential ends the command with its refusal."""
+    return ctx.principal()

@@ -83,6 +83,8 @@ credentials = sa.Table(
     sa.Column("round", sa.Integer),
     sa.Column("issued_at", sa.Text, nullable=False),
     sa.Column("revoked_at", sa.Text),
+    # why it was revoked: "stale_lease" when the coordinator fenced out the run that held it
+    sa.Column("revoked_reason", sa.Text),
 )
 
 # Named gapless counters (task id allocation per day), bumped inside the write transaction.
