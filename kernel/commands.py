@@ -95,6 +95,16 @@ _SET_COUNTER = "UPDATE counters SET value = ? WHERE name = ?"
 _NEW_COUNTER = "INSERT INTO counters (name, value) VALUES (?, ?)"
 
 
+# Idempotency keys the adapters derive (folder files, schedules, runs, dispatch): an external caller may not
+# use them, or an agent could occupy the key of a command the coordinator will submit later.
+RESERVED_KEY_PREFIXES = ("file:", "schedule:", "sched:", "run:", "dispatch:", "blocked:")
+
+
+def receipt_key(principal: Principal, idempotency_key: str) -> str:
+    """Receipts are scoped to the principal: one caller can never occupy (or replay) another's key."""
+    return f"{principal.id}\x1f{idempotency_key}"
+
+
 def task_stream(task_id: str) -> str:
     return f"task:{task_id}"
 
@@ -109,18 +119,20 @@ class TaskCommandKernel:
         self.guards = list(guards)
 
     # -- public API ------------------------------------------------------------------------
-    def submit(self, command: Mapping[str, Any] | Command, principal: Principal | None) -> CommandResult:
-        """Judge and, if eligible, apply one command. The result is returned only after commit."""
-        return self.submit_batch([(command, principal)])[0]
+    def submit(self, command: Mapping[str, Any] | Command, principal: Principal | None, *,
+               external: bool = False) -> CommandResult:
+        """Judge and, if eligible, apply one command. The result is returned only after commit.
+        ``external``: it came from outside the process (CLI, MCP), so adapter key prefixes are refused."""
+        return self.submit_batch([(command, principal)], external=external)[0]
 
-    def submit_batch(self, items: Sequence[tuple[Mapping[str, Any] | Command, Principal | None]]
-                     ) -> list[CommandResult]:
+    def submit_batch(self, items: Sequence[tuple[Mapping[str, Any] | Command, Principal | None]], *,
+                     external: bool = False) -> list[CommandResult]:
         """Judge commands in order inside one write transaction (group commit: one fsync).
 
         Each command sees the effects of the ones before it. If the transaction fails, nothing of the
         batch is kept and the error propagates; the caller retries each command on its own.
         """
-        parsed = [self._parse(c) for c, _ in items]
+        parsed = [self._parse(c, external) for c, _ in items]
         with self.db.write() as uow:
             return [self._judge(uow, p, principal) for p, (_, principal) in zip(parsed, items, strict=True)]
 
@@ -139,11 +151,15 @@ class TaskCommandKernel:
             return self.store.read_stream(conn, task_stream(task_id))
 
     # -- pipeline ----------------------------------------------------------------------------
-    def _parse(self, raw: Mapping[str, Any] | Command) -> Command | CommandResult:
+    def _parse(self, raw: Mapping[str, Any] | Command, external: bool = False) -> Command | CommandResult:
         """Check 1, outside the transaction: shape of the envelope and of the payload."""
         try:
             cmd = raw if isinstance(raw, Command) else Command.model_validate(raw)
             cmd.validated_payload()
+            if external and cmd.idempotency_key.startswith(RESERVED_KEY_PREFIXES):
+                prefix = cmd.idempotency_key.split(":", 1)[0]
+                return _rejected(R.INVALID_COMMAND, f"idempotency keys starting with {prefix + ':'!r} are reserved "
+                                 "to the coordinator's adapters; choose another key", raw)
             return cmd
         except ValidationError as exc:
             return _rejected(R.INVALID_COMMAND, _describe(exc), raw)
@@ -167,7 +183,7 @@ class TaskCommandKernel:
         payload = cmd.validated_payload()
         principal = self._check_principal(cmd, payload, principal)
         semantic = digest(cmd.semantic_view(principal.id))
-        stored = self._check_receipt(uow, cmd, semantic)
+        stored = self._check_receipt(uow, cmd, principal, semantic)
         if stored is not None:
             return stored
         doc = self._check_identity(uow, cmd, payload)
@@ -192,8 +208,9 @@ class TaskCommandKernel:
                               f"sender {payload.sender} does not match the credential's role {principal.role}")
         return principal
 
-    def _check_receipt(self, uow: UnitOfWork, cmd: Command, semantic: str) -> CommandResult | None:
-        row = uow.sql(_GET_RECEIPT, (cmd.idempotency_key,)).fetchone()
+    def _check_receipt(self, uow: UnitOfWork, cmd: Command, principal: Principal, semantic: str
+                       ) -> CommandResult | None:
+        row = uow.sql(_GET_RECEIPT, (receipt_key(principal, cmd.idempotency_key),)).fetchone()
         if row is None:
             return None
         if row[0] != semantic:
@@ -371,7 +388,7 @@ class TaskCommandKernel:
         result = CommandResult.model_construct(  # built from trusted values: no validation on the hot path
             reason=None, status="accepted", message=_accepted_message(cmd.type, new_doc), task_id=task_id,
             revision=new_doc["revision"], round=new_doc["round"], events=[e.global_pos for e in recorded])
-        uow.sql(_INSERT_RECEIPT, (cmd.idempotency_key, cmd.type.value, semantic, principal.id, task_id,
+        uow.sql(_INSERT_RECEIPT, (receipt_key(principal, cmd.idempotency_key), cmd.type.value, semantic, principal.id, task_id,
                                   canonical_json(result.wire()), recorded[0].global_pos, ev.global_pos, now))
         self._write_outbox(uow, recorded, new_doc)
         return result

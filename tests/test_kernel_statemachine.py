@@ -49,7 +49,8 @@ class KernelMachine(RuleBasedStateMachine):
         self._tmp = tempfile.TemporaryDirectory()
         self.h = Harness(Database(f"sqlite:///{Path(self._tmp.name) / 'k.db'}", durability="process"))
         self.tasks: dict[str, ModelTask] = {}
-        self.receipts: dict[str, tuple[Any, dict[str, Any], str]] = {}
+        # receipts are scoped to the principal: (who, key) -> the command first submitted under it
+        self.receipts: dict[tuple[str, str], tuple[Any, dict[str, Any], str]] = {}
         self.keys = itertools.count()
 
     def teardown(self) -> None:
@@ -100,9 +101,9 @@ class KernelMachine(RuleBasedStateMachine):
         semantic = (kind, task_id, who, tuple(sorted(payload.items())))
         key = f"k{next(self.keys)}"
         if reuse_key and self.receipts:
-            old_key = data.draw(st.sampled_from(sorted(self.receipts)))
-            old_semantic, old_command, old_who = self.receipts[old_key]
-            key = old_key
+            old = data.draw(st.sampled_from(sorted(self.receipts)))
+            old_semantic, old_command, old_who = self.receipts[old]
+            key = old[1]
             if reuse_key == "same":
                 command, semantic, who = dict(old_command), old_semantic, old_who
                 kind, m = command["type"], self.tasks[command["task_id"]]
@@ -111,15 +112,16 @@ class KernelMachine(RuleBasedStateMachine):
         result = self.h.kernel.submit(command, PRINCIPALS[who])
         assert (result.status, result.reason) == expected, (command, who, result)
         if result.status == "accepted":
-            self.receipts[key] = (semantic, command, who)
+            self.receipts[(who, key)] = (semantic, command, who)
             self._apply(kind, m, command)
 
     def _predict(self, key: str, semantic: Any, kind: str, who: str, command: dict[str, Any],
                  m: ModelTask) -> tuple[str, str | None]:
         if kind in NEEDS_REASON and "reason" not in command["payload"]:
             return "rejected", "invalid_command"
-        if key in self.receipts:
-            return ("replayed", None) if self.receipts[key][0] == semantic else ("rejected", "idempotency_conflict")
+        if (who, key) in self.receipts:  # another principal's use of the same key is a new command
+            return ("replayed", None) if self.receipts[(who, key)][0] == semantic else ("rejected",
+                                                                                        "idempotency_conflict")
         if m.state == "archive":
             return "rejected", "task_terminal"
         if command["expected_revision"] != m.revision:

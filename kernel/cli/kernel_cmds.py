@@ -79,11 +79,11 @@ def submit(ctx: typer.Context, source: str = typer.Argument("-", metavar="[FILE|
     command = raw if isinstance(raw, dict) else {"type": None, "payload": raw}
     caller = c.try_principal()
     if isinstance(caller, KernelError):  # the shape is still judged first: a malformed command says so
-        result = kernel.submit(command, None)
+        result = kernel.submit(command, None, external=True)
         if result.reason == ReasonCode.ACTOR_UNVERIFIED.value:
             result = result.model_copy(update={"reason": caller.reason.value, "message": caller.message})
     else:
-        result = kernel.submit(command, caller)
+        result = kernel.submit(command, caller, external=True)
     emit(result.wire())
     colour = {"accepted": "green", "replayed": "cyan", "rejected": "red"}[result.status]
     stderr.print(f"[{colour}]{result.status}[/{colour}] {result.reason or ''} {result.message}")
