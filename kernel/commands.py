@@ -388,8 +388,9 @@ class TaskCommandKernel:
         result = CommandResult.model_construct(  # built from trusted values: no validation on the hot path
             reason=None, status="accepted", message=_accepted_message(cmd.type, new_doc), task_id=task_id,
             revision=new_doc["revision"], round=new_doc["round"], events=[e.global_pos for e in recorded])
-        uow.sql(_INSERT_RECEIPT, (receipt_key(principal, cmd.idempotency_key), cmd.type.value, semantic, principal.id, task_id,
-                                  canonical_json(result.wire()), recorded[0].global_pos, ev.global_pos, now))
+        uow.sql(_INSERT_RECEIPT, (receipt_key(principal, cmd.idempotency_key), cmd.type.value, semantic,
+                                  principal.id, task_id, canonical_json(result.wire()), recorded[0].global_pos,
+                                  ev.global_pos, now))
         self._write_outbox(uow, recorded, new_doc)
         return result
 

@@ -14,7 +14,7 @@ from rich.table import Table
 from kernel.cli.common import Exit, emit, fail, get_ctx, stderr
 from kernel.cli.wiring import build_kernel
 from kernel.credentials import issue_token
-from kernel.model.principal import ADMIN
+from kernel.model.principal import LOCAL_OWNER
 from kernel.private import write_private
 from kernel.reasons import KernelError, ReasonCode
 from kernel.store.events import RecordedEvent
@@ -46,7 +46,8 @@ def init(ctx: typer.Context, directory: Path = typer.Argument(Path("."), help="W
     c.workspace_path = str(ws.root)
     c.database()
     if ws.require_token and not ws.owner_token_path.exists():
-        write_private(ws.owner_token_path, (issue_token(c.database(), ADMIN, "owner") + "\n").encode("ascii"))
+        owner_token = issue_token(c.database(), LOCAL_OWNER.role, LOCAL_OWNER.agent)
+        write_private(ws.owner_token_path, (owner_token + "\n").encode("ascii"))
     emit({"status": "ok", "workspace": str(ws.root), "database": c.database().url, "team": team})
     stderr.print(f"[green]workspace ready[/green] at {ws.root} (team {team})")
 

@@ -14,8 +14,8 @@ from typing import Any, NoReturn
 
 import typer
 
-from kernel.cli.common import Exit, emit, fail, get_ctx, stderr
-from kernel.credentials import resolve_principal
+from kernel.cli.common import CliContext, Exit, emit, fail, get_ctx, stderr
+from kernel.private import load_or_create_secret
 from kernel.sessionlog import (
     LogFileError,
     Order,
@@ -28,6 +28,8 @@ from kernel.sessionlog import (
     replay,
     resume_from_records,
 )
+from kernel.sessionlog.authority import DEFAULT_ADMIN_SESSIONS
+from kernel.sessionlog.interchange import signing_key
 from kernel.sessionlog.models import InputKind
 from kernel.sessionlog.reducers import reducer_names
 from kernel.sessionlog.resume import DEFAULT_MAX_BYTES, DEFAULT_MAX_INPUTS
@@ -36,7 +38,27 @@ app = typer.Typer(no_args_is_help=True, help="Acceptance-sequenced session log."
 
 
 def _log(ctx: typer.Context) -> SessionLog:
-    return SessionLog(get_ctx(ctx).database())
+    """The session log with this workspace's grant sessions: `admin` and the gate's configured one."""
+    c = get_ctx(ctx)
+    ws = c.optional_workspace()
+    gate_session = (ws.config.get("gate", {}) if ws else {}).get("session")
+    return SessionLog(c.database(), DEFAULT_ADMIN_SESSIONS | ({str(gate_session)} if gate_session else set()))
+
+
+def _export_key(c: CliContext) -> bytes | None:
+    """The workspace's export signing key; without a workspace there is nothing to prove provenance with."""
+    ws = c.optional_workspace()
+    return signing_key(load_or_create_secret(ws.chain_key_path)) if ws is not None else None
+
+
+def _readable(ctx: typer.Context, session: str) -> SessionLog:
+    """The log, once the caller is allowed to read ``session`` (its owner or ADMIN)."""
+    log = _log(ctx)
+    try:
+        log.check_read(session, get_ctx(ctx).principal())
+    except SessionLogError as exc:
+        _reject(exc)
+    return log
 
 
 def _reject(exc: SessionLogError) -> NoReturn:
@@ -89,16 +111,13 @@ def accept(
 ) -> None:
     """Accept one input: prints its acceptance sequence once it is committed.
 
-    The input is recorded as accepted from the caller's credential (`--token`; without one, the
-    local owner ADMIN): that, not the payload, decides whether the gate trusts it."""
-    c = get_ctx(ctx)
-    principal = resolve_principal(c.database(), c.token)
-    if principal is None:
-        emit({"status": "rejected", "reason": "actor_unverified", "message": "unknown or revoked credential"})
-        raise typer.Exit(int(Exit.REJECTED))
+    The input is recorded as accepted from the caller's credential (`--token`, or the owner's): that,
+    not the payload, decides whether the gate trusts it. allow/revoke and the grant sessions are ADMIN's;
+    any other session is its first writer's (docs/security.md)."""
+    principal = get_ctx(ctx).principal()
     try:
         res = _log(ctx).accept(session, {"input_id": input_id, "kind": kind, "payload": _payload(payload)},
-                               accepted_by=principal.id)
+                               writer=principal)
     except SessionLogError as exc:
         _reject(exc)
     if res.status == "refused":
@@ -116,8 +135,10 @@ def refuse(
     payload: str = typer.Option(None, "--payload", help="Payload JSON object."),
 ) -> None:
     """Record an input as received but not accepted (it never takes part in replay)."""
+    principal = get_ctx(ctx).principal()
     try:
-        res = _log(ctx).refuse(session, {"input_id": input_id, "kind": kind, "payload": _payload(payload)}, reason)
+        res = _log(ctx).refuse(session, {"input_id": input_id, "kind": kind, "payload": _payload(payload)}, reason,
+                               writer=principal)
     except SessionLogError as exc:
         _reject(exc)
     emit(res.model_dump(mode="json"))
@@ -145,7 +166,7 @@ def replay_cmd(
     if file is not None:
         _, records = _file_session(file, session)
     else:
-        records = _log(ctx).records(session)
+        records = _readable(ctx, session).records(session)
     result = replay(records, order=order, as_of=as_of, reducer=reducer)
     emit(result.to_json())
     if not result.known:
@@ -159,11 +180,11 @@ def export(
     session: str = typer.Argument(..., help="Session id."),
     output: Path = typer.Option(None, "--output", "-o", help="Write here instead of stdout (fsynced)."),
 ) -> None:
-    """Write the session as JSON Lines, in storage order."""
-    log = _log(ctx)
+    """Write the session as JSON Lines, in storage order, each line signed with the workspace's key."""
+    log = _readable(ctx, session)
     if not log.exists(session):
         _reject(SessionLogError(SessionReason.UNKNOWN_SESSION, f"no session {session!r}"))
-    lines = [line + "\n" for line in log.export(session)]
+    lines = [line + "\n" for line in log.export(session, _export_key(get_ctx(ctx)))]
     if output is None:
         sys.stdout.writelines(lines)
         sys.stdout.flush()
@@ -180,9 +201,15 @@ def import_cmd(
     ctx: typer.Context,
     source: str = typer.Argument(..., metavar="FILE|-", help="JSONL interchange file, or - for stdin."),
 ) -> None:
-    """Import interchange records, keeping and verifying their sequences (all or nothing)."""
+    """Import interchange records, keeping and verifying their sequences (all or nothing). ADMIN only.
+    A line keeps its `accepted_by` only if this workspace's key signed it; any other claim is stored as
+    `IMPORTED:<claim>`, from which no grant, instruction or permission derives."""
+    c = get_ctx(ctx)
+    c.require_admin("session import")
+    key = _export_key(c)
     try:
-        by_session = parse_lines(sys.stdin.read().splitlines()) if source == "-" else read_file(source)
+        by_session = (parse_lines(sys.stdin.read().splitlines(), provenance_key=key, check_provenance=True)
+                      if source == "-" else read_file(source, provenance_key=key, check_provenance=True))
         summary = _log(ctx).import_records(by_session)
     except SessionLogError as exc:
         _reject(exc)
@@ -205,7 +232,7 @@ def resume(
             name, records = _file_session(file, session)
             answer = resume_from_records(name, records, max_inputs=max_inputs, max_bytes=max_bytes)
         else:
-            answer = _log(ctx).resume(session, max_inputs=max_inputs, max_bytes=max_bytes)
+            answer = _readable(ctx, session).resume(session, max_inputs=max_inputs, max_bytes=max_bytes)
     except SessionLogError as exc:
         _reject(exc)
     emit(answer.model_dump(mode="json"))
@@ -220,9 +247,10 @@ def consume(
     session: str = typer.Argument(..., help="Session id."),
     through: int = typer.Option(..., "--through", min=0, help="Last acceptance sequence now consumed."),
 ) -> None:
-    """Mark accepted inputs consumed by the running turn."""
+    """Mark accepted inputs consumed by the running turn (the session's owner or ADMIN)."""
+    principal = get_ctx(ctx).principal()
     try:
-        consumed = _log(ctx).consume(session, through)
+        consumed = _log(ctx).consume(session, through, writer=principal)
     except SessionLogError as exc:
         _reject(exc)
     emit({"session": session, "last_consumed_seq": consumed})
@@ -231,8 +259,9 @@ def consume(
 @app.command("complete-turn")
 def complete_turn(ctx: typer.Context, session: str = typer.Argument(..., help="Session id.")) -> None:
     """Complete the turn if every accepted input was consumed; else exit 2 (turn_incomplete)."""
+    principal = get_ctx(ctx).principal()
     try:
-        res = _log(ctx).complete_turn(session)
+        res = _log(ctx).complete_turn(session, writer=principal)
     except SessionLogError as exc:
         _reject(exc)
     emit(res.model_dump(mode="json"))

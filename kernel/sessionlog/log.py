@@ -18,6 +18,8 @@ from pydantic import ValidationError
 from sqlalchemy.engine import Connection
 
 from kernel.canonical import canonical_json, digest, utc_now_iso
+from kernel.model.principal import ADMIN, Principal
+from kernel.sessionlog.authority import DEFAULT_ADMIN_SESSIONS, check_read, check_write, initial_owner
 from kernel.sessionlog.interchange import dump_lines
 from kernel.sessionlog.models import (
     AcceptResult,
@@ -40,7 +42,7 @@ from kernel.sessionlog.resume import (
     damaged,
     decide,
 )
-from kernel.sessionlog.tables import install, session_counter, session_input
+from kernel.sessionlog.tables import install, session_counter, session_input, session_owner
 from kernel.store.db import Database
 
 C = session_counter.c
@@ -55,6 +57,7 @@ _BUMP_RECORD = (sa.update(session_counter).where(C.session_id == sa.bindparam("s
                 .values(last_record=C.last_record + 1).returning(C.last_seq, C.last_record))
 _NEW_COUNTER = sa.insert(session_counter)
 _INSERT_INPUT = sa.insert(session_input)
+_OWNER = sa.select(session_owner.c.owner).where(session_owner.c.session_id == sa.bindparam("sid"))
 
 
 def content_digest(kind: str, payload: Mapping[str, Any]) -> str:
@@ -76,20 +79,26 @@ def coerce_input(inp: SessionInput | Mapping[str, Any]) -> SessionInput:
 
 
 class SessionLog:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, admin_sessions: frozenset[str] = DEFAULT_ADMIN_SESSIONS) -> None:
         self.db = db
+        self.admin_sessions = admin_sessions
         install(db)
 
     # --- writing ---------------------------------------------------------------------------------
 
-    def accept(self, session: str, inp: SessionInput | Mapping[str, Any], *, accepted_by: str | None = None
-               ) -> AcceptResult:
+    def accept(self, session: str, inp: SessionInput | Mapping[str, Any], *, accepted_by: str | None = None,
+               writer: Principal | None = None) -> AcceptResult:
         """Store the input with the session's next acceptance sequence (or return its original one).
 
         ``accepted_by`` is the principal the host accepted the input from (from its credential, never
-        from the payload); the execution gate derives trust from it.
+        from the payload); the execution gate derives trust from it. With ``writer``, the session's
+        write rules (authority.py) are checked and the owner claimed in the same transaction, and
+        ``accepted_by`` is the writer.
         """
         with self.db.write() as uow:
+            if writer is not None:
+                self._authorize(uow.conn, session, writer, coerce_input(inp).kind.value)
+                accepted_by = writer.id
             return self.accept_in(uow.conn, session, inp, accepted_by=accepted_by)
 
     def accept_in(self, conn: Connection, session: str, inp: SessionInput | Mapping[str, Any], *,
@@ -105,11 +114,14 @@ class SessionLog:
         self._insert(conn, session, record_no, seq, si, dig, accepted=True, accepted_by=accepted_by)
         return AcceptResult(session=session, input_id=si.input_id, accept_seq=seq, status="accepted")
 
-    def refuse(self, session: str, inp: SessionInput | Mapping[str, Any], reason: str) -> AcceptResult:
+    def refuse(self, session: str, inp: SessionInput | Mapping[str, Any], reason: str, *,
+               writer: Principal | None = None) -> AcceptResult:
         """Record an input that was received but not accepted: no sequence, never replayed."""
         si = _loose_input(inp)
         dig = content_digest(si.kind.value, si.payload)
         with self.db.write() as uow:
+            if writer is not None:
+                self._authorize(uow.conn, session, writer, None)
             prior = self._prior(uow.conn, session, si.input_id, dig)
             if prior is not None:
                 return prior
@@ -117,9 +129,11 @@ class SessionLog:
             self._insert(uow.conn, session, record_no, None, si, dig, accepted=False, refusal=reason)
         return AcceptResult(session=session, input_id=si.input_id, accept_seq=None, status="refused", reason=reason)
 
-    def consume(self, session: str, through_seq: int) -> int:
+    def consume(self, session: str, through_seq: int, *, writer: Principal | None = None) -> int:
         """Mark every accepted input up to ``through_seq`` consumed; returns last_consumed_seq."""
         with self.db.write() as uow:
+            if writer is not None:
+                self._authorize(uow.conn, session, writer, None)
             last_seq, consumed, _ = self._counter(uow.conn, session, for_update=True)
             if not 0 <= through_seq <= last_seq:
                 raise SessionLogError(
@@ -131,9 +145,11 @@ class SessionLog:
             )
         return consumed
 
-    def complete_turn(self, session: str) -> TurnResult:
+    def complete_turn(self, session: str, *, writer: Principal | None = None) -> TurnResult:
         """Complete the turn only if every accepted input was consumed (one transaction)."""
         with self.db.write() as uow:
+            if writer is not None:
+                self._authorize(uow.conn, session, writer, None)
             last_seq, consumed, turns = self._counter(uow.conn, session, for_update=True)
             done = consumed == last_seq
             if done:
@@ -163,6 +179,28 @@ class SessionLog:
             for session, recs in by_session.items():
                 summary[session] = self._import_session(uow.conn, session, recs)
         return summary
+
+    # --- authority (authority.py) ----------------------------------------------------------------
+
+    def owner(self, session: str, conn: Connection | None = None) -> str | None:
+        """The session's owner; a session stored before owners were recorded is ADMIN's."""
+        with self._reading(conn) as c:
+            row = c.execute(_OWNER, {"sid": session}).first()
+            if row is not None:
+                return str(row[0])
+            exists = c.execute(sa.select(C.session_id).where(C.session_id == session)).first()
+        return ADMIN if exists is not None else None
+
+    def check_read(self, session: str, reader: Principal) -> None:
+        check_read(session, self.owner(session), reader, self.admin_sessions)
+
+    def _authorize(self, conn: Connection, session: str, writer: Principal, kind: str | None) -> None:
+        owner = self.owner(session, conn)
+        check_write(session, owner, writer, kind, self.admin_sessions)
+        if owner is None:
+            conn.execute(sa.insert(session_owner).values(
+                session_id=session, owner=initial_owner(session, writer, self.admin_sessions),
+                claimed_at=utc_now_iso()))
 
     # --- reading ---------------------------------------------------------------------------------
 
@@ -196,9 +234,9 @@ class SessionLog:
     ) -> ReplayResult:
         return replay(self.records(session), order=order, as_of=as_of, reducer=reducer)
 
-    def export(self, session: str) -> Iterator[str]:
-        """The session as interchange lines, in storage order."""
-        return dump_lines(session, self.records(session))
+    def export(self, session: str, signing_key: bytes | None = None) -> Iterator[str]:
+        """The session as interchange lines, in storage order (signed when given the workspace's key)."""
+        return dump_lines(session, self.records(session), signing_key)
 
     def permission_decision(
         self, session: str, permission: str, scope: str, as_of: int | None = None, conn: Connection | None = None,

@@ -45,6 +45,7 @@ class SessionReason(StrEnum):
     READ_BOUND_EXCEEDED = "read_bound_exceeded"  # resume cause: the answer lies beyond the read bound
     UNKNOWN_SESSION = "unknown_session"  # no record of this session
     UNREADABLE_FILE = "unreadable_file"  # interchange file missing, not UTF-8 JSON lines, or invalid record
+    NOT_AUTHORIZED = "role_not_authorized"  # the caller may not write (or read) this session, or this kind
 
 
 class SessionLogError(Exception):

@@ -48,6 +48,16 @@ session_input = sa.Table(
     sa.UniqueConstraint("session_id", "seq", name="uq_session_input_seq"),  # NULLs are distinct
 )
 
+# Who owns a session: the principal (ROLE:agent) whose write created it, or ADMIN for the grant sessions.
+# Only the owner and an unscoped ADMIN may write to it (docs/security.md).
+session_owner = sa.Table(
+    "session_owner",
+    metadata,
+    sa.Column("session_id", sa.Text, primary_key=True),
+    sa.Column("owner", sa.Text, nullable=False),
+    sa.Column("claimed_at", sa.Text, nullable=False),
+)
+
 
 _installed: weakref.WeakSet[Database] = weakref.WeakSet()
 

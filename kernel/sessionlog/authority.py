@@ -1,0 +1,59 @@
+"""Who may write to (and read) a session. Pure rules; the CLI and the adapters apply them.
+
+A session is owned by the principal whose write created it. Grants (``allow``/``revoke``) are ADMIN's
+alone: an agent must never be able to grant itself a permission, nor revoke the owner's. The grant
+sessions (``admin`` and the gate's configured session) belong to ADMIN; others may add only evidence
+there (``observation``, which the gate weighs by the writer's role: a TOOL's read is trusted, anyone
+else's is an agent's claim), and an unscoped OPERATOR its instructions. A task-scoped credential (a
+run's token) is never ADMIN or OPERATOR, whatever its role, because it is handed to an agent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from kernel.model.principal import ADMIN, Principal
+from kernel.sessionlog.models import InputKind, SessionLogError, SessionReason
+
+GRANT_KINDS = frozenset({InputKind.ALLOW.value, InputKind.REVOKE.value})
+DEFAULT_ADMIN_SESSIONS = frozenset({"admin"})
+OPERATOR = "OPERATOR"
+EVIDENCE_KIND = InputKind.OBSERVATION.value
+IMPORTED_PREFIX = "IMPORTED:"  # accepted_by of an import whose provenance could not be proven
+
+
+def is_owner_admin(principal: Principal) -> bool:
+    return principal.role == ADMIN and principal.task_id is None
+
+
+def initial_owner(session: str, principal: Principal, admin_sessions: Collection[str]) -> str:
+    """The owner a new session gets: ADMIN for grant sessions, else whoever writes first."""
+    return ADMIN if session in admin_sessions else principal.id
+
+
+def check_write(session: str, owner: str | None, principal: Principal, kind: str | None,
+                admin_sessions: Collection[str]) -> None:
+    """Raise ``role_not_authorized`` unless ``principal`` may write ``kind`` (None: bookkeeping such as
+    consume or complete-turn) to ``session``, whose current owner is ``owner`` (None: no session yet)."""
+    if is_owner_admin(principal):
+        return
+    if kind in GRANT_KINDS:
+        raise SessionLogError(SessionReason.NOT_AUTHORIZED,
+                              f"only ADMIN may accept {kind!r} inputs (caller: {principal.id})")
+    if session in admin_sessions and (kind == EVIDENCE_KIND or (
+            kind is not None and principal.role == OPERATOR and principal.task_id is None)):
+        return
+    effective = owner or initial_owner(session, principal, admin_sessions)
+    if effective != principal.id:
+        raise SessionLogError(SessionReason.NOT_AUTHORIZED,
+                              f"session {session!r} belongs to {effective}; {principal.id} may not write to it")
+
+
+def check_read(session: str, owner: str | None, principal: Principal, admin_sessions: Collection[str]) -> None:
+    """Reading a session is its owner's or ADMIN's: inputs may carry instructions and secrets."""
+    if is_owner_admin(principal):
+        return
+    effective = owner or (ADMIN if session in admin_sessions else None)
+    if effective is not None and effective != principal.id:
+        raise SessionLogError(SessionReason.NOT_AUTHORIZED,
+                              f"session {session!r} belongs to {effective}; {principal.id} may not read it")
