@@ -19,6 +19,7 @@ class FcopReason(StrEnum):
     MALFORMED_CONFIG = "malformed_config"
     # the file itself
     BAD_FILENAME = "bad_filename"
+    INVALID_TASK_ID = "invalid_task_id"  # a well-formed name whose date is not real or whose sequence is too wide
     MISPLACED_FILE = "misplaced_file"
     PATH_ESCAPE = "path_escape"
     SYMLINK_REFUSED = "symlink_refused"

@@ -3,7 +3,9 @@
 Reading is lenient where field data differs from the library (a sequence wider
 than three digits, ISSUE names with ``-to-RECIPIENT`` or a bare summary);
 writing always renders the library's canonical form, which ``fcop``'s own
-``parse_*_filename`` functions accept (for sequences up to 999).
+``parse_*_filename`` functions accept (for sequences up to 999). The grammar
+is checked here; the ranges (a real date, at most nine digits, see
+kernel.model.ids) by the parser, so such a name is ``invalid_task_id``.
 """
 
 from __future__ import annotations
@@ -13,13 +15,14 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
+from kernel.model.ids import TASK_ID_RE as TASK_ID_RE  # one grammar for ids in files and commands
+
 ROLE = r"[A-Z][A-Z0-9_]*(?:-[A-Z0-9_]+)*"
 SLUG = r"[a-z](?:[a-z0-9-]*[a-z0-9])?"
 ROLE_RE = re.compile(rf"^{ROLE}$")
 SEAT_RE = re.compile(rf"^{ROLE}(?:\.{ROLE})?$")  # ROLE or ROLE.SLOT
 SLUG_RE = re.compile(rf"^{SLUG}$")
 SUBJECT_SHORT_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
-TASK_ID_RE = re.compile(r"^TASK-\d{8}-\d{3,}$")
 BROADCAST = "TEAM"
 RESERVED_ROLES = frozenset({"ADMIN", "SYSTEM"})
 AUTHORITY_WORDS = frozenset({"BOSS", "CEO", "OWNER", "ROOT", "SUPERUSER", "GOD", "MASTER"})

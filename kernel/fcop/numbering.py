@@ -7,7 +7,8 @@ stages, G2 ``tasks/`` and ``log/``, ``history/``, the quarantine, and temp files
 reserved by writers still in flight), never a gap. Allocation runs under a
 per-kind ``flock`` and is reserved by creating the temp file with ``O_EXCL``,
 so concurrent writers in any process get distinct numbers. Dates are UTC.
-Beyond 999 the field simply grows (``1000``): our reader accepts it, fcop's does not.
+Beyond 999 the field simply grows (``1000``): our reader accepts it, fcop's does not. Numbers
+beyond nine digits are ``invalid_task_id`` (quarantined when read), so they never count here.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from kernel.fcop.detect import FcopWorkspace
 from kernel.fcop.errors import FcopError, FcopReason
 from kernel.fcop.filenames import EnvelopeKind, FcopFilename, parse_filename
 from kernel.fcop.safeio import locked, open_tmp, publish_reserved
+from kernel.model.ids import MAX_SEQUENCE
 
 _MAX_DEPTH = 4
 _ATTEMPTS = 5
@@ -58,8 +60,8 @@ def max_sequence(ws: FcopWorkspace, kind: EnvelopeKind, date: str) -> int:
     best = 0
     for directory in [*ws.envelope_dirs(kind), ws.quarantine_dir]:
         for name in _names(directory):
-            if m := pattern.match(name):
-                best = max(best, int(m[1]))
+            if (m := pattern.match(name)) and (n := int(m[1])) <= MAX_SEQUENCE:
+                best = max(best, n)
     return best
 
 
@@ -76,6 +78,8 @@ def allocate_and_publish(ws: FcopWorkspace, kind: EnvelopeKind, directory: Path,
     for _ in range(_ATTEMPTS):
         with locked(ws.lock_dir / f"seq-{kind.value}.lock"):
             seq = max_sequence(ws, kind, date) + 1
+            if seq > MAX_SEQUENCE:
+                raise FcopError(FcopReason.INVALID_TASK_ID, f"no {kind.value} number left for {date}", directory)
             name = make_name(seq, date)
             if parse_filename(name.render()) != name:
                 raise FcopError(FcopReason.INVALID_FIELD_VALUE,

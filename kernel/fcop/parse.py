@@ -39,6 +39,7 @@ from kernel.fcop.models import (
     Transition,
 )
 from kernel.fcop.safeio import read_bytes
+from kernel.model.ids import id_range_problem
 
 DEFAULT_MAX_BYTES = 1024 * 1024
 
@@ -199,6 +200,8 @@ def parse_envelope(filename: str, data: bytes, *, max_bytes: int = DEFAULT_MAX_B
         claimed = envelope_prefix(filename)
         what = f"a {claimed.value} name" if claimed else "an envelope name"
         raise FcopError(FcopReason.BAD_FILENAME, f"{filename!r} is not {what} of the FCoP grammar (§3)")
+    if problem := id_range_problem(name.date, name.sequence):  # it would overflow the kernel's id counter
+        raise FcopError(FcopReason.INVALID_TASK_ID, f"{filename[:120]!r}: {problem}")
     text, bom = decode(data, max_bytes)
     parts = frontmatter.split(text)
     if parts is None:
