@@ -4,6 +4,9 @@ Dispatch is a claim submitted through the kernel on the agent's behalf (the agen
 as `by`); the claim's outbox row, written in the same transaction, becomes a run in the run
 ledger. Runs are retried with exponential backoff up to the role's bound; after that the task
 gets a `blocked` report with the reason: never a silent infinite retry.
+
+A run happens once even across coordinator crashes: whoever takes over an expired lease first
+revokes the previous holder's token (`stale_lease`) and terminates its agent, and only then runs.
 """
 
 from __future__ import annotations
@@ -17,15 +20,15 @@ from typing import Any
 import sqlalchemy as sa
 
 from kernel.commands import EffectRule, TaskCommandKernel
-from kernel.credentials import issue_token, revoke_token
+from kernel.credentials import STALE_LEASE, issue_token, revoke_hash, revoke_token, token_hash
 from kernel.goals import GoalService
 from kernel.logging import get_logger
 from kernel.model.principal import Principal
 from kernel.outbox import OutboxRelay
 from kernel.runners.agent import AgentContext
-from kernel.runners.command import Outcome, run_command
+from kernel.runners.command import Outcome, Supervision, agent_env, host_identity, run_command, terminate_group
 from kernel.runners.config import RunnerKind, RunnerSpec
-from kernel.runners.ledger import ClaimedRun, Purpose, RunLedger
+from kernel.runners.ledger import ClaimedRun, Orphan, Purpose, RunLedger
 from kernel.runners.scripted import ScriptedAgent, agent_for
 from kernel.store.schema import tasks
 from kernel.usage import Feature, UsageRecord, record_usage
@@ -37,6 +40,7 @@ WAKE_EFFECT = "agent_wake"
 WAKE_RULE = EffectRule(WAKE_EFFECT, frozenset({
     "task_claimed", "task_submitted", "task_rejected", "task_reopened", "task_approved", "task_archived",
     "task_force_archived"}))
+ORPHAN_GRACE_S = 5.0  # between SIGTERM and SIGKILL for an agent a crashed coordinator left running
 
 
 class Dispatcher:
@@ -52,8 +56,10 @@ class Dispatcher:
         self.handlers = handlers or {}
         self.task_file = task_file or self.fallback_task_file
         self.goals = goals or GoalService(self.db, kernel.store)
-        lease = max((s.timeout for s in specs.values()), default=600.0) + 60.0
-        self.ledger = RunLedger(self.db, owner, lease_seconds=lease)
+        leases = {role: spec.lease_seconds for role, spec in specs.items()}
+        self.ledger = RunLedger(self.db, owner, lease_seconds=max(leases.values(), default=660.0),
+                                role_leases=leases)
+        self.host = host_identity()
         self.relay = OutboxRelay(self.db, {WAKE_EFFECT: self._on_wake})
         install_usage(self.db)
 
@@ -125,6 +131,8 @@ class Dispatcher:
     # -- running -----------------------------------------------------------------------------
     def _run(self, run: ClaimedRun) -> None:
         spec = self.specs[run.role]
+        if run.orphan is not None and not self._reap(run, run.orphan) and not run.exhausted:
+            return  # never run beside a survivor: the lease lapses and a later takeover tries again
         doc = self.kernel.task(run.task_id)
         if doc is None or not self._still_relevant(run, doc):
             self.ledger.succeed(run, None)  # the world moved on: nothing to do for this wake
@@ -139,6 +147,9 @@ class Dispatcher:
         goal_id = self.goals.active_goal(doc["root"])  # the goal this run's verdict will be bound to
         outcome = self._execute(spec, run, doc)
         self._record_usage(run, doc, outcome)
+        if outcome.fenced:
+            log.warning("run_lease_lost", run_id=run.run_id, attempt=run.attempt)
+            return  # the run is another coordinator's now; its verdict is theirs
         if goal_id is not None:
             self.goals.record_run(goal_id, executed=outcome.ok)
         if outcome.ok:
@@ -149,6 +160,24 @@ class Dispatcher:
             log.warning("run_retry", run_id=run.run_id, attempt=run.attempt, error=outcome.error, delay_s=delay)
         else:
             self._give_up(run, doc, f"{run.attempt} attempts failed; last: {outcome.error}")
+
+    def _reap(self, run: ClaimedRun, orphan: Orphan) -> bool:
+        """Fence out what the previous holder left: its token first (from then on the orphan's reports are
+        refused `stale_lease`), then its process group. False when the orphan could not be stopped."""
+        if orphan.token_hash:
+            revoke_hash(self.db, orphan.token_hash, STALE_LEASE)
+        if orphan.pgid is None:
+            return True
+        if orphan.host != self.host:  # another machine, or this one before a reboot: no pid to signal here
+            log.warning("orphan_not_local", run_id=run.run_id, host=orphan.host, pgid=orphan.pgid)
+            return True
+        try:
+            result = terminate_group(orphan.pgid, orphan.start, ORPHAN_GRACE_S)
+        except OSError as exc:
+            log.error("orphan_survived", run_id=run.run_id, pgid=orphan.pgid, error=str(exc))
+            return False
+        log.warning("orphan_reaped", run_id=run.run_id, pgid=orphan.pgid, result=result)
+        return True
 
     @staticmethod
     def _still_relevant(run: ClaimedRun, doc: dict[str, Any]) -> bool:
@@ -169,14 +198,22 @@ class Dispatcher:
                 return Outcome(False, 1, int((time.monotonic() - started) * 1000), f"agent raised: {exc}")
             return Outcome(True, 0, int((time.monotonic() - started) * 1000), summary=summary)
         token = issue_token(self.db, run.role, principal.agent, task_id=run.task_id, round=run.round)
-        placeholders = {"task_file": str(task_file), "task_id": run.task_id, "round": str(run.round),
-                        "workspace": str(self.workspace), "role": run.role, "purpose": run.purpose.value}
-        env = {"TASKKERNEL_TOKEN": token, "TASKKERNEL_TASK_ID": run.task_id, "TASKKERNEL_ROUND": str(run.round),
-               "TASKKERNEL_TASK_FILE": str(task_file), "TASKKERNEL_WORKSPACE": str(self.workspace),
-               "TASKKERNEL_DB": self.db.url, "TASKKERNEL_PURPOSE": run.purpose.value}
-        log_dir = self.workspace / ".taskkernel" / "runs" / run.run_id.replace(":", "_") / f"attempt-{run.attempt}"
         try:
-            return run_command(spec, placeholders, env, self.workspace, log_dir)
+            if not self.ledger.attach_token(run, token_hash(token)):
+                return Outcome(False, None, 0, "lease lost before the agent started", fenced=True)
+            placeholders = {"task_file": str(task_file), "task_id": run.task_id, "round": str(run.round),
+                            "workspace": str(self.workspace), "role": run.role, "purpose": run.purpose.value}
+            # No database URL: an agent's `taskkernel` finds the database through the workspace's config.
+            env = agent_env(spec, {
+                "TASKKERNEL_TOKEN": token, "TASKKERNEL_TASK_ID": run.task_id, "TASKKERNEL_ROUND": str(run.round),
+                "TASKKERNEL_TASK_FILE": str(task_file), "TASKKERNEL_WORKSPACE": str(self.workspace),
+                "TASKKERNEL_PURPOSE": run.purpose.value})
+            supervision = Supervision(
+                on_start=lambda pgid, start: self.ledger.attach_agent(run, self.host, pgid, start),
+                heartbeat=lambda: self.ledger.renew(run), every_s=max(0.2, spec.lease_seconds / 3))
+            log_dir = (self.workspace / ".taskkernel" / "runs" / run.run_id.replace(":", "_")
+                       / f"attempt-{run.attempt}")
+            return run_command(spec, placeholders, env, self.workspace, log_dir, supervision)
         finally:
             revoke_token(self.db, token)  # the credential lives exactly as long as the run
 
