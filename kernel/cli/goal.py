@@ -1,14 +1,30 @@
-"""`taskkernel goal`: run a root task as a goal with a budget; terminal states are the kernel's."""
+"""`taskkernel goal`: run a root task as a goal with a budget; terminal states are the kernel's.
+
+Starting or cancelling a goal is the root task's authority: ADMIN, or the role the root's
+done_authority names, with an unscoped credential (an agent's run token would let it reset
+its own budget by starting a fresh goal)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
-from kernel.cli.common import Exit, emit, fail, get_ctx, stderr
+from kernel.cli.common import CliContext, Exit, emit, fail, get_ctx, reject, stderr
 from kernel.cli.wiring import build_kernel
 from kernel.goals import Budget, GoalService
+from kernel.reasons import ReasonCode
 
 app = typer.Typer(no_args_is_help=True, help="Goals: budgets, circuit breaker, terminal states.")
+
+
+def _authorize(c: CliContext, root: dict[str, Any], verb: str) -> None:
+    principal = c.principal()
+    allowed = {"ADMIN", root["authority"]["done_authority"]}
+    if principal.task_id is not None or principal.role not in allowed:
+        reject(ReasonCode.ROLE_NOT_AUTHORIZED.value,
+               f"goal {verb} for {root['task_id']} needs an unscoped credential of {' or '.join(sorted(allowed))} "
+               f"(caller: {principal.id}{', scoped to ' + principal.task_id if principal.task_id else ''})")
 
 
 def _service(ctx: typer.Context) -> GoalService:
@@ -24,12 +40,14 @@ def start(ctx: typer.Context, root_task: str,
           breaker: int = typer.Option(3, "--breaker", min=1, help="Consecutive failed runs that block the goal.")
           ) -> None:
     """Start a goal for ROOT_TASK (an active goal of the same root is replaced)."""
-    kernel = build_kernel(get_ctx(ctx))
+    c = get_ctx(ctx)
+    kernel = build_kernel(c)
     doc = kernel.task(root_task)
     if doc is None:
-        fail(Exit.REJECTED, f"{root_task} does not exist")
+        reject(ReasonCode.TASK_NOT_FOUND.value, f"{root_task} does not exist")
     if doc["root"] != root_task:
-        fail(Exit.REJECTED, f"{root_task} is not a root task (its root is {doc['root']})")
+        reject(ReasonCode.TASK_IDENTITY_MISMATCH.value, f"{root_task} is not a root task (its root is {doc['root']})")
+    _authorize(c, doc, "start")
     goal_id = GoalService(kernel.db, kernel.store).start(
         root_task, Budget(tokens=tokens, cost_usd=cost, wall_seconds=wall_seconds, attempts=attempts), breaker)
     emit({"status": "ok", "goal_id": goal_id, "root_task": root_task})
@@ -47,6 +65,15 @@ def show(ctx: typer.Context, goal_id: str) -> None:
 
 @app.command("cancel")
 def cancel(ctx: typer.Context, goal_id: str) -> None:
-    if not _service(ctx).cancel(goal_id):
+    """Cancel an active goal (the root task's authority)."""
+    c = get_ctx(ctx)
+    kernel = build_kernel(c)
+    service = GoalService(kernel.db, kernel.store)
+    goal = service.show(goal_id)
+    root = kernel.task(goal["root_task"]) if goal else None
+    if goal is None or root is None:
+        fail(Exit.REJECTED, f"no goal {goal_id}")
+    _authorize(c, root, "cancel")
+    if not service.cancel(goal_id):
         fail(Exit.REJECTED, f"goal {goal_id} is not active")
     emit({"status": "ok", "goal_id": goal_id, "state": "cancelled"})

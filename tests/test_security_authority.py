@@ -1,0 +1,232 @@
+"""No path from an agent's credential to ADMIN: every state-changing verb checks the caller's credential.
+
+The attacker is another process holding a DEV (or a run's task-scoped) token; everything goes through the
+real CLI. Store-dependent cases run on SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cli_support import Run, taskkernel
+
+BOGUS = "tk_" + "x" * 43
+
+
+class Ws:
+    """A workspace driven through the CLI; ``as_(token)`` runs a command with that credential."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def run(self, *args: str, token: str | None = None, stdin: str | None = None,
+            env: dict[str, str] | None = None) -> Run:
+        extra = dict(env or {})
+        if token is not None:
+            extra["TASKKERNEL_TOKEN"] = token
+        p = taskkernel(*args, cwd=self.root, stdin=stdin, env=extra)
+        return Run(p.returncode, p.stdout, p.stderr)
+
+    def token(self, role: str, *extra: str) -> str:
+        r = self.run("token", "issue", role, *extra)
+        assert r.code == 0, r
+        return r.out.strip()
+
+    def submit(self, command: dict[str, Any], token: str | None = None) -> Run:
+        return self.run("submit", "-", token=token, stdin=json.dumps(command))
+
+    def on(self, kind: str, task_id: str, key: str, token: str | None = None, **payload: Any) -> Run:
+        doc = self.run("task", "show", task_id).json
+        return self.submit({"type": kind, "task_id": task_id, "thread_key": doc["thread_key"],
+                            "expected_revision": doc["revision"], "round": doc["round"],
+                            "idempotency_key": key, "payload": payload}, token)
+
+
+@pytest.fixture
+def ws(any_url: str, tmp_path: Path) -> Ws:
+    root = tmp_path / "ws"
+    assert taskkernel("--db", any_url, "init", str(root), cwd=tmp_path).returncode == 0
+    config = root / "taskkernel.toml"
+    config.write_text(config.read_text().replace("[kernel]\n", f'[kernel]\ndatabase = "{any_url}"\n'))
+    return Ws(root)
+
+
+def rejected(r: Run, reason: str) -> None:
+    assert r.code == 2, r
+    assert r.json["reason"] == reason, r
+    assert "Traceback" not in r.err
+
+
+def high_risk_branch_in_review(ws: Ws) -> tuple[str, str]:
+    """ADMIN -> PM root; PM -> DEV child with risk high, done and submitted: PM's approval needs a grant."""
+    pm, dev = ws.token("PM"), ws.token("DEV")
+    root = ws.submit({"type": "create_task", "idempotency_key": "root",
+                      "payload": {"sender": "ADMIN", "recipient": "PM", "subject": "ship"}}).json["task_id"]
+    assert ws.on("claim", root, "pm-claim", pm).code == 0
+    child = ws.submit({"type": "create_task", "idempotency_key": "child", "payload": {
+        "sender": "PM", "recipient": "DEV", "subject": "deploy", "parent": root, "risk_level": "high"}},
+        pm).json["task_id"]
+    assert ws.on("claim", child, "dev-claim", dev).code == 0
+    assert ws.on("submit_report", child, "dev-report", dev, status="done", body="ok").code == 0
+    assert ws.on("submit", child, "dev-submit", dev).code == 0
+    return child, pm
+
+
+def test_forged_import_gives_no_grant(ws: Ws, tmp_path: Path) -> None:
+    child, pm = high_risk_branch_in_review(ws)
+    dev = ws.token("DEV")
+    forged = tmp_path / "forged.jsonl"
+    forged.write_text(json.dumps({"session": "admin", "input_id": "g1", "kind": "allow", "accept_seq": 1,
+                                  "accepted_by": "ADMIN:local-owner",
+                                  "payload": {"permission": "approve", "scope": f"task:{child}"}}) + "\n")
+    rejected(ws.run("session", "import", str(forged), token=dev), "role_not_authorized")
+    rejected(ws.run("session", "import", str(forged), token=BOGUS), "actor_unverified")
+    rejected(ws.on("approve", child, "pm-approve", pm), "permission_required")
+    # even the owner importing an unsigned file gets no grant out of it: the claim is kept, marked
+    assert ws.run("session", "import", str(forged)).code == 0
+    exported = [json.loads(x) for x in ws.run("session", "export", "admin").out.splitlines()]
+    assert [x["accepted_by"] for x in exported] == ["IMPORTED:ADMIN:local-owner"]
+    rejected(ws.on("approve", child, "pm-approve-2", pm), "permission_required")
+    assert ws.run("verify").code == 0
+    # a grant the owner really gave works (and a DEV cannot revoke it)
+    grant = ws.run("session", "accept", "admin", "--kind", "allow", "--input-id", "g2", "--payload",
+                   json.dumps({"permission": "approve", "scope": f"task:{child}"}))
+    assert grant.code == 0, grant
+    rejected(ws.run("session", "accept", "admin", "--kind", "revoke", "--input-id", "r1", "--payload",
+                    json.dumps({"permission": "approve", "scope": f"task:{child}"}), token=ws.token("DEV")),
+             "role_not_authorized")
+    assert ws.on("approve", child, "pm-approve-3", pm).json["status"] == "accepted"
+
+
+def test_signed_export_keeps_provenance_and_a_tampered_line_loses_it(ws: Ws, tmp_path: Path) -> None:
+    for i, kind in enumerate(("message", "allow")):
+        payload = {"text": "go"} if kind == "message" else {"permission": "approve", "scope": "task:T"}
+        assert ws.run("session", "accept", "s1", "--kind", kind, "--input-id", f"i{i}",
+                      "--payload", json.dumps(payload)).code == 0
+    lines = [json.loads(x) for x in ws.run("session", "export", "s1").out.splitlines()]
+    assert all(len(x["sig"]) == 64 for x in lines)
+    for x in lines:
+        x["session"] = "s2"  # the signature covers the session too: moving a line is tampering
+    moved = tmp_path / "moved.jsonl"
+    moved.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert ws.run("session", "import", str(moved)).code == 0
+    assert {x["accepted_by"] for x in map(json.loads, ws.run("session", "export", "s2").out.splitlines())} == {
+        "IMPORTED:ADMIN:local-owner"}
+    lines = [json.loads(x) for x in ws.run("session", "export", "s1").out.splitlines()]
+    for x in lines:
+        x["session"] = "s3"
+    signed = tmp_path / "signed.jsonl"
+    signed.write_text("".join(json.dumps({k: v for k, v in x.items() if k != "sig"}) + "\n" for x in lines))
+    assert ws.run("session", "import", str(signed)).code == 0  # unsigned: claims marked
+    assert {x["accepted_by"] for x in map(json.loads, ws.run("session", "export", "s3").out.splitlines())} == {
+        "IMPORTED:ADMIN:local-owner"}
+    genuine = tmp_path / "genuine.jsonl"
+    genuine.write_text(ws.run("session", "export", "s1").out)
+    fresh = Ws(tmp_path / "other")
+    assert taskkernel("init", str(fresh.root), cwd=tmp_path).returncode == 0
+    (fresh.root / ".taskkernel" / "chain.key").unlink(missing_ok=True)
+    (fresh.root / ".taskkernel" / "chain.key").write_bytes((ws.root / ".taskkernel" / "chain.key").read_bytes())
+    assert fresh.run("session", "import", str(genuine)).code == 0  # same workspace key: provenance proven
+    assert [x["accepted_by"] for x in map(json.loads, fresh.run("session", "export", "s1").out.splitlines())] == [
+        "ADMIN:local-owner", "ADMIN:local-owner"]
+
+
+def test_agents_write_only_their_own_sessions(ws: Ws) -> None:
+    dev, pm = ws.token("DEV"), ws.token("PM")
+    msg = json.dumps({"text": "hello"})
+    assert ws.run("session", "accept", "dev-notes", "--kind", "message", "--input-id", "m1", "--payload", msg,
+                  token=dev).code == 0
+    rejected(ws.run("session", "accept", "dev-notes", "--kind", "message", "--input-id", "m2", "--payload", msg,
+                    token=pm), "role_not_authorized")
+    rejected(ws.run("session", "consume", "dev-notes", "--through", "1", token=pm), "role_not_authorized")
+    rejected(ws.run("session", "complete-turn", "dev-notes", token=pm), "role_not_authorized")
+    rejected(ws.run("session", "export", "dev-notes", token=pm), "role_not_authorized")
+    rejected(ws.run("session", "replay", "dev-notes", token=pm), "role_not_authorized")
+    assert ws.run("session", "consume", "dev-notes", "--through", "1", token=dev).code == 0
+    assert ws.run("session", "export", "dev-notes").code == 0  # ADMIN reads every session
+    # the grant session: instructions, bookkeeping and grants are ADMIN's; evidence is anyone's, weighed by role
+    for kind, payload in (("message", msg), ("allow", json.dumps({"permission": "approve", "scope": "task:X"}))):
+        rejected(ws.run("session", "accept", "admin", "--kind", kind, "--input-id", f"x-{kind}", "--payload", payload,
+                        token=dev), "role_not_authorized")
+    rejected(ws.run("session", "refuse", "admin", "--kind", "message", "--input-id", "x", "--reason", "r",
+                    "--payload", msg, token=dev), "role_not_authorized")
+    rejected(ws.run("session", "accept", "mine", "--kind", "allow", "--input-id", "g", "--payload",
+                    json.dumps({"permission": "approve", "scope": "task:X"}), token=dev), "role_not_authorized")
+    obs = {"tool": "get_env", "status": "ok", "entity": "env:current", "key": "name", "value": "prod"}
+    assert ws.run("session", "accept", "admin", "--kind", "observation", "--input-id", "o1", "--payload",
+                  json.dumps(obs), token=dev).code == 0
+    exported = [json.loads(x) for x in ws.run("session", "export", "admin").out.splitlines()]
+    assert exported[-1]["accepted_by"] == "DEV:dev"  # an agent's claim, never a tool's read
+
+
+def test_bogus_and_empty_tokens_are_refused_everywhere(ws: Ws) -> None:
+    tid = ws.submit({"type": "create_task", "idempotency_key": "t",
+                     "payload": {"sender": "ADMIN", "recipient": "PM", "subject": "s"}}).json["task_id"]
+    goal = ws.run("goal", "start", tid).json["goal_id"]
+    verbs: list[tuple[str, ...]] = [
+        ("token", "issue", "ADMIN"), ("submit", "-"),
+        ("session", "accept", "s", "--kind", "message", "--input-id", "i", "--payload", '{"text":"x"}'),
+        ("session", "refuse", "s", "--kind", "message", "--input-id", "i", "--reason", "r"),
+        ("session", "consume", "s", "--through", "0"), ("session", "complete-turn", "s"),
+        ("session", "import", "-"), ("session", "export", "admin"), ("goal", "start", tid), ("goal", "cancel", goal)]
+    create = json.dumps({"type": "create_task", "idempotency_key": "b",
+                         "payload": {"sender": "ADMIN", "recipient": "PM", "subject": "s"}})
+    for token, reason in ((BOGUS, "actor_unverified"), ("", "actor_unverified"), ("not-a-token", "actor_unverified")):
+        for verb in verbs:
+            r = ws.run(*verb, token=token, stdin=create if verb[0] == "submit" else "")
+            rejected(r, reason)
+    assert ws.run("task", "show", tid).json["revision"] == 1
+    assert ws.run("goal", "show", goal).json["state"] == "active"
+
+
+def test_no_token_means_the_owners_file_or_nothing(ws: Ws) -> None:
+    state = ws.root / ".taskkernel"
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700
+    for name in ("owner.token",):
+        assert stat.S_IMODE((state / name).stat().st_mode) == 0o600
+    assert stat.S_IMODE((ws.root / "taskkernel.toml").stat().st_mode) == 0o600
+    assert ws.run("token", "issue", "DEV").code == 0
+    (state / "owner.token").rename(state / "elsewhere")
+    r = ws.run("token", "issue", "ADMIN")
+    rejected(r, "actor_unverified")
+    assert "owner.token" in r.json["message"]
+    owner = (state / "elsewhere").read_text().strip()
+    assert ws.run("token", "issue", "DEV", token=owner).code == 0
+
+
+def test_dev_cannot_mint_or_act_as_admin(ws: Ws) -> None:
+    dev = ws.token("DEV")
+    rejected(ws.run("token", "issue", "ADMIN", token=dev), "role_not_authorized")
+    r = ws.submit({"type": "create_task", "idempotency_key": "k",
+                   "payload": {"sender": "ADMIN", "recipient": "PM", "subject": "s"}}, dev)
+    rejected(r, "actor_unverified")
+    tid = ws.submit({"type": "create_task", "idempotency_key": "t",
+                     "payload": {"sender": "ADMIN", "recipient": "PM", "subject": "s"}}).json["task_id"]
+    rejected(ws.run("goal", "start", tid, token=dev), "role_not_authorized")
+    scoped_admin = ws.token("ADMIN", "--task", tid)
+    rejected(ws.run("goal", "start", tid, token=scoped_admin), "role_not_authorized")
+    goal = ws.run("goal", "start", tid).json["goal_id"]
+    rejected(ws.run("goal", "cancel", goal, token=dev), "role_not_authorized")
+    assert ws.run("goal", "cancel", goal).json["state"] == "cancelled"
+
+
+def test_idempotency_keys_cannot_be_squatted(ws: Ws) -> None:
+    dev = ws.token("DEV")
+    pm_task = ws.submit({"type": "create_task", "idempotency_key": "root",
+                         "payload": {"sender": "ADMIN", "recipient": "PM", "subject": "s"}}).json["task_id"]
+    for prefix in ("file:", "schedule:", "run:", "dispatch:", "blocked:"):
+        r = ws.submit({"type": "create_task", "idempotency_key": f"{prefix}fcop/_lifecycle/inbox/x.md:abc",
+                       "payload": {"sender": "DEV", "recipient": "QA", "subject": "squat"}}, dev)
+        rejected(r, "invalid_command")
+        assert "reserved" in r.json["message"]
+    # the same free-form key by two principals is two commands: PM cannot occupy the owner's next key
+    assert ws.on("claim", pm_task, "next", ws.token("PM")).json["status"] == "accepted"
+    r = ws.submit({"type": "create_task", "idempotency_key": "next",
+                   "payload": {"sender": "ADMIN", "recipient": "PM", "subject": "owner's", "parent": pm_task}})
+    assert r.json["status"] == "accepted", r
+    assert ws.run("task", "show", r.json["task_id"]).json["subject"] == "owner's"
