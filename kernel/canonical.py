@@ -3,26 +3,61 @@
 from __future__ import annotations
 
 import hashlib
-import json
+import math
 from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 
 _ORJSON_OPTIONS = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
+# Integers beyond ±2**53 are read back inexactly by JavaScript and by orjson beyond 64 bits (as floats),
+# so values that come from outside are held to this range (`check_json`).
+JSON_SAFE_INT = 2**53
+MAX_JSON_DEPTH = 64
 
 
 def canonical_json(value: Any) -> str:
     """Sorted keys, no insignificant whitespace, UTF-8 kept as is.
 
     orjson produces exactly ``json.dumps(sort_keys=True, separators=(",", ":"), ensure_ascii=False)``
-    for JSON data, several times faster (this runs ~5 times per command); values it cannot encode
-    (integers beyond 64 bits) take the standard library path, deterministically.
+    for JSON data, several times faster (this runs ~5 times per command). A value with no exact JSON
+    form that reads back as itself (an integer beyond 64 bits, an unknown type) is a ValueError, never
+    text that parses back as something else. orjson writes NaN and infinities as ``null``, so input
+    from outside is checked with :func:`check_json` where it enters (walking every stored value here
+    would double the cost of the hot path).
     """
     try:
         return orjson.dumps(value, option=_ORJSON_OPTIONS).decode("utf-8")
-    except TypeError:
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except orjson.JSONEncodeError as exc:
+        raise ValueError(f"not canonical JSON: {exc}") from exc
+
+
+def check_json(value: Any, where: str = "value") -> None:
+    """Raise ValueError unless ``value`` is plain JSON that survives a round trip exactly: finite floats,
+    integers within ±2**53 (bool is not a number here), string keys, at most MAX_JSON_DEPTH levels."""
+    stack: list[tuple[Any, str, int]] = [(value, where, 0)]
+    while stack:
+        item, path, depth = stack.pop()
+        if item is None or isinstance(item, str | bool):
+            continue
+        if isinstance(item, int):
+            if not -JSON_SAFE_INT <= item <= JSON_SAFE_INT:
+                raise ValueError(f"{path}: integer outside ±2**53")
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                raise ValueError(f"{path}: {item} is not a JSON number")
+        elif isinstance(item, dict | list | tuple):
+            if depth >= MAX_JSON_DEPTH:
+                raise ValueError(f"{path}: nested deeper than {MAX_JSON_DEPTH} levels")
+            if isinstance(item, dict):
+                for key, sub in item.items():
+                    if not isinstance(key, str):
+                        raise ValueError(f"{path}: key {key!r} is not a string")
+                    stack.append((sub, f"{path}.{key}", depth + 1))
+            else:
+                stack.extend((sub, f"{path}[{i}]", depth + 1) for i, sub in enumerate(item))
+        else:
+            raise ValueError(f"{path}: {type(item).__name__} is not a JSON value")
 
 
 def sha256_hex(text: str | bytes) -> str:

@@ -20,9 +20,9 @@ from enum import StrEnum
 from typing import Any
 
 import sqlalchemy as sa
-from pydantic import BaseModel, ConfigDict, Field
 
 from kernel.canonical import canonical_json, utc_now_iso
+from kernel.model.commands import TaskBudget
 from kernel.store.db import Database, UnitOfWork
 from kernel.store.events import EventStore, NewEvent
 from kernel.store.schema import metadata as kernel_metadata
@@ -51,13 +51,7 @@ class GoalReason(StrEnum):
     USER_CANCELLED = "user_cancelled"
 
 
-class Budget(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    tokens: int | None = Field(default=None, ge=0)
-    cost_usd: float | None = Field(default=None, ge=0)
-    wall_seconds: float | None = Field(default=None, ge=0)
-    attempts: int | None = Field(default=None, ge=0)
+Budget = TaskBudget  # a goal's limits have a root task's fields and bounds: strict, finite, stored exactly
 
 
 goals = sa.Table(
@@ -193,9 +187,10 @@ class GoalService:
         return Spent(int(row[0] or 0), float(row[1] or 0.0), int(row[2] or 0), int(row[3] or 0))
 
     def _exhausted(self, uow: UnitOfWork, row: Any) -> GoalReason | None:
-        budget = Budget.model_validate_json(row.budget)
+        budget = json.loads(row.budget)  # as validated when the goal started (older goals kept their figures)
         spent = self._spent(uow.conn, row.root_task, row.started_at)
-        checks = [(budget.tokens, spent.tokens, GoalReason.TOKENS), (budget.cost_usd, spent.cost_usd, GoalReason.COST),
-                  (budget.wall_seconds, spent.wall_ms / 1000, GoalReason.WALL_TIME),
-                  (budget.attempts, spent.attempts, GoalReason.ATTEMPTS)]
+        checks = [(budget.get("tokens"), spent.tokens, GoalReason.TOKENS),
+                  (budget.get("cost_usd"), spent.cost_usd, GoalReason.COST),
+                  (budget.get("wall_seconds"), spent.wall_ms / 1000, GoalReason.WALL_TIME),
+                  (budget.get("attempts"), spent.attempts, GoalReason.ATTEMPTS)]
         return next((reason for limit, used, reason in checks if limit is not None and used >= limit), None)

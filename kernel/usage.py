@@ -2,21 +2,25 @@
 
 Rows are inserted, never updated, so concurrent completions can neither double-count nor lose
 usage; totals are sums over rows. The owner is the root task (the goal), plus task, round,
-role, agent and feature, so every figure rolls up to whoever asked for the work.
+role, agent and feature, so every figure rolls up to whoever asked for the work. A figure is stored
+exactly or not at all: counts are integers within ±2**53 (64-bit columns on PostgreSQL too), costs
+finite, so a runner reporting nonsense cannot poison a sum or a budget.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 import sqlalchemy as sa
 
-from kernel.canonical import utc_now_iso
+from kernel.canonical import JSON_SAFE_INT, utc_now_iso
 from kernel.store.db import Database, UnitOfWork
 
 usage_metadata = sa.MetaData()
+Amount = sa.Integer().with_variant(sa.BigInteger(), "postgresql")  # SQLite's INTEGER is 64-bit already
 
 
 class Feature(StrEnum):
@@ -35,10 +39,10 @@ usage_table = sa.Table(
     sa.Column("role", sa.Text, nullable=False),
     sa.Column("agent", sa.Text, nullable=False),
     sa.Column("feature", sa.Text, nullable=False),
-    sa.Column("wall_ms", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("wall_ms", Amount, nullable=False, server_default="0"),
     sa.Column("exit_code", sa.Integer),
-    sa.Column("tokens_in", sa.Integer, nullable=False, server_default="0"),
-    sa.Column("tokens_out", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("tokens_in", Amount, nullable=False, server_default="0"),
+    sa.Column("tokens_out", Amount, nullable=False, server_default="0"),
     sa.Column("cost_usd", sa.Float, nullable=False, server_default="0"),
     sa.Column("recorded_at", sa.Text, nullable=False),
     sa.Index("ix_usage_root", "root_task"),
@@ -59,6 +63,14 @@ class UsageRecord:
     tokens_in: int = 0
     tokens_out: int = 0
     cost_usd: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("wall_ms", "tokens_in", "tokens_out"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= JSON_SAFE_INT:
+                raise ValueError(f"usage {name}={value!r} is not a count within 0..2**53")
+        if not isinstance(self.cost_usd, int | float) or not (math.isfinite(self.cost_usd) and self.cost_usd >= 0):
+            raise ValueError(f"usage cost_usd={self.cost_usd!r} is not a finite non-negative amount")
 
 
 def install(db: Database) -> None:

@@ -1,6 +1,10 @@
 """Command wire format (`taskkernel submit`, MCP and file adapters) as pydantic models.
 
-Shape validation is check 1 of the kernel: anything that fails here is ``invalid_command``.
+Shape validation is check 1 of the kernel: anything that fails here is ``invalid_command``, except
+a task id out of its grammar or range, which is ``invalid_task_id`` (errors of type TASK_ID_ERROR).
+Numbers are strict: an integer field takes only an integer (not ``true``, ``"1"`` or ``1.0``) within
+±2**53, a float field only a finite number, and free-form JSON (payload, transport) is checked the
+same way, so what is stored reads back exactly (docs/events.md).
 """
 
 from __future__ import annotations
@@ -8,11 +12,23 @@ from __future__ import annotations
 import re
 from enum import StrEnum
 from functools import cached_property
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
-TASK_ID_RE = re.compile(r"^TASK-\d{8}-\d{3,}$")
+from kernel.canonical import JSON_SAFE_INT, check_json
+from kernel.model.ids import TASK_ID_RE as TASK_ID_RE  # re-exported: the grammar other modules match
+from kernel.model.ids import task_id_problem
+
+TASK_ID_ERROR = "invalid_task_id"  # the pydantic error type of a bad task id
+Count = Annotated[int, Field(strict=True, ge=0, le=JSON_SAFE_INT)]  # no bool, "1" or 1.0; exact in JSON
+MAX_STORED_ROUND = 2**31 - 1  # `round` is an INTEGER column of the read model
+# Budget bounds (docs/goals.md): tokens up to the exact-JSON limit; a billion dollars; about 31 years;
+# a million attempts. Beyond them a figure is a typo or an attack, never a plan.
+MAX_BUDGET_COST_USD = 1e9
+MAX_BUDGET_WALL_SECONDS = 1e9
+MAX_BUDGET_ATTEMPTS = 1_000_000
 _THREAD_SUFFIX_RE = re.compile(r"#TASK-\d{8}-\d{3,}.*$", re.IGNORECASE)
 
 
@@ -62,12 +78,15 @@ class CostTier(StrEnum):
 
 
 class TaskBudget(BaseModel):
+    """Limits of a root task (and of a goal): strict, finite and bounded, so they are stored exactly."""
+
     model_config = ConfigDict(extra="forbid")
 
-    tokens: int | None = Field(default=None, ge=0)
-    cost_usd: float | None = Field(default=None, ge=0)
-    wall_seconds: float | None = Field(default=None, ge=0)
-    attempts: int | None = Field(default=None, ge=0)
+    tokens: int | None = Field(default=None, strict=True, ge=0, le=JSON_SAFE_INT)
+    cost_usd: float | None = Field(default=None, strict=True, allow_inf_nan=False, ge=0, le=MAX_BUDGET_COST_USD)
+    wall_seconds: float | None = Field(default=None, strict=True, allow_inf_nan=False, ge=0,
+                                       le=MAX_BUDGET_WALL_SECONDS)
+    attempts: int | None = Field(default=None, strict=True, ge=0, le=MAX_BUDGET_ATTEMPTS)
 
 
 class ReportStatus(StrEnum):
@@ -88,6 +107,13 @@ _ROLE_RE = re.compile(r"^[A-Z][A-Z0-9_-]{0,31}$")
 def _role(value: str) -> str:
     if not _ROLE_RE.match(value):
         raise ValueError(f"role code {value!r} must be upper-case letters, digits, '-' or '_'")
+    return value
+
+
+def _task_id(value: str | None) -> str | None:
+    """A task id in its grammar and ranges, else an error of type TASK_ID_ERROR (reason ``invalid_task_id``)."""
+    if value is not None and (problem := task_id_problem(value)):
+        raise PydanticCustomError(TASK_ID_ERROR, "{problem}", {"problem": problem})
     return value
 
 
@@ -118,19 +144,14 @@ class CreateTaskPayload(_Strict):
     def _opt_role(cls, v: str | None) -> str | None:
         return None if v is None else _role(v)
 
-    @field_validator("parent")
-    @classmethod
-    def _parent_id(cls, v: str | None) -> str | None:
-        if v is not None and not TASK_ID_RE.match(v):
-            raise ValueError(f"parent {v!r} is not a TASK-YYYYMMDD-NNN id")
-        return v
+    _parent_id = field_validator("parent")(_task_id)
 
 
 class AdoptTaskPayload(CreateTaskPayload):
     """Take over a task that already exists on disk (an imported FCoP workspace) in the state found there."""
 
     state: Literal["inbox", "active", "review", "done", "archive"]
-    round: int = Field(ge=0)
+    round: int = Field(strict=True, ge=0, le=MAX_STORED_ROUND)
     source: str = Field(min_length=1, max_length=1000)  # the file it was adopted from
 
     @model_validator(mode="after")
@@ -188,7 +209,7 @@ class PerformPayload(_Strict):
     based_on_event: str | list[str] | None = None
     permission_event: str | None = None
     requires_state: RequiredState | None = None
-    plan_seq: int | None = Field(default=None, ge=0)
+    plan_seq: Count | None = None
 
 
 PAYLOAD_MODELS: dict[CommandType, type[BaseModel]] = {
@@ -219,21 +240,23 @@ class Command(BaseModel):
     task_id: str | None = None
     thread_key: str | None = None
     root: str | None = None
-    expected_revision: int | None = Field(default=None, ge=0)
-    round: int | None = Field(default=None, ge=0)
+    expected_revision: Count | None = None
+    round: Count | None = None
     idempotency_key: str = Field(min_length=1, max_length=300)
     payload: dict[str, Any] = Field(default_factory=dict)
     # Protected actions cite the evidence they are based on (see docs/reason-codes.md).
-    based_on_event: int | None = Field(default=None, ge=1)
+    based_on_event: int | None = Field(default=None, strict=True, ge=1, le=JSON_SAFE_INT)
     permission_session: str | None = Field(default=None, min_length=1, max_length=200)
-    permission_as_of: int | None = Field(default=None, ge=0)  # session-log cutoff the command was formed at
+    permission_as_of: Count | None = None  # session-log cutoff the command was formed at
     transport: dict[str, Any] | None = None  # free-form metadata, excluded from the semantic digest
 
-    @field_validator("task_id", "root")
+    _task_ids = field_validator("task_id", "root")(_task_id)
+
+    @field_validator("payload", "transport")
     @classmethod
-    def _task_id(cls, v: str | None) -> str | None:
-        if v is not None and not TASK_ID_RE.match(v):
-            raise ValueError(f"{v!r} is not a TASK-YYYYMMDD-NNN id")
+    def _exact_json(cls, v: dict[str, Any] | None, info: ValidationInfo) -> dict[str, Any] | None:
+        if v is not None:
+            check_json(v, info.field_name or "value")
         return v
 
     @model_validator(mode="after")
