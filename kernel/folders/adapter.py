@@ -6,7 +6,7 @@ from pathlib import Path
 
 from kernel.commands import TaskCommandKernel
 from kernel.fcop import Scanner, open_workspace
-from kernel.folders.ingest import Ingest, IngestStats
+from kernel.folders.ingest import Ingest, IngestIncomplete, IngestStats
 from kernel.folders.projection import PROJECT_EFFECT, Projection
 from kernel.folders.tracking import FileTracker
 from kernel.outbox import OutboxRelay
@@ -26,7 +26,10 @@ class FolderAdapter:
         self.last_ingest = IngestStats()
 
     def ingest_pass(self) -> int:
+        """Files taken in; raises IngestIncomplete (after the whole pass) if any file failed."""
         self.last_ingest = self.ingest.run()
+        if self.last_ingest.failed:
+            raise IngestIncomplete(self.last_ingest)
         return self.last_ingest.progress
 
     def project_pass(self) -> int:

@@ -11,6 +11,10 @@
 Files carry no credential: a command born from a file acts as the role the file names, with agent
 `fcop-file`, and every role and authority check still applies. Idempotency keys are derived from
 path and content digest, so rescans and restarts never duplicate a command.
+
+One file can never stop the pass: whatever fails while taking it in (a store or disk error, a bug
+it triggers) is logged against that file, which is looked at again next pass, and the pass goes on
+with the next file; `IngestIncomplete` then tells the coordinator the stage did not fully succeed.
 """
 
 from __future__ import annotations
@@ -63,10 +67,19 @@ class IngestStats:
     quarantined: int = 0
     moved_back: int = 0
     notes: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)  # "<rel>: <error class>: <message>", retried next pass
 
     @property
     def progress(self) -> int:
         return self.commands + self.quarantined
+
+
+class IngestIncomplete(Exception):
+    """Raised after a pass in which some files failed; the other files were taken in."""
+
+    def __init__(self, stats: IngestStats) -> None:
+        super().__init__(f"{len(stats.failed)} file(s) failed, first {stats.failed[0]}")
+        self.stats = stats
 
 
 def file_key(entry: ScanEntry, sha256: str, step: str = "") -> str:
@@ -86,25 +99,39 @@ class Ingest:
         stats = IngestStats()
         batch = self.scanner.scan()
         for entry in batch.invalid:
-            self._quarantine(entry, stats)
-        handlers: dict[type, Callable[[ScanEntry, Any, IngestStats], None]] = {
-            TaskEnvelope: self._task, ReportEnvelope: self._report, ReviewEnvelope: self._review}
+            self._contained(entry, stats, self._quarantine)
         # tasks first, so reports and reviews in the same batch find their task
         for entry in sorted(batch.ready, key=lambda e: (not isinstance(e.envelope, TaskEnvelope), e.rel)):
-            env = entry.envelope
-            known = self.tracker.get(entry.rel)
-            if env is None or (known is not None and known.sha256 == env.sha256):
-                continue
-            handler = handlers.get(type(env))
-            if handler is None:  # ISSUEs are evidence only
-                self.tracker.record(entry.rel, env.sha256, None, Origin.INGESTED)
-                continue
-            try:
-                handler(entry, env, stats)
-            except FcopError as exc:  # the file moved or changed under us: look again next pass
-                log.warning("ingest_file_changed", rel=entry.rel, reason=exc.reason.value, message=str(exc))
-                self.scanner.forget(entry.rel)
+            self._contained(entry, stats, self._take)
         return stats
+
+    def _contained(self, entry: ScanEntry, stats: IngestStats,
+                   step: Callable[[ScanEntry, IngestStats], None]) -> None:
+        """Take one file; whatever goes wrong stays with it, and it is looked at again next pass."""
+        try:
+            step(entry, stats)
+        except FcopError as exc:  # the file moved or changed under us
+            log.warning("ingest_file_changed", rel=entry.rel, reason=exc.reason.value, message=str(exc))
+            self.scanner.forget(entry.rel)
+        except Exception as exc:  # noqa: BLE001 - a failure on one file must not keep the others out
+            error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+            log.error("ingest_file_failed", rel=entry.rel, error=error, exc_info=True)
+            self.scanner.forget(entry.rel)
+            stats.failed.append(f"{entry.rel}: {error}")
+
+    def _take(self, entry: ScanEntry, stats: IngestStats) -> None:
+        env = entry.envelope
+        known = self.tracker.get(entry.rel)
+        if env is None or (known is not None and known.sha256 == env.sha256):
+            return
+        if isinstance(env, TaskEnvelope):
+            self._task(entry, env, stats)
+        elif isinstance(env, ReportEnvelope):
+            self._report(entry, env, stats)
+        elif isinstance(env, ReviewEnvelope):
+            self._review(entry, env, stats)
+        else:  # ISSUEs are evidence only
+            self.tracker.record(entry.rel, env.sha256, None, Origin.INGESTED)
 
     # -- per kind ----------------------------------------------------------------------------
     def _task(self, entry: ScanEntry, env: TaskEnvelope, stats: IngestStats) -> None:
