@@ -1,7 +1,9 @@
 """The coordinator (`taskkernel up`): wires the adapters around the kernel and drives them.
 
 One pass = dispatch new tasks, relay wake-ups, run due agents. `run_once` repeats passes
-until nothing moves (for scripts and tests); `run` keeps going until stopped.
+until nothing moves (for scripts and tests); `run` keeps going until stopped. A stage that fails
+is contained to its pass but never silent: it is logged, and the pass says which stage failed and
+why, so `up --once` can exit degraded and `up` can show it live.
 """
 
 from __future__ import annotations
@@ -53,12 +55,25 @@ def build_kernel(db: Database, workspace: Workspace | None) -> TaskCommandKernel
                              guards=[HumanGrantGuard(log), gate])
 
 
+@dataclass(frozen=True)
+class StageFailure:
+    """A stage that raised during a pass: its name and the error's class and first words (no traceback)."""
+
+    stage: str
+    error: str
+    message: str
+
+    @classmethod
+    def of(cls, stage: str, exc: BaseException) -> StageFailure:
+        return cls(stage, type(exc).__name__, " ".join(str(exc).split())[:300])
+
+
 @dataclass
 class PassStats:
     dispatched: int = 0
     wakes: int = 0
     runs: int = 0
-    failures: int = 0
+    failed: list[StageFailure] = field(default_factory=list)
     extra: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -84,6 +99,7 @@ class Coordinator:
                                      owner=self.owner, leader=team.leader, handlers=handlers,
                                      task_file=self._task_file)
         self.stages: dict[str, Stage] = {}  # further adapters (scheduler) register here
+        self.failing: dict[str, StageFailure] = {}  # stages whose last run failed, for logs and the live view
         folder_cfg = workspace.config.get("folders", {})
         self.folders: FolderAdapter | None = None
         if folder_cfg.get("enabled", True):
@@ -118,15 +134,24 @@ class Coordinator:
         for name, stage in stages:
             try:
                 done = stage()
-            except Exception:  # noqa: BLE001 - one bad input must not stop the coordinator
-                log.exception("coordinator_stage_failed", stage=name)
-                stats.failures += 1
+            except Exception as exc:  # noqa: BLE001 - one bad input must not stop the coordinator
+                self._failed(stats, StageFailure.of(name, exc))
                 continue
+            if self.failing.pop(name, None) is not None:
+                log.warning("coordinator_stage_recovered", stage=name)
             if name in _CORE_FIELDS:
                 setattr(stats, _CORE_FIELDS[name], done)
             else:
                 stats.extra[name] = done
         return stats
+
+    def _failed(self, stats: PassStats, failure: StageFailure) -> None:
+        """Record and log a failure: with its traceback when new, as one line while it repeats."""
+        stats.failed.append(failure)
+        repeated = self.failing.get(failure.stage) == failure
+        self.failing[failure.stage] = failure
+        log.error("coordinator_stage_failed", stage=failure.stage, error=failure.error, message=failure.message,
+                  repeated=repeated, exc_info=not repeated)
 
     def run_once(self, max_passes: int = 500) -> list[PassStats]:
         """Process everything pending, then return (runs that back off into the future are left due)."""

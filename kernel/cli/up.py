@@ -1,4 +1,9 @@
-"""`taskkernel up`: run the coordinator over a workspace."""
+"""`taskkernel up`: run the coordinator over a workspace.
+
+A stage that failed is never reported as ok: `--once` exits 1 with ``"status": "degraded"`` and the
+failed stages; the long-running form keeps going and shows the failing stages in its live table
+(the coordinator logs each failure as a structured line either way).
+"""
 
 from __future__ import annotations
 
@@ -10,10 +15,11 @@ from pathlib import Path
 import sqlalchemy as sa
 import typer
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from kernel.cli.common import Exit, emit, fail, get_ctx, stderr
-from kernel.coordinator import Coordinator, PassStats
+from kernel.coordinator import Coordinator, PassStats, StageFailure
 from kernel.fcop import FcopError
 from kernel.store.schema import tasks
 from kernel.workspace import Workspace, WorkspaceNotFound
@@ -39,6 +45,11 @@ def up(ctx: typer.Context, workspace: Path = typer.Argument(None, help="Workspac
         passes = coordinator.run_once()
         done = {"passes": len(passes), "dispatched": sum(p.dispatched for p in passes),
                 "wakes": sum(p.wakes for p in passes), "runs": sum(p.runs for p in passes)}
+        failed = _failed_stages([f for p in passes for f in p.failed])
+        if failed:
+            emit({"status": "degraded", "failed_stages": failed, **done})
+            stderr.print(f"[red]degraded[/red]: {len(failed)} stage failure(s); processed: {done}")
+            raise typer.Exit(int(Exit.INTERNAL))
         emit({"status": "ok", **done})
         stderr.print(f"processed: {done}")
         return
@@ -70,8 +81,16 @@ def up(ctx: typer.Context, workspace: Path = typer.Argument(None, help="Workspac
     emit({"status": "stopped", **totals})
 
 
+def _failed_stages(failures: list[StageFailure]) -> list[dict[str, object]]:
+    """One entry per distinct failure, in first-seen order, with the number of passes it happened in."""
+    counts: dict[StageFailure, int] = {}
+    for f in failures:
+        counts[f] = counts.get(f, 0) + 1
+    return [{"stage": f.stage, "error": f.error, "message": f.message, "passes": n} for f, n in counts.items()]
+
+
 def _status(coordinator: Coordinator, totals: dict[str, int]) -> Table:
-    """The live view: tasks per state and what the coordinator has done since it started."""
+    """The live view: tasks per state, what the coordinator has done since it started, failing stages."""
     with coordinator.db.read() as conn:
         states: dict[str, int] = {row[0]: row[1] for row in conn.execute(
             sa.select(tasks.c.state, sa.func.count()).group_by(tasks.c.state))}
@@ -80,4 +99,8 @@ def _status(coordinator: Coordinator, totals: dict[str, int]) -> Table:
         table.add_column(state, justify="right")
     table.add_row(*(str(states.get(s, 0)) for s in ("inbox", "active", "review", "done", "archive")))
     table.caption = " · ".join(f"{k} {v}" for k, v in totals.items())
+    if coordinator.failing:
+        table.title = f"taskkernel up: {coordinator.workspace.root} [bold red](degraded)[/bold red]"
+        table.caption += "\n" + "\n".join(f"[red]failing[/red] {f.stage}: {escape(f.error)}: {escape(f.message)}"
+                                           for f in coordinator.failing.values())
     return table
