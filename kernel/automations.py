@@ -1,12 +1,16 @@
 """The scheduler as the coordinator runs it: actions wired to the kernel and the session log, and
-every fire recorded as usage (feature `automation`) so a runaway automation shows in `usage --top`."""
+every fire recorded as usage (feature `automation`) so a runaway automation shows in `usage --top`.
+
+Each fire acts as its schedule's principal (``scheduler.authority``): the kernel judges a schedule's
+task exactly as it judges that role's own commands, and session inputs carry that role's trust.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from kernel.commands import TaskCommandKernel
@@ -15,26 +19,16 @@ from kernel.sessionlog import SessionLog
 from kernel.usage import Feature, UsageRecord, record_usage
 from kernel.usage import install as install_usage
 from scheduler.actions import ActionContext, ActionRegistry, ActionResult
+from scheduler.clockjump import DEFAULT_MAX_CLOCK_SKEW
+from scheduler.models import parse_duration
 from scheduler.runtime import SchedulerRuntime
-
-SCHEDULER_PRINCIPAL = "SYSTEM:scheduler"
-
-
-class _SessionSink:
-    """Inputs an automation accepts are accepted from the system, not from a person or an agent."""
-
-    def __init__(self, log: SessionLog) -> None:
-        self.log = log
-
-    def accept(self, session: str, inp: Mapping[str, Any]) -> Any:
-        return self.log.accept(session, inp, accepted_by=SCHEDULER_PRINCIPAL)
 
 
 class _AttributedActions(ActionRegistry):
     """Every action that ran is a unit of work owned by its task's root (or by the schedule)."""
 
     def __init__(self, kernel: TaskCommandKernel) -> None:
-        super().__init__(submit=kernel.submit, session_log=_SessionSink(SessionLog(kernel.db)))
+        super().__init__(submit=kernel.submit, session_log=SessionLog(kernel.db))
         self.kernel = kernel
 
     def run(self, ctx: ActionContext) -> ActionResult:
@@ -52,11 +46,19 @@ class _AttributedActions(ActionRegistry):
         return result
 
 
+def max_clock_skew(config: Mapping[str, Any]) -> timedelta:
+    """``[scheduler] max_clock_skew`` (a duration such as ``"1d"`` or ``"6h"``; default one day)."""
+    value = config.get("max_clock_skew")
+    return DEFAULT_MAX_CLOCK_SKEW if value is None else timedelta(seconds=parse_duration(value))
+
+
 class Automations:
-    def __init__(self, kernel: TaskCommandKernel, owner: str) -> None:
+    def __init__(self, kernel: TaskCommandKernel, owner: str, config: Mapping[str, Any] | None = None) -> None:
+        """``config``: the workspace's ``[scheduler]`` table."""
         install_usage(kernel.db)
         self.actions = _AttributedActions(kernel)
-        self.runtime = SchedulerRuntime(kernel.db, self.actions, owner=owner)
+        self.runtime = SchedulerRuntime(kernel.db, self.actions, owner=owner,
+                                        max_clock_skew=max_clock_skew(config or {}))
 
     def tick(self, now: datetime | None = None) -> int:
         """One durable pass (`up --once`); returns how many occurrences were claimed."""

@@ -6,6 +6,10 @@
 - ``accept_input`` appends to a session log with the same key as ``input_id`` (idempotent too).
 - ``call`` runs a Python callable registered by name (role modules); idempotent only if declared.
 
+Every action acts as the schedule's principal (``authority.acting_principal``): its owner role,
+never above the principal that created it; a fire whose definition breaks that rule fails
+``role_not_authorized`` before anything runs.
+
 Patrol guards (the CodeFlowMu loops of codeflowmu-kernel.md §4): a schedule with ``watch`` compares
 a digest of the watched state with the baseline taken right after its previous fire. The baseline
 is taken *after* the action, so the patrol's own synchronous writes never look like a change.
@@ -21,6 +25,7 @@ from typing import Any, Protocol
 
 from kernel.canonical import digest
 from kernel.model.principal import Principal
+from scheduler.authority import SYSTEM_SCHEDULER, acting_principal, is_owner
 from scheduler.ledger import Claim, Outcome
 from scheduler.models import ActionType, MissReason, OccurrenceState, ScheduleError, SchedulerException, zone
 from scheduler.triggers import iso_z
@@ -33,9 +38,11 @@ class Submit(Protocol):
 
 
 class SessionSink(Protocol):
-    """``kernel.sessionlog.SessionLog``: ``accept(session, {"input_id", "kind", "payload"})``."""
+    """``kernel.sessionlog.SessionLog``: ``accept(session, {"input_id", "kind", "payload"}, …)``; with
+    ``writer`` it applies the session's write rules and records the writer as ``accepted_by``."""
 
-    def accept(self, session: str, inp: Mapping[str, Any]) -> Any: ...
+    def accept(self, session: str, inp: Mapping[str, Any], *, accepted_by: str | None = None,
+               writer: Principal | None = None) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -48,7 +55,7 @@ class ActionContext:
 
     @property
     def principal(self) -> Principal:
-        return Principal(role=self.claim.spec.owner_role, agent=f"scheduler:{self.claim.name}")
+        return acting_principal(self.claim.spec, self.claim.name)
 
     def render(self, value: Any) -> Any:
         """Fill ``{schedule}``, ``{dedup_key}``, ``{nominal}``, ``{local}``, ``{attempt}`` in strings."""
@@ -102,10 +109,11 @@ class ActionRegistry:
         act = ctx.claim.spec.action
         if act is None:
             raise SchedulerException(ScheduleError.INVALID_ACTION, f"schedule {ctx.claim.name!r} has no action")
+        principal = ctx.principal  # refuses a definition that would act above its creator, before any action
         if act.type is ActionType.CREATE_TASK:
-            return self._create_task(ctx)
+            return self._create_task(ctx, principal)
         if act.type is ActionType.ACCEPT_INPUT:
-            return self._accept_input(ctx)
+            return self._accept_input(ctx, principal)
         fn = self._callables.get(act.callable or "")
         if fn is None:
             raise SchedulerException(ScheduleError.UNKNOWN_CALLABLE, f"no callable registered as {act.callable!r}")
@@ -114,27 +122,30 @@ class ActionRegistry:
             return out or ActionResult()
         return ActionResult(run_ref=out.get("run_ref"), progress=out.get("progress"))
 
-    def _create_task(self, ctx: ActionContext) -> ActionResult:
+    def _create_task(self, ctx: ActionContext, principal: Principal) -> ActionResult:
         if self.submit is None:
             raise SchedulerException(ScheduleError.INVALID_ACTION, "create_task needs the task kernel")
         act = ctx.claim.spec.action
         assert act is not None and act.template is not None
-        payload = {"body": "", **ctx.render(act.template), "sender": ctx.claim.spec.owner_role}
+        payload = {"body": "", **ctx.render(act.template), "sender": principal.role}
         command = {"type": "create_task", "idempotency_key": ctx.idempotency_key, "payload": payload}
-        result = self.submit(command, ctx.principal)
+        result = self.submit(command, principal)
         if getattr(result, "status", None) not in ("accepted", "replayed"):
             raise SchedulerException(ScheduleError.ACTION_REJECTED,
                                      f"{getattr(result, 'reason', None)}: {getattr(result, 'message', '')}")
         return ActionResult(run_ref=getattr(result, "task_id", None))
 
-    def _accept_input(self, ctx: ActionContext) -> ActionResult:
+    def _accept_input(self, ctx: ActionContext, principal: Principal) -> ActionResult:
         if self.session_log is None:
             raise SchedulerException(ScheduleError.INVALID_ACTION, "accept_input needs the session log")
         act = ctx.claim.spec.action
         assert act is not None and act.session is not None
         inp = {"input_id": ctx.idempotency_key, "kind": act.kind, "payload": ctx.render(act.payload or {})}
         try:
-            res = self.session_log.accept(act.session, inp)
+            # The owner's automations speak as the system; anyone else's write under the session rules as
+            # themselves, so an agent's schedule never gains the system's (or a human's) trust.
+            res = (self.session_log.accept(act.session, inp, accepted_by=SYSTEM_SCHEDULER) if is_owner(principal)
+                   else self.session_log.accept(act.session, inp, writer=principal))
         except SchedulerException:
             raise
         except Exception as exc:  # the session log's own error values (e.g. invalid_input)

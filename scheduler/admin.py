@@ -2,6 +2,10 @@
 
 Every change bumps the schedule's revision (so a concurrent tick's compare-and-set fails instead
 of overwriting it) and, on PostgreSQL, notifies the other coordinators.
+
+A change made for a caller (``by``: its principal, from its credential) is authorized by
+``scheduler.authority`` on the row it writes, inside the transaction; ``by=None`` is the process's
+own wiring (the demo, tests), which holds no credential to check.
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from kernel.canonical import canonical_json
-from scheduler.ledger import Ledger, ScheduleRow
+from kernel.model.principal import Principal
+from scheduler.authority import check_create, check_manage
+from scheduler.ledger import Ledger, ScheduleRow, parse_spec
 from scheduler.models import (
     Kind,
     OccurrenceState,
@@ -93,19 +99,22 @@ class Schedules:
             "catchup_max": s.spec.catchup_max, "grace": s.spec.grace, "overlap": s.spec.overlap.value,
             "jitter": s.spec.jitter, "dst": s.spec.dst, "paused": s.paused, "pause_reason": s.pause_reason,
             "watermark": iso_z(s.watermark), "next_due": iso_z(s.next_due) if s.next_due else None,
-            "revision": s.revision, "no_progress": s.no_progress,
+            "revision": s.revision, "no_progress": s.no_progress, "owner_role": s.spec.owner_role,
+            "created_by": s.spec.created_by.model_dump(mode="json") if s.spec.created_by else None,
             "action": {"type": s.spec.action.type.value,
                        **s.spec.action.model_dump(mode="json", exclude_defaults=True)} if s.spec.action else None,
         }
 
     # -- changing ---------------------------------------------------------------------------------
 
-    def add(self, spec: ScheduleSpec, now: datetime) -> ScheduleRow:
-        self.add_many([spec], now)
+    def add(self, spec: ScheduleSpec, now: datetime, by: Principal | None = None) -> ScheduleRow:
+        self.add_many([spec], now, by)
         return self.get(spec.name)
 
-    def add_many(self, specs: list[ScheduleSpec], now: datetime) -> None:
-        """Add schedules in one transaction (all or none)."""
+    def add_many(self, specs: list[ScheduleSpec], now: datetime, by: Principal | None = None) -> None:
+        """Add schedules in one transaction (all or none), each recording ``by`` as its creator."""
+        if by is not None:
+            specs = [check_create(by, spec) for spec in specs]
         # Nominal occurrences at or after the creation instant belong to the schedule.
         watermark = now - _MICRO
         rows = []
@@ -133,15 +142,20 @@ class Schedules:
             conn.execute(schedule.insert(), rows)
             self.ledger.notify(conn)
 
-    def pause(self, name: str, now: datetime) -> ScheduleRow:
-        return self._set_paused(name, now, paused=True)
+    def _authorize(self, row: Any, by: Principal | None, verb: str) -> None:
+        if by is not None:
+            check_manage(by, parse_spec(row.definition), verb)
 
-    def resume(self, name: str, now: datetime) -> ScheduleRow:
-        return self._set_paused(name, now, paused=False)
+    def pause(self, name: str, now: datetime, by: Principal | None = None) -> ScheduleRow:
+        return self._set_paused(name, now, by, paused=True)
 
-    def _set_paused(self, name: str, now: datetime, *, paused: bool) -> ScheduleRow:
+    def resume(self, name: str, now: datetime, by: Principal | None = None) -> ScheduleRow:
+        return self._set_paused(name, now, by, paused=False)
+
+    def _set_paused(self, name: str, now: datetime, by: Principal | None, *, paused: bool) -> ScheduleRow:
         with self.ledger.tx() as conn:
             row = self._find(conn, name, lock=True)
+            self._authorize(row, by, "pause" if paused else "resume")
             if not paused and row.paused:
                 # Occurrences that came due during the pause are recorded missed ("paused") before
                 # the schedule runs again, so resuming never fires them as a catch-up.
@@ -155,10 +169,11 @@ class Schedules:
             self.ledger.notify(conn)
         return self.get(name)
 
-    def remove(self, name: str, now: datetime) -> ScheduleRow:
+    def remove(self, name: str, now: datetime, by: Principal | None = None) -> ScheduleRow:
         """Soft delete: the ledger rows stay for audit; the name can be reused."""
         with self.ledger.tx() as conn:
             row = self._find(conn, name, lock=True)
+            self._authorize(row, by, "remove")
             conn.execute(schedule.update().where(schedule.c.id == row.id).values(
                 removed_utc=db_time(now), next_due_utc=None, revision=schedule.c.revision + 1))
             self.ledger.notify(conn)
@@ -166,7 +181,7 @@ class Schedules:
         return ScheduleRow.load(removed)
 
     def backfill(self, name: str, start: datetime, end: datetime, now: datetime,
-                 max_count: int = 100) -> dict[str, Any]:
+                 max_count: int = 100, by: Principal | None = None) -> dict[str, Any]:
         """Reserve the nominal occurrences in ``[start, end]`` that never fired, for the coordinators
         to run in order. Explicit (a range), bounded (``max_count``), deduplicated (a key that
         already fired is reported, not queued; a missed one is re-queued once)."""
@@ -175,6 +190,8 @@ class Schedules:
         if end > now:
             raise SchedulerException(ScheduleError.INVALID_RANGE, "backfill covers past occurrences only (--to > now)")
         s = self.get(name)
+        if by is not None:  # the rows written below name this schedule's id, so it is the one authorized
+            check_manage(by, s.spec, "backfill")
         trig = self.trigger(s)
         # Calendar triggers advance from a nominal date, so walk them from the creation anchor.
         walk_from = s.created - _MICRO if s.spec.kind is Kind.CALENDAR else start - _MICRO

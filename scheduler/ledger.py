@@ -150,7 +150,8 @@ class Ledger:
     def insert(self, table: sa.Table) -> Any:
         return self._dialect.insert(table)
 
-    def _lock(self, sel: Any, *of: sa.Table) -> Any:
+    def locked(self, sel: Any, *of: sa.Table) -> Any:
+        """``sel`` with its rows locked, skipping rows other coordinators hold (PostgreSQL; SQLite has one writer)."""
         return sel.with_for_update(skip_locked=True, of=list(of) or None) if self.db.is_postgres else sel
 
     # -- claiming ---------------------------------------------------------------------------------
@@ -194,7 +195,7 @@ class Ledger:
             .order_by(schedule.c.next_due_utc)
             .limit(self.batch)
         )
-        rows = conn.execute(self._lock(sel)).all()
+        rows = conn.execute(self.locked(sel)).all()
         if not rows:
             return [], False
         claims, more = self.apply_due(conn, rows, owner, now)
@@ -275,7 +276,7 @@ class Ledger:
             .order_by(occurrence.c.nominal_utc)
         )
         claims: list[Claim] = []
-        for r in conn.execute(self._lock(sel, occurrence)).all():
+        for r in conn.execute(self.locked(sel, occurrence)).all():
             spec = parse_spec(r.definition)
             act = spec.action
             pk = (occurrence.c.schedule_id == r.schedule_id) & (occurrence.c.occurrence_key == r.occurrence_key) & (
@@ -305,7 +306,7 @@ class Ledger:
             .where(LIVE, occurrence.c.state == OccurrenceState.CLAIMED.value, schedule.c.removed_utc.is_(None))
             .order_by(occurrence.c.schedule_id, occurrence.c.nominal_utc)
         )
-        rows = conn.execute(self._lock(sel, occurrence)).all()
+        rows = conn.execute(self.locked(sel, occurrence)).all()
         if not rows:
             return []
         active = self._active(conn, now_s)

@@ -34,6 +34,10 @@ class ScheduleError(StrEnum):
     ACTION_REJECTED = "action_rejected"
     ACTION_FAILED = "action_failed"
     LEASE_LOST = "lease_lost"
+    ROLE_NOT_AUTHORIZED = "role_not_authorized"  # the caller's credential may not do this (the kernel's code)
+
+
+CLOCK_JUMP = "clock_jump"  # why a watermark was clamped: it stood further ahead of the clock than allowed
 
 
 class SchedulerException(Exception):
@@ -172,6 +176,17 @@ class ActionSpec(BaseModel):
         return self.type is not ActionType.CALL or self.idempotent
 
 
+class Creator(BaseModel):
+    """The principal that created a schedule, recorded so the schedule never acts above it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    role: str
+    agent: str
+    task_id: str | None = None
+    round: int | None = None
+
+
 class ScheduleSpec(BaseModel):
     """The full, validated definition of a schedule (stored as canonical JSON)."""
 
@@ -191,6 +206,9 @@ class ScheduleSpec(BaseModel):
     start: str | None = None  # interval anchor / calendar start date (ISO); default: creation time
     owner_role: str = "ADMIN"
     action: ActionSpec | None = None
+    # None: created before creators were recorded (or in-process, e.g. the demo); then the owner role
+    # stands for the creator's role.
+    created_by: Creator | None = None
 
     @field_validator("name")
     @classmethod

@@ -5,6 +5,10 @@ job at the earliest due occurrence (re-read from the database after every tick) 
 ``interval`` tick. All state lives in the ledger, so any number of coordinators can run, crash and
 restart; a restarted one recomputes what is due from the watermark. On PostgreSQL, schedule changes
 ``NOTIFY`` the other coordinators, which wake at once.
+
+Before claiming, a runtime looks for watermarks a forward clock jump left far ahead of the clock
+(``scheduler.clockjump``): on its first tick, whenever its clock went backwards, and at least every
+``clock_check_s`` - a scan of the schedule table, too costly for every tick.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from itertools import groupby
 from typing import Any
 
@@ -29,6 +33,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from kernel.logging import get_logger
 from kernel.store.db import Database
 from scheduler.actions import ActionRegistry, execute
+from scheduler.clockjump import DEFAULT_MAX_CLOCK_SKEW, ClockJump, clamp_clock_jumps
 from scheduler.ledger import NOTIFY_CHANNEL, Claim, Ledger, Outcome
 from scheduler.tables import install
 
@@ -62,6 +67,7 @@ class TickReport:
     claimed: int = 0
     outcomes: list[Outcome] = field(default_factory=list)
     lost: list[Outcome] = field(default_factory=list)
+    clock_jumps: list[ClockJump] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         counts: dict[str, int] = {}
@@ -127,6 +133,8 @@ class SchedulerRuntime:
         safety_tick_s: float = 30.0,
         workers: int = 4,
         faults: Faults | None = None,
+        max_clock_skew: timedelta = DEFAULT_MAX_CLOCK_SKEW,
+        clock_check_s: float = 60.0,
     ) -> None:
         install(db)
         self.db = db
@@ -137,7 +145,11 @@ class SchedulerRuntime:
         self.safety_tick_s = safety_tick_s
         self.workers = workers
         self.faults = faults
+        self.max_clock_skew = max_clock_skew
+        self.clock_check_s = clock_check_s
         self._last_heartbeat: float | None = None
+        self._last_check = 0.0  # monotonic time of the last clock-jump check
+        self._last_now: datetime | None = None  # the clock at the previous tick
 
     def _fault(self, point: str) -> None:
         if self.faults is not None:
@@ -149,6 +161,15 @@ class SchedulerRuntime:
         if self._last_heartbeat is None or mono - self._last_heartbeat >= self.ledger.lease.total_seconds() / 3:
             self.ledger.heartbeat(self.owner, socket.gethostname(), os.getpid(), now)
             self._last_heartbeat = mono
+
+    def check_clock(self, now: datetime) -> list[ClockJump]:
+        """Clamp watermarks a forward clock jump left ahead (rate-limited; see the module docstring)."""
+        mono, prev = time.monotonic(), self._last_now
+        self._last_now = now
+        if prev is not None and now >= prev and mono - self._last_check < self.clock_check_s:
+            return []
+        self._last_check = mono
+        return clamp_clock_jumps(self.ledger, self.owner, now, self.max_clock_skew)
 
     def run_claims(self, claims: list[Claim]) -> list[Outcome]:
         outcomes = []
@@ -163,9 +184,10 @@ class SchedulerRuntime:
         Used by ``--once`` and by tests; ``now`` overrides the clock."""
         at = now or self.clock()
         self._heartbeat(at)
+        jumps = self.check_clock(at)
         claims = self.ledger.claim_due(self.owner, at)
         self._fault("after_claim")
-        report = TickReport(claimed=len(claims))
+        report = TickReport(claimed=len(claims), clock_jumps=jumps)
         keeper = LeaseKeeper(self.ledger, self.clock) if now is None and claims else None
         if keeper:
             keeper.hold(claims)
@@ -214,6 +236,7 @@ class SchedulerRuntime:
                 try:
                     now = await asyncio.to_thread(self.clock)
                     await asyncio.to_thread(self._heartbeat, now)
+                    await asyncio.to_thread(self.check_clock, now)
                     claims = await asyncio.to_thread(self.ledger.claim_due, self.owner, now)
                     if claims:
                         keeper.hold(claims)

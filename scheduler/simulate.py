@@ -100,6 +100,7 @@ class VirtualCluster:
         if p.inflight:  # the virtual lease keeper of a running action
             self.ledger.renew([o.claim for _, _, outcomes in p.inflight for o in outcomes], now)
         try:
+            p.runtime.check_clock(now)
             claims = self.ledger.claim_due(p.runtime.owner, now)
             p.runtime._fault("after_claim")
             outcomes: list[Outcome] = []

@@ -84,6 +84,22 @@ occurrence_conflict = sa.Table(
     sa.PrimaryKeyConstraint("schedule_id", "nominal_utc", name="pk_occurrence_conflict"),
 )
 
+# Watermarks the runtime moved back because they stood further ahead of the clock than
+# [scheduler] max_clock_skew (reason ``clock_jump``). A table of its own, so databases created by an
+# earlier release gain it through create-if-missing.
+schedule_clamp = sa.Table(
+    "schedule_clamp",
+    metadata,
+    sa.Column("schedule_id", sa.Text, sa.ForeignKey("schedule.id"), nullable=False),
+    sa.Column("recorded_utc", sa.Text, nullable=False),  # the clock that found the jump
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("watermark_from", sa.Text, nullable=False),
+    sa.Column("watermark_to", sa.Text, nullable=False),
+    sa.Column("reopened", sa.Integer, nullable=False),  # missed records after watermark_to, decided again
+    sa.Column("by", sa.Text, nullable=False),  # the coordinator that clamped
+    sa.PrimaryKeyConstraint("schedule_id", "recorded_utc", name="pk_schedule_clamp"),
+)
+
 coordinator = sa.Table(
     "coordinator",
     metadata,

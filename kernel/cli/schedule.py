@@ -1,8 +1,12 @@
 """``taskkernel schedule ...``: add, list, show, pause, resume, remove, backfill, next, simulate.
 
 Every command prints one JSON document on stdout (docs/scheduler.md, "CLI"). Exit codes: 0 ok,
-2 rejected (unknown schedule, name taken, backfill too large), 64 usage (bad flags or values),
-65 unreadable or invalid input file. ``simulate`` needs no workspace or database.
+2 rejected (a credential that stands for nobody, a caller not authorized, unknown schedule, name taken,
+backfill too large), 64 usage (bad flags or values), 65 unreadable or invalid input file.
+
+Every verb that touches the store first resolves the caller's credential, so a bogus or empty token is
+refused before anything is read or written; changes are authorized by role in ``Schedules``
+(``scheduler.authority``). ``simulate`` needs no workspace, database or credential: it writes nothing.
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ from typing import Any, NoReturn
 import typer
 import yaml
 
-from kernel.cli.common import Exit, emit, fail, get_ctx
+from kernel.cli.common import Exit, emit, fail, get_ctx, reject
+from kernel.model.principal import Principal
 from scheduler.admin import Schedules
+from scheduler.clockjump import recent_clamps
 from scheduler.ledger import Ledger
 from scheduler.models import (
     ActionSpec,
@@ -35,6 +41,8 @@ _REJECTED = {ScheduleError.SCHEDULE_NOT_FOUND, ScheduleError.SCHEDULE_EXISTS, Sc
 
 
 def _fail(exc: SchedulerException, *, data_error: bool = False) -> NoReturn:
+    if exc.code is ScheduleError.ROLE_NOT_AUTHORIZED:
+        reject(exc.code.value, exc.message)  # the same refusal shape as an unverified credential
     if exc.code in _REJECTED:
         code = Exit.REJECTED
     else:
@@ -42,10 +50,13 @@ def _fail(exc: SchedulerException, *, data_error: bool = False) -> NoReturn:
     fail(code, exc.message, reason=exc.code.value)
 
 
-def _schedules(ctx: typer.Context) -> Schedules:
-    db = get_ctx(ctx).database()
+def _open(ctx: typer.Context) -> tuple[Schedules, Principal]:
+    """The schedules and the caller; a credential that stands for nobody ends the command (exit 2)."""
+    c = get_ctx(ctx)
+    principal = c.principal()
+    db = c.database()
     install(db)
-    return Schedules(Ledger(db))
+    return Schedules(Ledger(db)), principal
 
 
 def _now() -> datetime:
@@ -111,7 +122,8 @@ def add(
     jitter: str = typer.Option("0", "--jitter", help="Deterministic delay per occurrence, up to this long."),
     dst: str = typer.Option("wall", "--dst", help="Cron/calendar dedup keys: wall (local minute) | elapsed (UTC)."),
     start: str = typer.Option(None, "--start", help="Interval anchor / calendar start (ISO)."),
-    owner: str = typer.Option("ADMIN", "--owner", help="Role the automation acts as."),
+    owner: str = typer.Option(None, "--owner", help="Role the automation acts as (default: the caller's; "
+                              "only ADMIN may name another)."),
     action: str = typer.Option(None, "--action", help="create_task | accept_input | call"),
     template: Path = typer.Option(None, "--template", help="create_task: JSON/YAML with recipient, subject, body."),
     session: str = typer.Option(None, "--session", help="accept_input: session id."),
@@ -124,19 +136,19 @@ def add(
     fuse: int = typer.Option(3, "--fuse", help="Pause after N fires that changed nothing (0 = off)."),
     max_attempts: int = typer.Option(3, "--max-attempts", help="Most runs of one occurrence (idempotent actions)."),
 ) -> None:
-    """Add a schedule (exactly one of --cron, --every, --at, --calendar)."""
+    """Add a schedule (exactly one of --cron, --every, --at, --calendar); it acts as the caller's role."""
+    schedules, principal = _open(ctx)
     try:
         act = _action(action, template, session, kind, payload, callable_name, idempotent, only_if_changed,
                       watch, fuse, max_attempts)
         spec = spec_from_user({
             "cron": cron, "every": every, "at": at, "calendar": calendar, "tz": tz, "misfire": misfire,
             "catchup_window": catchup_window, "catchup_max": catchup_max, "grace": grace, "overlap": overlap,
-            "jitter": jitter, "dst": dst, "start": start, "owner_role": owner,
+            "jitter": jitter, "dst": dst, "start": start, "owner_role": owner or principal.role,
         }, name=name)
         spec = spec.model_copy(update={"action": act})
-        schedules = _schedules(ctx)
         now = _now()
-        row = schedules.add(spec, now)
+        row = schedules.add(spec, now, by=principal)
     except SchedulerException as exc:
         _fail(exc)
     emit({"status": "added", "schedule": schedules.view(row), "next": schedules.upcoming(row, now, 5)})
@@ -145,25 +157,26 @@ def add(
 @app.command("list")
 def list_(ctx: typer.Context) -> None:
     """All schedules (not removed)."""
-    schedules = _schedules(ctx)
+    schedules, _ = _open(ctx)
     emit({"schedules": [schedules.view(s) for s in schedules.all()]})
 
 
 @app.command("show")
 def show(ctx: typer.Context, name: str) -> None:
-    """A schedule with its watermark, next 5 occurrences and last 10 outcomes."""
-    schedules = _schedules(ctx)
+    """A schedule with its watermark, next 5 occurrences, last 10 outcomes and last 10 clock-jump clamps."""
+    schedules, _ = _open(ctx)
     try:
         s = schedules.get(name)
     except SchedulerException as exc:
         _fail(exc)
-    emit({**schedules.view(s), "next": schedules.upcoming(s, _now(), 5), "outcomes": schedules.outcomes(s, 10)})
+    emit({**schedules.view(s), "next": schedules.upcoming(s, _now(), 5), "outcomes": schedules.outcomes(s, 10),
+          "clock_jumps": recent_clamps(schedules.ledger, s.id, 10)})
 
 
 def _change(ctx: typer.Context, name: str, verb: str) -> None:
-    schedules = _schedules(ctx)
+    schedules, principal = _open(ctx)
     try:
-        s = getattr(schedules, verb)(name, _now())
+        s = getattr(schedules, verb)(name, _now(), by=principal)
     except SchedulerException as exc:
         _fail(exc)
     status = {"pause": "paused", "resume": "resumed", "remove": "removed"}[verb]
@@ -197,11 +210,11 @@ def backfill(
     max_count: int = typer.Option(100, "--max", help="Refuse ranges with more occurrences than this."),
 ) -> None:
     """Queue the past occurrences in a range that never fired (deduplicated, bounded)."""
-    schedules = _schedules(ctx)
+    schedules, principal = _open(ctx)
     try:
         s = schedules.get(name)
         result = schedules.backfill(name, parse_instant(from_, s.spec.tz), parse_instant(to, s.spec.tz), _now(),
-                                    max_count)
+                                    max_count, by=principal)
     except SchedulerException as exc:
         _fail(exc)
     emit(result)
@@ -210,7 +223,7 @@ def backfill(
 @app.command("next")
 def next_(ctx: typer.Context, name: str, count: int = typer.Option(5, "--count", min=1, max=1000)) -> None:
     """The next N occurrences: dedup key, nominal UTC, local time, due time (with jitter)."""
-    schedules = _schedules(ctx)
+    schedules, _ = _open(ctx)
     try:
         s = schedules.get(name)
     except SchedulerException as exc:
