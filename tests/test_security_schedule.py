@@ -39,7 +39,7 @@ from scheduler.tables import occurrence, schedule
 from scheduler.triggers import db_time
 from tests.cli_support import CLI, Run, cli_env
 
-OWNER = Principal("ADMIN", "owner")  # what `init` writes into the owner's credential file
+OWNER = Principal("ADMIN", "local-owner")  # the principal of the credential `init` writes for the owner
 BOGUS = "tk_" + "A" * 40  # well formed, never issued
 PAST = ("--from", "2020-01-01T00:00:00Z", "--to", "2020-01-01T00:00:00Z")
 VERBS = [("add", "x", "--every", "1h", "--action", "call", "--callable", "f"), ("list",), ("show", "admin-job"),
