@@ -20,7 +20,7 @@ from kernel.usage import Feature, UsageRecord, record_usage
 from kernel.usage import install as install_usage
 from scheduler.actions import ActionContext, ActionRegistry, ActionResult
 from scheduler.clockjump import DEFAULT_MAX_CLOCK_SKEW
-from scheduler.models import parse_duration
+from scheduler.models import SchedulerException, parse_duration
 from scheduler.runtime import SchedulerRuntime
 
 
@@ -47,9 +47,15 @@ class _AttributedActions(ActionRegistry):
 
 
 def max_clock_skew(config: Mapping[str, Any]) -> timedelta:
-    """``[scheduler] max_clock_skew`` (a duration such as ``"1d"`` or ``"6h"``; default one day)."""
+    """``[scheduler] max_clock_skew`` (a duration such as ``"1d"`` or ``"6h"``; default one day). A bad value
+    is a ``ValueError``, which `up` reports as a configuration error (exit 64)."""
     value = config.get("max_clock_skew")
-    return DEFAULT_MAX_CLOCK_SKEW if value is None else timedelta(seconds=parse_duration(value))
+    if value is None:
+        return DEFAULT_MAX_CLOCK_SKEW
+    try:
+        return timedelta(seconds=parse_duration(value))
+    except SchedulerException as exc:
+        raise ValueError(f"[scheduler] max_clock_skew: {exc.message}") from None
 
 
 class Automations:

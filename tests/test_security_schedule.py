@@ -25,6 +25,7 @@ import sqlalchemy as sa
 import typer
 from typer.testing import CliRunner
 
+from kernel.automations import max_clock_skew
 from kernel.cli import schedule as schedule_cli
 from kernel.cli.common import CliContext
 from kernel.credentials import issue_token
@@ -237,6 +238,13 @@ def test_skew_within_the_limit_is_left_alone_and_the_limit_is_configurable(sqlit
     rt.tick(T0 + timedelta(minutes=150))  # watermark: the 02:00 occurrence
     assert rt.tick(T0 + timedelta(minutes=70)).clock_jumps == []  # 50 min ahead: within the hour
     assert [j.name for j in rt.tick(T0 + timedelta(minutes=50)).clock_jumps] == ["hourly"]
+
+
+def test_max_clock_skew_config() -> None:
+    assert max_clock_skew({}) == timedelta(days=1)
+    assert max_clock_skew({"max_clock_skew": "6h"}) == timedelta(hours=6)
+    with pytest.raises(ValueError, match=r"\[scheduler\] max_clock_skew"):
+        max_clock_skew({"max_clock_skew": "soon"})
 
 
 def test_a_definition_above_its_creator_never_fires(sqlite_db: Database) -> None:
