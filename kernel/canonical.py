@@ -35,29 +35,37 @@ def canonical_json(value: Any) -> str:
 def check_json(value: Any, where: str = "value") -> None:
     """Raise ValueError unless ``value`` is plain JSON that survives a round trip exactly: finite floats,
     integers within ±2**53 (bool is not a number here), string keys, at most MAX_JSON_DEPTH levels."""
-    stack: list[tuple[Any, str, int]] = [(value, where, 0)]
-    while stack:
-        item, path, depth = stack.pop()
-        if item is None or isinstance(item, str | bool):
-            continue
-        if isinstance(item, int):
-            if not -JSON_SAFE_INT <= item <= JSON_SAFE_INT:
-                raise ValueError(f"{path}: integer outside ±2**53")
-        elif isinstance(item, float):
-            if not math.isfinite(item):
-                raise ValueError(f"{path}: {item} is not a JSON number")
-        elif isinstance(item, dict | list | tuple):
-            if depth >= MAX_JSON_DEPTH:
-                raise ValueError(f"{path}: nested deeper than {MAX_JSON_DEPTH} levels")
-            if isinstance(item, dict):
-                for key, sub in item.items():
-                    if not isinstance(key, str):
-                        raise ValueError(f"{path}: key {key!r} is not a string")
-                    stack.append((sub, f"{path}.{key}", depth + 1))
-            else:
-                stack.extend((sub, f"{path}[{i}]", depth + 1) for i, sub in enumerate(item))
+    problem = _json_problem(value, 0)
+    if problem is not None:
+        raise ValueError(where + problem)
+
+
+def _json_problem(item: Any, depth: int) -> str | None:
+    """Where and why ``item`` is not exact JSON (``.key[3]: why``); the path is built only on failure."""
+    kind = type(item)
+    if kind is str or item is None or kind is bool:
+        return None
+    if kind is dict or kind is list or kind is tuple:
+        if depth >= MAX_JSON_DEPTH:
+            return f": nested deeper than {MAX_JSON_DEPTH} levels"
+        if kind is dict:
+            for key, sub in item.items():
+                if type(key) is not str:
+                    return f": key {key!r} is not a string"
+                if (problem := _json_problem(sub, depth + 1)) is not None:
+                    return f".{key}{problem}"
         else:
-            raise ValueError(f"{path}: {type(item).__name__} is not a JSON value")
+            for i, sub in enumerate(item):
+                if (problem := _json_problem(sub, depth + 1)) is not None:
+                    return f"[{i}]{problem}"
+        return None
+    if isinstance(item, str | bool):  # enum members and other subclasses
+        return None
+    if isinstance(item, int):
+        return None if -JSON_SAFE_INT <= item <= JSON_SAFE_INT else ": integer outside ±2**53"
+    if isinstance(item, float):
+        return None if math.isfinite(item) else f": {item} is not a JSON number"
+    return f": {kind.__name__} is not a JSON value"
 
 
 def sha256_hex(text: str | bytes) -> str:
