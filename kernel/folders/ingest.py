@@ -67,7 +67,7 @@ class IngestStats:
     quarantined: int = 0
     moved_back: int = 0
     notes: list[str] = field(default_factory=list)
-    failed: list[str] = field(default_factory=list)  # "<rel>: <error class>: <message>", retried next pass
+    failed: dict[str, str] = field(default_factory=dict)  # rel -> "<error class>: <message>", retried next pass
 
     @property
     def progress(self) -> int:
@@ -78,7 +78,8 @@ class IngestIncomplete(Exception):
     """Raised after a pass in which some files failed; the other files were taken in."""
 
     def __init__(self, stats: IngestStats) -> None:
-        super().__init__(f"{len(stats.failed)} file(s) failed, first {stats.failed[0]}")
+        rel, error = next(iter(stats.failed.items()))
+        super().__init__(f"{len(stats.failed)} file(s) failed, first {rel}: {error}")
         self.stats = stats
 
 
@@ -94,6 +95,7 @@ class Ingest:
         self.tracker = tracker
         self.scanner = scanner
         self.submit_on_done_report = submit_on_done_report
+        self.failing: dict[str, str] = {}  # the previous pass's failures: a traceback is logged once, not every pass
 
     def run(self) -> IngestStats:
         stats = IngestStats()
@@ -103,6 +105,7 @@ class Ingest:
         # tasks first, so reports and reviews in the same batch find their task
         for entry in sorted(batch.ready, key=lambda e: (not isinstance(e.envelope, TaskEnvelope), e.rel)):
             self._contained(entry, stats, self._take)
+        self.failing = dict(stats.failed)
         return stats
 
     def _contained(self, entry: ScanEntry, stats: IngestStats,
@@ -115,9 +118,10 @@ class Ingest:
             self.scanner.forget(entry.rel)
         except Exception as exc:  # noqa: BLE001 - a failure on one file must not keep the others out
             error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
-            log.error("ingest_file_failed", rel=entry.rel, error=error, exc_info=True)
+            repeated = self.failing.get(entry.rel) == error
+            log.error("ingest_file_failed", rel=entry.rel, error=error, repeated=repeated, exc_info=not repeated)
             self.scanner.forget(entry.rel)
-            stats.failed.append(f"{entry.rel}: {error}")
+            stats.failed[entry.rel] = error
 
     def _take(self, entry: ScanEntry, stats: IngestStats) -> None:
         env = entry.envelope
