@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import json
 import math
+import signal
+import subprocess
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -20,7 +23,7 @@ from kernel.canonical import check_json
 from kernel.fcop import FcopError, FcopReason, parse_envelope
 from kernel.model.commands import TASK_ID_ERROR, Command
 from kernel.usage import Feature, UsageRecord
-from tests.cli_support import run
+from tests.cli_support import CLI, cli_env, run
 from tests.coord_support import make_workspace
 from tests.test_folders import task_file
 
@@ -79,6 +82,31 @@ def test_up_once_is_degraded_with_exit_1_when_a_stage_fails(tmp_path: Path) -> N
     code, out = cli_json("up", "--once", cwd=ws)  # writable again: the file was kept and is taken in
     assert (code, out["status"]) == (0, "ok"), out
     assert run("task", "show", "TASK-20260102-001", cwd=ws).code == 0
+
+
+def test_up_keeps_running_and_logs_a_failing_stage_live(tmp_path: Path) -> None:
+    ws = make_workspace(tmp_path / "ws", {}).root
+    assert run("up", "--once", cwd=ws).code == 0
+    task_file(ws, VALID)
+    read_only = f"sqlite:///file:{ws / '.taskkernel' / 'kernel.db'}?mode=ro&uri=true"
+    log = tmp_path / "up.log"
+    with log.open("w") as err:
+        proc = subprocess.Popen([*CLI, "--db", read_only, "up"], cwd=ws, env=cli_env(), stdout=subprocess.PIPE,
+                                stderr=err, text=True)
+    try:
+        def failing_again() -> bool:  # a second failing pass: the coordinator is still running
+            lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+            return any(e["event"] == "coordinator_stage_failed" and e["stage"] == "ingest" and e["repeated"]
+                       for e in lines)
+        deadline = time.monotonic() + 60
+        while not failing_again() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert failing_again(), log.read_text()[-2000:]
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and json.loads(out.splitlines()[-1])["status"] == "stopped", out
 
 
 def test_loose_or_unbounded_numbers_are_invalid_commands_and_write_nothing(tmp_path: Path) -> None:

@@ -100,7 +100,7 @@ def _status(coordinator: Coordinator, totals: dict[str, int]) -> Table:
     table.add_row(*(str(states.get(s, 0)) for s in ("inbox", "active", "review", "done", "archive")))
     table.caption = " · ".join(f"{k} {v}" for k, v in totals.items())
     if coordinator.failing:
-        table.title = f"taskkernel up: {coordinator.workspace.root} [bold red](degraded)[/bold red]"
+        table.title = f"taskkernel up: {escape(str(coordinator.workspace.root))} [bold red](degraded)[/bold red]"
         table.caption += "\n" + "\n".join(f"[red]failing[/red] {f.stage}: {escape(f.error)}: {escape(f.message)}"
                                            for f in coordinator.failing.values())
     return table
