@@ -24,6 +24,8 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
+from kernel.private import FILE_MODE, narrow
+
 # Any constant works; it only has to be the same in every process sharing a database.
 WRITER_LOCK_KEY = 0x7A5C_4B3E
 
@@ -65,6 +67,16 @@ class UnitOfWork:
 @lru_cache(maxsize=512)
 def _placeholders(statement: str, dialect: str) -> str:
     return statement.replace("?", "%s") if dialect == "postgresql" else statement
+
+
+class DatabaseCorrupt(Exception):
+    """The SQLite file is damaged or is not a database at all (``taskkernel verify``: database_corrupt)."""
+
+
+def is_corruption(exc: BaseException) -> bool:
+    """SQLITE_CORRUPT* or SQLITE_NOTADB, raised directly or wrapped by SQLAlchemy."""
+    name = getattr(getattr(exc, "orig", exc), "sqlite_errorname", "")
+    return isinstance(name, str) and name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB"))
 
 
 class Database:
@@ -133,9 +145,35 @@ class Database:
             yield conn
 
     def create_schema(self, *metadatas: sa.MetaData) -> None:
-        with self.engine.begin() as conn:
-            for md in metadatas:
-                md.create_all(conn)
+        """Create missing tables under the writer lock, so processes starting together never race on DDL
+        (SQLite: ``database is locked`` on the read-to-write upgrade; PostgreSQL: duplicate catalog rows).
+        Raises DatabaseCorrupt when the file is damaged or not a database."""
+        wanted = {name for md in metadatas for name in md.tables}
+        try:
+            with self.read() as conn:
+                if wanted <= set(sa.inspect(conn).get_table_names()):
+                    return
+            with self.write() as uow:
+                for md in metadatas:
+                    md.create_all(uow.conn)
+        except sa.exc.DatabaseError as exc:
+            if is_corruption(exc):
+                raise DatabaseCorrupt(f"{self.url}: {exc.orig}") from exc
+            raise
+
+    def integrity_problems(self) -> list[str]:
+        """SQLite's ``PRAGMA integrity_check`` findings (empty: intact; PostgreSQL: always empty).
+        Raises DatabaseCorrupt when the check itself cannot read the file."""
+        if self.dialect != "sqlite":
+            return []
+        try:
+            with self.read() as conn:
+                rows = [str(r[0]) for r in conn.exec_driver_sql("PRAGMA integrity_check")]
+        except sa.exc.DatabaseError as exc:
+            if is_corruption(exc):
+                raise DatabaseCorrupt(f"{self.url}: {exc.orig}") from exc
+            raise
+        return [] if rows == ["ok"] else rows
 
     def dispose(self) -> None:
         with self._writers_lock:
@@ -154,7 +192,21 @@ def _make_engine(url: str, durability: Durability) -> Engine:
     return sa.create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
 
 
+def _private_sqlite_file(url: str) -> None:
+    """Create the database file 0600 before SQLite does (it would use 0644); its -wal and -shm files copy
+    the database file's mode. Files left wider by older versions are narrowed."""
+    path = sa.engine.make_url(url).database
+    if not path or path == ":memory:" or path.startswith("file:"):
+        return
+    with contextlib.suppress(FileExistsError, FileNotFoundError):  # no directory: SQLite reports it
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE))
+    for suffix in ("", "-wal", "-shm"):
+        with contextlib.suppress(PermissionError):  # another user's file: leave it to its owner
+            narrow(Path(path + suffix))
+
+
 def _sqlite_engine(url: str, durability: Durability) -> Engine:
+    _private_sqlite_file(url)
     engine = sa.create_engine(url, connect_args={"timeout": 60, "check_same_thread": False})
     synchronous = "FULL" if durability is Durability.FULL else "NORMAL"
 
@@ -163,9 +215,9 @@ def _sqlite_engine(url: str, durability: Durability) -> Engine:
         # Let us emit BEGIN ourselves: pysqlite's implicit transactions cannot take the write lock up front.
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA busy_timeout=60000")
         cur.execute("PRAGMA journal_mode=WAL")
         cur.execute(f"PRAGMA synchronous={synchronous}")
-        cur.execute("PRAGMA busy_timeout=60000")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.close()
 
