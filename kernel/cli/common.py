@@ -72,15 +72,33 @@ class CliContext:
         return self._workspace
 
     def database(self) -> Database:
-        """The kernel database: --db / TASKKERNEL_DB, else the workspace's configured one."""
+        """The kernel database: --db / TASKKERNEL_DB, else the workspace's configured one. In a workspace its
+        event chain is keyed with the workspace's chain key (.taskkernel/chain.key, 0600, created on first
+        use; docs/durability.md); with only --db there is no key. A damaged file ends the command with
+        ``database_corrupt`` (exit 2), never a traceback."""
         if self._db is None:
+            from kernel.private import load_or_create_secret
+            from kernel.store.db import DatabaseCorrupt
+
             url = self.db_url or os.environ.get("TASKKERNEL_DB")
             durability = "full"
+            ws = self.optional_workspace() if url else self.workspace()
             if not url:
-                ws = self.workspace()
+                assert ws is not None
                 url, durability = ws.database_url, ws.durability
-            self._db = Database(url, durability)
-            self._db.create_schema(kernel_metadata)
+            try:
+                db = Database(url, durability)
+                db.create_schema(kernel_metadata)
+                if ws is not None:
+                    key_path = ws.chain_key_path
+
+                    def load_key() -> bytes | None:
+                        return load_or_create_secret(key_path) if key_path.exists() else None
+
+                    db.use_chain_key(load_key, lambda: load_or_create_secret(key_path))
+            except DatabaseCorrupt as exc:
+                reject("database_corrupt", f"the database is damaged or not a database: {exc}")
+            self._db = db
         return self._db
 
     def try_principal(self) -> Principal | KernelError:

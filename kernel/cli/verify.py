@@ -1,20 +1,24 @@
-"""`taskkernel verify`: the hash chain, every read model and the task folders against the events."""
+"""`taskkernel verify`: the database file, the hash chain, every read model and the task folders against the
+events. Always one JSON object and an exit code, also for a damaged database: never a traceback."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from kernel.cli.common import Exit, emit, get_ctx, stderr
 from kernel.cli.wiring import build_kernel
 from kernel.commands import TaskCommandKernel
-from kernel.verify import VerifyReport
+from kernel.store.db import DatabaseCorrupt
+from kernel.verify import VerifyReport, corrupt_report
 from kernel.verify import verify as verify_store
 
 
 def _verify_folders(kernel: TaskCommandKernel, root: Path, report: VerifyReport, repair: bool) -> None:
-    """The folders are a projection too: each task's TASK file must sit in the stage the log says."""
+    """The folders are a projection too: each task's TASK file must sit in the stage the log says, and each
+    TASK file the adapter handled must belong to a task the log knows (docs/folders.md)."""
     from kernel.fcop import FcopError, open_workspace
     from kernel.folders.check import check_folders, repair_folders
     from kernel.folders.projection import Projection
@@ -23,31 +27,38 @@ def _verify_folders(kernel: TaskCommandKernel, root: Path, report: VerifyReport,
     try:
         projection = Projection(kernel, open_workspace(root, allow_mixed=True), FileTracker(kernel.db))
     except FcopError as exc:
-        report.problems.append({"kind": "folder", "position": 0, "detail": str(exc)})
+        report.add("folder", exc.reason.value, 0, str(exc))
         return
     drifts = check_folders(projection)
     if drifts and repair:
         report.repaired += repair_folders(projection, drifts)
         drifts = check_folders(projection)
-    report.problems.extend({"kind": "folder", "position": d.position, "task_id": d.task_id, "detail": d.detail}
-                           for d in drifts)
-    report.problems.sort(key=lambda p: p["position"])
+    for d in drifts:
+        report.add("folder", d.reason, d.position, d.detail, task_id=d.task_id)
 
 
 def verify(ctx: typer.Context, repair: bool = typer.Option(False, "--repair",
                                                           help="Rebuild drifted projections from events.")) -> None:
-    """Check the hash chain, every read model and the task folders against the events; exit 2 at the first
-    break. --repair rebuilds drifted read models and moves drifted TASK files back where the log says."""
+    """Check the database file, the hash chain, every read model and the task folders against the events; exit
+    2 at the first break. --repair rebuilds drifted read models and moves drifted TASK files back where the log
+    says; it never touches events and refuses while the chain is not proven."""
     c = get_ctx(ctx)
-    kernel = build_kernel(c)
-    report = verify_store(kernel.db, kernel.store, repair=repair)
-    ws = c.optional_workspace()
-    if ws is not None and ws.fcop_dir.is_dir() and report.ok:
-        _verify_folders(kernel, ws.root, report, repair)
+    try:
+        kernel = build_kernel(c)
+        report = verify_store(kernel.db, kernel.store, repair=repair)
+        ws = c.optional_workspace()
+        if ws is not None and ws.fcop_dir.is_dir() and report.ok:
+            _verify_folders(kernel, ws.root, report, repair)
+    except DatabaseCorrupt as exc:  # met while opening the other components' tables
+        report = corrupt_report(str(exc))
     emit(report.as_json())
     if report.ok:
-        stderr.print(f"[green]verified[/green] {report.events} events, {report.tasks} tasks"
+        stderr.print(f"[green]verified[/green] {report.events} events, {report.tasks} tasks ({report.chain} chain)"
                      + (f", repaired {report.repaired}" if report.repaired else ""))
         return
-    stderr.print(f"[red]broken[/red] at position {report.first_broken_position}: {report.problems[0]['detail']}")
+    first = next(p for p in report.problems if p["reason"] == report.reason)
+    stderr.print(f"[red]broken[/red] ({report.reason}) at position {first['position']}: {escape(first['detail'])}")
+    if repair and report.chain_broken:
+        stderr.print("[red]refusing to repair[/red]: the chain is not proven, so the events cannot be trusted to "
+                     "rebuild anything from")
     raise typer.Exit(int(Exit.REJECTED))

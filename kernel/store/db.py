@@ -12,7 +12,7 @@ import contextlib
 import os
 import re
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -25,6 +25,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
 from kernel.private import FILE_MODE, narrow
+from kernel.store.chain import Chain, read_record
 
 # Any constant works; it only has to be the same in every process sharing a database.
 WRITER_LOCK_KEY = 0x7A5C_4B3E
@@ -48,6 +49,7 @@ class UnitOfWork:
 
     conn: Connection
     dialect: str
+    chain: Chain = field(default_factory=lambda: Chain(None))
     cache: dict[str, Any] = field(default_factory=dict)
     _cursor: Any = None
 
@@ -80,9 +82,14 @@ def is_corruption(exc: BaseException) -> bool:
 
 
 class Database:
-    def __init__(self, url: str, durability: Durability | str = Durability.FULL) -> None:
+    """``chain_key``: the HMAC key of the event hash chain (kernel/store/chain.py), injected by the composition
+    root that knows the workspace; None keeps the legacy unkeyed chain (test harnesses, a bare --db)."""
+
+    def __init__(self, url: str, durability: Durability | str = Durability.FULL,
+                 chain_key: bytes | None = None) -> None:
         self.url = url
         self.durability = Durability(durability)
+        self.chain = Chain(chain_key)
         self.engine: Engine = _make_engine(url, self.durability)
         self.dialect: str = self.engine.dialect.name
         # One write connection per thread, kept between transactions: checking a connection out of the
@@ -110,7 +117,7 @@ class Database:
                     conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({WRITER_LOCK_KEY})")
                     if self.durability is Durability.PROCESS:
                         conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
-                yield UnitOfWork(conn, self.dialect)
+                yield UnitOfWork(conn, self.dialect, self.chain)
         except sa.exc.DBAPIError as exc:
             if not temporary and (exc.connection_invalidated or conn.invalidated):
                 self._drop_writer(conn)
@@ -160,6 +167,34 @@ class Database:
             if is_corruption(exc):
                 raise DatabaseCorrupt(f"{self.url}: {exc.orig}") from exc
             raise
+
+    def use_chain_key(self, load_key: Callable[[], bytes | None], create_key: Callable[[], bytes]) -> None:
+        """Take the chain key from a workspace (composition roots only). Under the writer lock, so processes
+        opening a workspace together agree on one key and one record. A keyed store gets the existing key
+        (none: appends and verify say chain_key_missing). An unkeyed store is keyed from its next position
+        when it holds no events, or when the workspace has no key yet (it predates keyed chains: the key is
+        created now). An unkeyed store with events in a workspace that has a key is left as it is: its chain
+        record was removed or the store replaced, and appends and verify say chain_unkeyed."""
+        key = load_key()
+        if key is not None:
+            self.chain = Chain(key)
+            with self.read() as conn:
+                if read_record(conn).keyed:
+                    return
+        with self.write() as uow:
+            if read_record(uow.conn).keyed:
+                self.chain = Chain(load_key())
+                return
+            head = uow.conn.exec_driver_sql("SELECT max(global_pos) FROM events").scalar() or 0
+            key = load_key()
+            if key is None:
+                key = create_key()
+            elif head:
+                self.chain = Chain(key)
+                return
+            chain = Chain(key)
+            chain.bind(uow, head + 1)
+        self.chain = chain
 
     def integrity_problems(self) -> list[str]:
         """SQLite's ``PRAGMA integrity_check`` findings (empty: intact; PostgreSQL: always empty).

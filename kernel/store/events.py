@@ -1,8 +1,10 @@
 """Append-only event store: optimistic concurrency per stream, commit-ordered global
-position, a SHA-256 hash chain for tamper evidence, and upcasting on read."""
+position, a hash chain for tamper evidence (keyed with HMAC-SHA256 when the Database holds the
+workspace's chain key, see chain.py), and upcasting on read."""
 
 from __future__ import annotations
 
+import hmac
 import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -11,13 +13,13 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from kernel.canonical import canonical_json, sha256_hex, utc_now_iso
+from kernel.canonical import canonical_json, utc_now_iso
 from kernel.reasons import ConcurrencyError
+from kernel.store.chain import GENESIS_HASH, Chain, ChainKey, Link, legacy_link, read_record
 from kernel.store.db import UnitOfWork
 from kernel.store.schema import events as events_table
 
-GENESIS_HASH = "0" * 64
-_CHAIN_SEP = "\x1f"
+chain_hash = legacy_link  # the legacy (unkeyed) link, for code that writes raw legacy rows
 
 Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -63,16 +65,6 @@ class Upcasters:
         return data
 
 
-def chain_hash(prev_hash: str, pos: int, stream_id: str, version: int, event_type: str,
-               schema_version: int, data_text: str, meta_text: str, recorded_at: str) -> str:
-    """sha256(previous hash ‖ canonical event); fields joined by U+001F, JSON already canonical."""
-    body = _CHAIN_SEP.join(
-        (prev_hash, str(pos), stream_id, str(version), event_type, str(schema_version),
-         data_text, meta_text, recorded_at)
-    )
-    return sha256_hex(body)
-
-
 _HEAD_SQL = "SELECT global_pos, hash FROM events ORDER BY global_pos DESC LIMIT 1"
 _STREAM_HEAD_SQL = "SELECT max(stream_version) FROM events WHERE stream_id = ?"
 _INSERT_SQL = ("INSERT INTO events (global_pos, stream_id, stream_version, event_type, schema_version, data, meta,"
@@ -103,6 +95,9 @@ class EventStore:
             if actual != expected_version:
                 raise ConcurrencyError(stream_id, expected_version, actual)
         pos, prev = self._chain_head(uow)
+        link = uow.cache.get("chain_link")
+        if link is None:
+            link = uow.cache["chain_link"] = uow.chain.link_for_append(uow, pos)
         meta_text = canonical_json(meta)
         recorded_at = meta.get("recorded_at") or utc_now_iso()
         rows: list[tuple[Any, ...]] = []
@@ -113,8 +108,7 @@ class EventStore:
             version += 1
             schema_version = self.upcasters.current_version(ev.type)
             data_text = canonical_json(ev.data)
-            h = chain_hash(prev, pos, stream_id, version, ev.type, schema_version, data_text,
-                           meta_text, recorded_at)
+            h = link(prev, pos, stream_id, version, ev.type, schema_version, data_text, meta_text, recorded_at)
             rows.append((pos, stream_id, version, ev.type, schema_version, data_text, meta_text, recorded_at, h))
             out.append(RecordedEvent(pos, stream_id, version, ev.type, schema_version, ev.data, meta,
                                      recorded_at, h))
@@ -192,18 +186,54 @@ class EventStore:
 class ChainBreak:
     global_pos: int
     detail: str
+    reason: str = "hash_chain"  # or chain_key_missing, chain_key_mismatch, chain_unkeyed
 
 
-def verify_chain(store: EventStore, conn: Connection) -> ChainBreak | None:
-    """Walk the hash chain; return the first position where it breaks, or None."""
+def verify_chain(store: EventStore, conn: Connection, chain: Chain | None = None) -> ChainBreak | None:
+    """Walk the hash chain with the links the store's record names; return the first break, or None.
+    ``chain`` holds the key (None: a keyed chain cannot be proven past its legacy part)."""
+    record, key = read_record(conn), chain.key if chain else None
+    head = conn.exec_driver_sql("SELECT max(global_pos) FROM events").scalar() or 0
+    if not record.keyed:
+        brk = _walk(store, conn, None, head + 1)
+        if brk is None and key is not None and head:
+            return ChainBreak(1, "the store's chain is unkeyed but this workspace has a chain key: the chain "
+                                 "record was removed or the store replaced, so no link can be proven",
+                              "chain_unkeyed")
+        return brk
+    if key is None or key.key_id != record.key_id:
+        brk = _walk(store, conn, None, record.keyed_from)  # the legacy part can still be checked
+        if brk is not None:
+            return brk
+        if key is None:
+            return ChainBreak(record.keyed_from, f"the chain is keyed (key id {record.key_id}) and no chain key "
+                                                 "was given: it cannot be proven", "chain_key_missing")
+        return ChainBreak(record.keyed_from, f"the chain is keyed with key id {record.key_id}, the workspace's "
+                                             f"key has id {key.key_id}: it cannot be proven", "chain_key_mismatch")
+    keyed_from = record.keyed_from
+    if not hmac.compare_digest(record.seal, key.seal(keyed_from)):
+        # an edited record: the seal still names the true first keyed position (1 if the seal was edited too)
+        keyed_from = next((p for p in range(1, head + 2) if hmac.compare_digest(record.seal, key.seal(p))), 1)
+    brk = _walk(store, conn, key, keyed_from)
+    if brk is None and keyed_from != record.keyed_from:
+        return ChainBreak(min(keyed_from, record.keyed_from), f"the chain record was altered: it says keyed from "
+                                                              f"{record.keyed_from}, its seal {keyed_from}")
+    return brk
+
+
+def _walk(store: EventStore, conn: Connection, key: ChainKey | None, keyed_from: int) -> ChainBreak | None:
+    """Check every link: legacy before ``keyed_from``, keyed from there (a keyless walk stops there)."""
     prev = GENESIS_HASH
     expected_pos = 1
     for r in store.raw_rows(conn):
         pos = r[0]
         if pos != expected_pos:
             return ChainBreak(expected_pos, f"position {expected_pos} is missing (next is {pos})")
-        h = chain_hash(prev, pos, r[1], r[2], r[3], r[4], r[5], r[6], r[7])
-        if h != r[8]:
+        if pos >= keyed_from and key is None:
+            return None
+        link: Link = key.link if pos >= keyed_from and key is not None else legacy_link
+        h = link(prev, pos, r[1], r[2], r[3], r[4], r[5], r[6], r[7])
+        if not hmac.compare_digest(h, r[8]):
             return ChainBreak(pos, "hash does not match the event and its predecessor")
         prev = h
         expected_pos = pos + 1

@@ -94,3 +94,11 @@ counters = sa.Table(
     sa.Column("name", sa.Text, primary_key=True),
     sa.Column("value", sa.Integer, nullable=False),
 )
+
+# Facts about the store itself, such as which hash chain it keeps (kernel/store/chain.py). Never a secret.
+store_meta = sa.Table(
+    "store_meta",
+    metadata,
+    sa.Column("name", sa.Text, primary_key=True),
+    sa.Column("value", sa.Text, nullable=False),
+)
