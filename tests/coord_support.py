@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from kernel.cli.common import CliContext
 from kernel.coordinator import Coordinator
 from kernel.model.principal import LOCAL_OWNER
 from kernel.store.db import Database
@@ -37,9 +38,15 @@ def make_workspace(root: Path, roles: dict[str, dict[str, Any]], *, database: st
     return Workspace.load(root)
 
 
+def workspace_database(ws: Workspace) -> Database:
+    """The workspace's database as every CLI process opens it, chain key included: agents that call the CLI
+    key the store, and a keyless in-process writer would then be refused."""
+    return CliContext(workspace_path=str(ws.root)).database()
+
+
 def coordinator(ws: Workspace, owner: str = "test-coordinator") -> Coordinator:
     """A coordinator as `up --once` builds it: files are taken as soon as they parse (no settle delay)."""
-    return Coordinator(ws, Database(ws.database_url, ws.durability), owner=owner, settle_s=0.0, grace_s=0.0)
+    return Coordinator(ws, workspace_database(ws), owner=owner, settle_s=0.0, grace_s=0.0)
 
 
 def admin_task(c: Coordinator, subject: str = "Login page", recipient: str = "PM", key: str | None = None,
