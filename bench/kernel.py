@@ -5,8 +5,9 @@
 Prints accepted commands/s (variants alternate in chunks so disk noise hits them alike)
 for (a) raw sqlite3, one transaction per command, inserting the
 same rows (event, receipt, task row) with the same pragmas; (b) TaskCommandKernel sequentially
-(full validation, receipt, events, projection, commit); (c) 8 concurrent submitters through the
-group committer; and (d) projection rebuild speed over 100k events. Ratios are against (a).
+(full validation, receipt, events, projection, commit) with the keyed HMAC chain workspaces use, and
+(b') the same with the legacy unkeyed chain, to show what the key costs; (c) 8 concurrent submitters
+through the group committer; and (d) projection rebuild speed over 100k events. Ratios are against (a).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from kernel.commands import TaskCommandKernel  # noqa: E402
 from kernel.groupcommit import GroupCommitter  # noqa: E402
 from kernel.model.principal import LOCAL_OWNER  # noqa: E402
 from kernel.projections import rebuild_tasks  # noqa: E402
+from kernel.store.chain import ChainKey, legacy_link  # noqa: E402
 from kernel.store.db import Database  # noqa: E402
 from kernel.store.schema import metadata  # noqa: E402
 from roles.registry import RoleRegistry  # noqa: E402
@@ -39,8 +41,8 @@ def create_cmd(i: int, prefix: str) -> dict:
             "payload": {"sender": "ADMIN", "recipient": "PM", "subject": f"task {i}", "body": "do the thing"}}
 
 
-def fresh_db(tmp: Path, name: str, durability: str) -> Database:
-    db = Database(f"sqlite:///{tmp / name}", durability)
+def fresh_db(tmp: Path, name: str, durability: str, keyed: bool = True) -> Database:
+    db = Database(f"sqlite:///{tmp / name}", durability, chain_key=os.urandom(32) if keyed else None)
     db.create_schema(metadata)
     return db
 
@@ -78,8 +80,8 @@ def make_kernel(db: Database) -> TaskCommandKernel:
 
 
 class Sequential:
-    def __init__(self, tmp: Path, durability: str) -> None:
-        self.kernel = make_kernel(fresh_db(tmp, "seq.db", durability))
+    def __init__(self, tmp: Path, durability: str, keyed: bool = True) -> None:
+        self.kernel = make_kernel(fresh_db(tmp, f"seq-{keyed}.db", durability, keyed))
         self.i = 0
 
     def run(self, n: int) -> None:
@@ -155,6 +157,15 @@ def bench_rebuild(tmp: Path, events: int) -> float:
     return total / elapsed
 
 
+def link_us(link: Any, n: int = 20_000) -> float:
+    """Microseconds per chain link over a typical event (the only per-event work the key adds)."""
+    data, meta = canonical_json(create_cmd(1, "l")["payload"]), canonical_json({"actor": "ADMIN:owner"})
+    start = time.perf_counter()
+    for i in range(n):
+        link("0" * 64, i, "task:TASK-20260101-001", 1, "task_created", 3, data, meta, "2026-01-01T00:00:00Z")
+    return (time.perf_counter() - start) / n * 1e6
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=3000)
@@ -167,13 +178,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=os.environ.get("TASKKERNEL_BENCH_DIR")) as d:
         tmp = Path(d)
         runners = {"raw": RawBaseline(tmp, args.durability), "seq": Sequential(tmp, args.durability),
-                   "group": Grouped(tmp, args.durability)}
+                   "seq_legacy": Sequential(tmp, args.durability, keyed=False), "group": Grouped(tmp, args.durability)}
         rates = interleaved(runners, args.n, rounds=10)
         runners["group"].gc.close()
-        raw, seq, grp = rates["raw"], rates["seq"], rates["group"]
+        raw, seq, legacy, grp = rates["raw"], rates["seq"], rates["seq_legacy"], rates["group"]
         rebuild = bench_rebuild(tmp, args.events)
     result = {"durability": args.durability, "commands": args.n,
               "raw_sqlite3_per_s": round(raw), "kernel_sequential_per_s": round(seq),
+              "kernel_sequential_legacy_chain_per_s": round(legacy),
+              "hmac_chain_cost": round(legacy / seq - 1, 3),  # relative slowdown of the keyed chain
+              "link_us": {"hmac_sha256": round(link_us(ChainKey(os.urandom(32)).link), 2),
+                          "sha256": round(link_us(legacy_link), 2)},
               "kernel_group_commit_8_per_s": round(grp),
               "ratio_sequential": round(seq / raw, 3), "ratio_group_commit": round(grp / raw, 3),
               "rebuild_events_per_s": round(rebuild),
