@@ -9,7 +9,6 @@ out as G3.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 from kernel.fcop.errors import FcopError, FcopReason
 from kernel.fcop.filenames import EnvelopeKind
+from kernel.fcop.safeio import confine, ensure_dir
 
 STAGES = ("inbox", "active", "review", "done", "archive")
 LIFECYCLE_DIR = "_lifecycle"
@@ -38,11 +38,17 @@ class Generation(StrEnum):
 
 @dataclass(frozen=True)
 class FcopWorkspace:
-    """A detected workspace: its root folder, generation and team config (``fcop.json``)."""
+    """A detected workspace: its root folder, generation and team config (``fcop.json``).
+
+    Its root is confined (see ``safeio.confine``): no write below it ever passes through a symlink.
+    """
 
     root: Path
     generation: Generation
     config: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        confine(self.root)
 
     @property
     def lifecycle_dir(self) -> Path:
@@ -148,6 +154,9 @@ def open_workspace(path: Path | str, *, allow_mixed: bool = False, create: bool 
     flat buckets), so the result is then G3.
     """
     root = find_workspace_root(Path(path))
+    if root.is_symlink():
+        raise FcopError(FcopReason.SYMLINK_REFUSED, f"{root} is a symbolic link: the kernel never writes through "
+                        "one. Point it at the folder itself.", root)
     config = read_config(root)
     generation = detect_generation(root, config)
     if generation is Generation.G4:
@@ -159,7 +168,8 @@ def open_workspace(path: Path | str, *, allow_mixed: bool = False, create: bool 
                         f"{root} has both _lifecycle/ (G3) and tasks/ or log/ (G2): a half-finished "
                         "migration. Empty or remove the G2 folders first.", root)
     if create and generation is Generation.EMPTY:
+        confine(root)
         for d in [root / LIFECYCLE_DIR / s for s in STAGES] + [root / b for b in BUCKETS.values()]:
-            os.makedirs(d, exist_ok=True)
+            ensure_dir(d)
         generation = Generation.G3
     return FcopWorkspace(root=root, generation=generation, config=config)
