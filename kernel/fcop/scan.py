@@ -13,7 +13,9 @@ handed out once it has *settled*:
 Dotfiles and ``*.tmp`` are ignored (writers in flight); files that vanish
 between listing and reading are simply gone; a name without an envelope
 prefix is a "ghost": reported once with a warning and left alone. Symlinks
-are never followed. ``settle_s=0, grace_s=0`` hands out everything at once
+are never followed: folders are listed through ``safeio``'s checked descriptors, a symlinked
+folder (or a link that is not an envelope name) is reported once (``symlink_refused``) and
+skipped, and an envelope-named link is refused like a bad file. ``settle_s=0, grace_s=0`` hands out everything at once
 (for ``--once`` runs over a quiescent folder).
 """
 
@@ -32,7 +34,7 @@ from kernel.fcop.errors import FcopError, FcopReason, FcopWarning
 from kernel.fcop.filenames import EnvelopeKind, envelope_prefix
 from kernel.fcop.models import EnvelopeModel
 from kernel.fcop.parse import DEFAULT_MAX_BYTES, parse_envelope
-from kernel.fcop.safeio import read_bytes, sha256_hex
+from kernel.fcop.safeio import list_dir, read_bytes, report, sha256_hex
 from kernel.logging import get_logger
 
 log = get_logger("kernel.fcop.scan")
@@ -112,6 +114,7 @@ class Scanner:
         self.clock = clock
         self._seen: dict[str, _Seen] = {}
         self._ghosts: set[str] = set()
+        self._refused: set[str] = set()
 
     def forget(self, rel: str) -> None:
         """Drop what is known about ``rel`` so the next scan looks at it afresh."""
@@ -121,37 +124,45 @@ class Scanner:
         roots = {d for kind in EnvelopeKind for d in self.ws.envelope_dirs(kind)}
         return sorted(roots)
 
-    def _walk(self, directory: Path, depth: int, out: list[os.DirEntry[str]]) -> None:
+    def _walk(self, directory: Path, depth: int, out: list[tuple[Path, os.stat_result]], refused: set[str]) -> None:
         try:
-            entries = list(os.scandir(directory))
-        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            entries = list_dir(directory)
+        except FileNotFoundError:
             return
-        for entry in entries:
-            if entry.name.startswith(".") or entry.name.endswith(".tmp"):
+        except FcopError as exc:  # a symlinked folder (or an unreadable one): never followed
+            self._refuse(exc, refused)
+            return
+        for name, st in entries:
+            if name.startswith(".") or name.endswith(".tmp"):
                 continue
-            try:
-                is_dir = entry.is_dir(follow_symlinks=False)
-            except OSError:
-                continue
-            if is_dir:
+            path = directory / name
+            if stat.S_ISDIR(st.st_mode):
                 if depth < _MAX_DEPTH:
-                    self._walk(Path(entry.path), depth + 1, out)
+                    self._walk(path, depth + 1, out, refused)
+            elif stat.S_ISLNK(st.st_mode) and envelope_prefix(name) is None:
+                self._refuse(FcopError(FcopReason.SYMLINK_REFUSED, f"{path} is a symbolic link: never followed",
+                                       path), refused)
             else:
-                out.append(entry)
+                out.append((path, st))
+
+    def _refuse(self, exc: FcopError, refused: set[str]) -> None:
+        """Report a refused folder or link once while it stays; the scan goes on without it."""
+        where = os.path.relpath(exc.path or self.ws.root, self.ws.root)
+        refused.add(where)
+        if where not in self._refused:
+            self._refused.add(where)
+            report(exc, "scan")
 
     def scan(self) -> ScanBatch:
         batch = ScanBatch()
-        found: list[os.DirEntry[str]] = []
+        found: list[tuple[Path, os.stat_result]] = []
+        refused: set[str] = set()
         for root in self._roots():
-            self._walk(root, 0, found)
+            self._walk(root, 0, found, refused)
+        self._refused &= refused
         present: set[str] = set()
-        for entry in sorted(found, key=lambda e: e.path):
-            path = Path(entry.path)
+        for path, st in sorted(found, key=lambda f: str(f[0])):
             rel = self.ws.relative(path)
-            try:
-                st = os.lstat(path)
-            except FileNotFoundError:
-                continue
             present.add(rel)
             self._visit(path, rel, st, batch)
         for rel in [r for r in self._seen if r not in present]:
@@ -181,7 +192,7 @@ class Scanner:
             return
         now = self.clock()
         if prev is None or prev.key != key:
-            env, err, sha = self._look(path, area, stage, kind)
+            env, err, sha = self._look(path, st, area, stage, kind)
             if err is not None and err.reason is FcopReason.SOURCE_MISSING:
                 return
             immediate = err is not None and err.reason in (FcopReason.SYMLINK_REFUSED, FcopReason.NOT_REGULAR_FILE,
@@ -194,7 +205,7 @@ class Scanner:
             if now - prev.first_seen < (self.settle_s if prev.ok else self.grace_s):
                 batch.pending.append(entry(EntryStatus.PENDING))
                 return
-            env, err, sha = self._look(path, area, stage, kind)
+            env, err, sha = self._look(path, st, area, stage, kind)
             if err is not None and err.reason is FcopReason.SOURCE_MISSING:
                 return
             settled = sha == prev.sha256 and (err is None) == prev.ok
@@ -209,13 +220,9 @@ class Scanner:
         else:
             batch.invalid.append(entry(EntryStatus.INVALID, err=err))
 
-    def _look(self, path: Path, area: str, stage: str | None,
+    def _look(self, path: Path, st: os.stat_result, area: str, stage: str | None,
               kind: EnvelopeKind) -> tuple[EnvelopeModel | None, FcopError | None, str | None]:
-        """Read and parse once: (envelope, error, sha256 of the bytes read)."""
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            return None, FcopError(FcopReason.SOURCE_MISSING, "vanished", path), None
+        """Read and parse once: (envelope, error, sha256 of the bytes read); ``st`` is this scan's lstat."""
         if stat.S_ISLNK(st.st_mode):
             return None, FcopError(FcopReason.SYMLINK_REFUSED, "symbolic links are never followed", path), None
         allowed = _AREA_KINDS.get(area, frozenset()) | (_ARCHIVE_EXTRA if stage == "archive" else frozenset())
