@@ -5,6 +5,8 @@ unchanged; a symlink is moved as the link itself, never followed), and
 ``<name>.reason.md`` records the reason code, a human explanation, where it
 came from, its size and sha256. Nothing is deleted or overwritten: a name
 already taken in the quarantine gets a ``.2``, ``.3``… before its suffix.
+Every step goes through ``safeio``: a symlinked ``_quarantine/`` (or any folder on the way) is
+refused and reported, and the file stays where it is.
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ from pathlib import Path
 import yaml
 
 from kernel.canonical import utc_now_iso
+from kernel.fcop import safeio
 from kernel.fcop.detect import FcopWorkspace
 from kernel.fcop.errors import FcopError, FcopReason
-from kernel.fcop.safeio import move_no_overwrite, write_new
 
 REASON_SUFFIX = ".reason.md"
 _MAX_NAME_BYTES = 200     # leaves room for ".NNN" and ".reason.md" under NAME_MAX (255)
@@ -60,13 +62,14 @@ def _candidates(base: str) -> list[str]:
 
 def _describe(path: Path) -> tuple[int | None, str | None, str | None]:
     """(size, sha256, symlink target) of what is being quarantined, without following links."""
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode):
-        return st.st_size, None, os.readlink(path)
+    with safeio.parent_fd(path) as (dir_fd, name):
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if stat.S_ISLNK(st.st_mode):
+            return st.st_size, None, os.readlink(name, dir_fd=dir_fd)
     if not stat.S_ISREG(st.st_mode) or st.st_size > _HASH_LIMIT:
         return st.st_size, None, None
     h = hashlib.sha256()
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    fd = safeio.open_read(path)
     try:
         while chunk := os.read(fd, 1 << 20):
             h.update(chunk)
@@ -76,8 +79,18 @@ def _describe(path: Path) -> tuple[int | None, str | None, str | None]:
 
 
 def quarantine(ws: FcopWorkspace, path: Path, reason: FcopReason, message: str) -> Quarantined:
-    """Move ``path`` (inside the workspace) to ``_quarantine/`` and write its ``.reason.md``."""
-    path = Path(path)
+    """Move ``path`` (inside the workspace) to ``_quarantine/`` and write its ``.reason.md``.
+
+    A refusal (e.g. ``symlink_refused`` for a linked ``_quarantine/``) is logged with its path and raised.
+    """
+    try:
+        return _quarantine(ws, Path(path), reason, message)
+    except FcopError as exc:
+        safeio.report(exc, "quarantine", file=str(path))
+        raise
+
+
+def _quarantine(ws: FcopWorkspace, path: Path, reason: FcopReason, message: str) -> Quarantined:
     try:
         source = ws.relative(path)
     except ValueError:
@@ -87,11 +100,10 @@ def quarantine(ws: FcopWorkspace, path: Path, reason: FcopReason, message: str) 
     except FileNotFoundError:
         raise FcopError(FcopReason.SOURCE_MISSING, f"{path} no longer exists", path) from None
     qdir = ws.quarantine_dir
-    qdir.mkdir(parents=True, exist_ok=True)
     for candidate in _candidates(_safe_base(path.name)):
         dest = qdir / candidate
         reason_path = qdir / f"{candidate}{REASON_SUFFIX}"
-        if os.path.lexists(dest) or os.path.lexists(reason_path):
+        if safeio.lexists(dest) or safeio.lexists(reason_path):
             continue
         record = {"reason": reason.value, "source": printable_path(source),
                   "quarantined_at": utc_now_iso(), "size": size, "sha256": digest, "symlink_target": link_target}
@@ -101,15 +113,15 @@ def quarantine(ws: FcopWorkspace, path: Path, reason: FcopReason, message: str) 
                 f"The file's bytes are unchanged. Fix it and move it back to `{record['source']}` to retry.\n")
         # The reason goes first: a crash in between leaves a reason without a file, never the reverse.
         try:
-            write_new(reason_path, text.encode("utf-8", "backslashreplace"))
+            safeio.write_new(reason_path, text.encode("utf-8", "backslashreplace"))
         except FcopError as exc:
             if exc.reason is FcopReason.TARGET_EXISTS:
                 continue
             raise
         try:
-            move_no_overwrite(path, dest)
+            safeio.move_no_overwrite(path, dest)
         except FcopError as exc:
-            os.unlink(reason_path)  # our own note about a move that did not happen
+            safeio.unlink(reason_path)  # our own note about a move that did not happen
             if exc.reason is FcopReason.TARGET_EXISTS:
                 continue
             raise

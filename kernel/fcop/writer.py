@@ -4,12 +4,13 @@ Key order follows fcop's serialisers (known keys in protocol order, then
 unknown keys sorted, then ``transitions``), so fcop's v3 reader parses and
 round-trips what we write. New TASKs get their creation event
 ``{from: null, to: inbox}``; later moves append one event each (Rule E/F),
-keeping the body bytes and the existing front-matter text.
+keeping the body bytes and the existing front-matter text. Every write goes through
+``safeio``: no symlinked folder or file is ever written through.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ from kernel.fcop.models import (
 )
 from kernel.fcop.numbering import Published, allocate_and_publish
 from kernel.fcop.parse import DEFAULT_MAX_BYTES, decode
-from kernel.fcop.safeio import read_bytes, rewrite, sha256_hex
+from kernel.fcop.safeio import ensure_dir, read_bytes, rewrite, sha256_hex
 
 _TASK_ORDER = ("protocol", "version", "sender", "recipient", "priority", "thread_key", "parent", "subject",
                "references")
@@ -109,12 +110,20 @@ def _event_time() -> str:
     return utc_now_iso().replace("Z", "+00:00")
 
 
+def _publish(ws: FcopWorkspace, kind: EnvelopeKind, directory: Path, name: Callable[[int, str], FcopFilename],
+             render: Callable[[FcopFilename], bytes], date: str | None) -> Published:
+    """Number and publish a new file in ``directory``, made first through the safe layer (a symlinked
+    folder is refused before numbering touches it)."""
+    ensure_dir(directory)
+    return allocate_and_publish(ws, kind, directory, name, render, date=date)
+
+
 def write_task(ws: FcopWorkspace, draft: TaskDraft, *, date: str | None = None) -> Published:
     """A new TASK in the inbox (``_lifecycle/inbox/``, or ``tasks/`` in a G2 workspace)."""
     def name(seq: int, day: str) -> FcopFilename:
         return FcopFilename(kind=EnvelopeKind.TASK, date=day, sequence=seq, sender=draft.sender,
                             recipient=draft.recipient, slot=draft.slot, slug=draft.slug)
-    return allocate_and_publish(ws, EnvelopeKind.TASK, ws.inbox_dir, name, lambda _: render_task(draft), date=date)
+    return _publish(ws, EnvelopeKind.TASK, ws.inbox_dir, name, lambda _: render_task(draft), date)
 
 
 def write_report(ws: FcopWorkspace, *, sender: str, recipient: str, task_id: str, body: str,
@@ -135,8 +144,7 @@ def write_report(ws: FcopWorkspace, *, sender: str, recipient: str, task_id: str
     def name(seq: int, day: str) -> FcopFilename:
         return FcopFilename(kind=EnvelopeKind.REPORT, date=day, sequence=seq, sender=sender, recipient=recipient,
                             slug=slug)
-    return allocate_and_publish(ws, EnvelopeKind.REPORT, ws.bucket_dir(EnvelopeKind.REPORT), name,
-                                lambda _: data, date=date)
+    return _publish(ws, EnvelopeKind.REPORT, ws.bucket_dir(EnvelopeKind.REPORT), name, lambda _: data, date)
 
 
 def write_issue(ws: FcopWorkspace, *, reporter: str, summary: str, body: str, severity: str = "medium",
@@ -153,8 +161,7 @@ def write_issue(ws: FcopWorkspace, *, reporter: str, summary: str, body: str, se
 
     def name(seq: int, day: str) -> FcopFilename:
         return FcopFilename(kind=EnvelopeKind.ISSUE, date=day, sequence=seq, sender=reporter)
-    return allocate_and_publish(ws, EnvelopeKind.ISSUE, ws.bucket_dir(EnvelopeKind.ISSUE), name,
-                                lambda _: data, date=date)
+    return _publish(ws, EnvelopeKind.ISSUE, ws.bucket_dir(EnvelopeKind.ISSUE), name, lambda _: data, date)
 
 
 def write_review(ws: FcopWorkspace, *, reviewer: str, subject_ref: str, decision: str, body: str = "",
@@ -181,8 +188,7 @@ def write_review(ws: FcopWorkspace, *, reviewer: str, subject_ref: str, decision
                   "decision": decision, "rationale": rationale, "required_changes": changes,
                   "decided_at": utc_now_iso().replace("Z", "+00:00"), **extra}
         return frontmatter.render(_ordered(fields, _REVIEW_ORDER), body).encode("utf-8")
-    return allocate_and_publish(ws, EnvelopeKind.REVIEW, ws.bucket_dir(EnvelopeKind.REVIEW), name, render,
-                                date=date)
+    return _publish(ws, EnvelopeKind.REVIEW, ws.bucket_dir(EnvelopeKind.REVIEW), name, render, date)
 
 
 def append_transition(path: Path, event: Transition, *, expect_sha256: str | None = None) -> str:

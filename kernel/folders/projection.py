@@ -5,11 +5,15 @@ have), each under the task's lock, never overwriting another file. Tasks created
 get a TASK file written in the canonical G3 form. The ledger (`ledger/tasks.jsonl`) and the
 per-role views (`ledger/views/<ROLE>.todo.md`) are rebuilt from the read model; all of it can be
 regenerated from events at any time (`taskkernel verify --repair`).
+
+Every write goes through `kernel.fcop.safeio`: a symlinked stage, `.locks/`, `ledger/` or file is
+refused (`symlink_refused`) and reported with its path; nothing outside the workspace is touched.
 """
 
 from __future__ import annotations
 
 import json
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +23,9 @@ from kernel.canonical import utc_now_iso
 from kernel.commands import EffectRule, TaskCommandKernel
 from kernel.fcop import (
     EnvelopeKind,
+    FcopError,
     FcopFilename,
+    FcopReason,
     FcopWorkspace,
     TaskDraft,
     Transition,
@@ -31,6 +37,7 @@ from kernel.fcop import (
     write_new,
 )
 from kernel.fcop.detect import STAGES
+from kernel.fcop.safeio import list_dir, lstat, read_bytes, report
 from kernel.fcop.writer import render_task
 from kernel.folders.tracking import FileTracker, Origin
 from kernel.store.schema import tasks
@@ -56,12 +63,22 @@ class Projection:
         self.place(payload["task_id"], by=by, tool=payload["event_type"])
 
     def place(self, task_id: str, *, by: str = "kernel", tool: str = "taskkernel") -> Path | None:
-        """Put the task's file in its stage; returns where it is (None if the task is unknown)."""
+        """Put the task's file in its stage; returns where it is (None if the task is unknown).
+
+        A refusal (a symlinked stage or lock folder, a changed file) is logged and raised: the effect
+        is retried later and the file stays where it is."""
+        self.dirty = True  # the ledger follows the read model, whether or not the file could move
+        try:
+            return self._place(task_id, by, tool)
+        except FcopError as exc:
+            report(exc, "project", task_id=task_id)
+            raise
+
+    def _place(self, task_id: str, by: str, tool: str) -> Path | None:
         doc = self.kernel.task(task_id)
         if doc is None:
             return None
         stage = doc["state"]
-        self.fcop.lock_dir.mkdir(parents=True, exist_ok=True)
         with locked(self.fcop.lock_dir / f"{task_id}.lock"):
             current = self.find(task_id)
             if current is None:
@@ -79,17 +96,22 @@ class Projection:
                 last = env.transitions[-1].to if env.transitions else None  # type: ignore[union-attr]
                 if last != stage:  # an agent moved it and the kernel accepted: record the move
                     self._append(path, task_id, last, stage, by, tool)
-        self.dirty = True
         return path
 
     def find(self, task_id: str) -> Path | None:
+        """The task's TASK file: a regular file, looked up without following any symlink."""
         rel = self.tracker.task_file(task_id)
-        if rel and (self.fcop.root / rel).is_file() and Path(rel).name.startswith(f"{task_id}-"):
+        if rel and Path(rel).name.startswith(f"{task_id}-") and _is_file(self.fcop.root / rel):
             return self.fcop.root / rel
         for directory in [self.fcop.stage_dir(s) for s in STAGES] + [self.fcop.root / "tasks"]:
-            hits = sorted(directory.glob(f"{task_id}-*.md")) if directory.is_dir() else []
+            try:
+                entries = list_dir(directory)
+            except (FileNotFoundError, FcopError):  # absent, or refused: the write that follows reports it
+                continue
+            hits = sorted(name for name, st in entries
+                          if name.startswith(f"{task_id}-") and name.endswith(".md") and stat.S_ISREG(st.st_mode))
             if hits:
-                return hits[0]
+                return directory / hits[0]
         return None
 
     def _write_new(self, doc: dict[str, Any], by: str) -> Path:
@@ -121,13 +143,20 @@ class Projection:
         with self.kernel.db.read() as conn:
             docs = [json.loads(r[0]) for r in conn.execute(sa.select(tasks.c.doc).order_by(tasks.c.task_id))]
         ledger = self.fcop.root / "ledger"
-        written = _write_if_changed(ledger / "tasks.jsonl", "".join(
+        files = {ledger / "tasks.jsonl": "".join(
             json.dumps({k: d[k] for k in ("task_id", "state", "revision", "round", "sender", "recipient", "subject",
                                           "parent", "root", "thread_key", "priority", "risk_level")},
-                       ensure_ascii=False) + "\n" for d in docs))
+                       ensure_ascii=False) + "\n" for d in docs)}
         roles = sorted({d["authority"]["driver"] for d in docs} | {d["authority"]["done_authority"] for d in docs})
-        for role in roles:
-            written += _write_if_changed(ledger / "views" / f"{role}.todo.md", _todo(role, docs))
+        files.update({ledger / "views" / f"{role}.todo.md": _todo(role, docs) for role in roles})
+        written, refused = 0, set()
+        for path, text in files.items():
+            try:
+                written += _write_if_changed(path, text)
+            except FcopError as exc:  # a symlinked ledger/ or view: skip it, the rest is still written
+                if exc.path not in refused:
+                    refused.add(exc.path)
+                    report(exc, "ledger")
         return written
 
 
@@ -142,14 +171,23 @@ def _todo(role: str, docs: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _is_file(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(lstat(path).st_mode)
+    except (FileNotFoundError, FcopError):
+        return False
+
+
 def _write_if_changed(path: Path, text: str) -> int:
     data = text.encode("utf-8")
-    if path.is_file() and path.read_bytes() == data:
-        return 0
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists():
-        rewrite(path, data, expect_sha256=None)
-    else:
-        write_new(path, data)
+    try:
+        if read_bytes(path, len(data))[0] == data:
+            return 0
+    except FileNotFoundError:
+        pass
+    except FcopError as exc:
+        if exc.reason is not FcopReason.FILE_TOO_LARGE:  # larger than the new text: it differs
+            raise
+    rewrite(path, data, expect_sha256=None)
     return 1
 
