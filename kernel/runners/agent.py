@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import itertools
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kernel.commands import TaskCommandKernel
+from kernel.fcop.errors import FcopError
+from kernel.fcop.safeio import confine, report, rewrite, safe_join
 from kernel.model.commands import CommandResult
 from kernel.model.principal import Principal
 from kernel.runners.ledger import Purpose
@@ -24,6 +25,9 @@ class AgentContext:
     workspace: Path
     task_file: Path
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1), repr=False)
+
+    def __post_init__(self) -> None:
+        confine(self.workspace)  # artifacts go under workspace/, never through a symlink
 
     def submit(self, kind: str, task_id: str | None = None, **payload: Any) -> CommandResult:
         """Submit as this agent. Keys are derived from the run and call order, so a retried attempt
@@ -48,16 +52,12 @@ class AgentContext:
         return self.kernel.children(self.task["task_id"])
 
     def write_artifact(self, relative: str, text: str) -> Path:
-        """Write under workspace/ (tmp + fsync + rename); refuses paths that escape it."""
-        base = (self.workspace / "workspace").resolve()
-        target = (base / relative).resolve()
-        if not target.is_relative_to(base):
-            raise ValueError(f"artifact path {relative!r} escapes workspace/")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.tmp")
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)  # our own artifact: replacing an earlier attempt's copy is intended
+        """Write under workspace/ through the safe layer (random temp + fsync + rename); replacing an earlier
+        attempt's copy is intended. Refuses `path_escape` and `symlink_refused` (logged with the path)."""
+        try:
+            target = safe_join(self.workspace / "workspace", relative)
+            rewrite(target, text.encode("utf-8"), expect_sha256=None)
+        except FcopError as exc:
+            report(exc, "write_artifact", run_id=self.run_id)
+            raise
         return target

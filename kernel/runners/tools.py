@@ -3,22 +3,27 @@ was committed as an `action_authorized` event (outbox), and idempotently (tmp + 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 from kernel.commands import EffectRule, TaskCommandKernel
+from kernel.fcop.errors import FcopError
+from kernel.fcop.safeio import confine, report, rewrite, safe_join
 
 PERFORM_EFFECT = "perform_action"
 PERFORM_RULE = EffectRule(PERFORM_EFFECT, frozenset({"action_authorized"}))
 
 
 class ToolExecutor:
-    """Built-in tools: `write_file` (args: path under workspace/, content). Unknown tools fail the effect."""
+    """Built-in tools: `write_file` (args: path under workspace/, content). Unknown tools fail the effect.
+
+    The project folder is confined, so `workspace/` itself and every folder below it are checked: an
+    agent that planted a symlink cannot turn an authorized write into one outside the workspace."""
 
     def __init__(self, kernel: TaskCommandKernel, workspace: Path) -> None:
         self.kernel = kernel
-        self.root = (workspace / "workspace").resolve()
+        self.root = workspace / "workspace"
+        confine(workspace)
 
     def __call__(self, effect_key: str, payload: dict[str, Any]) -> None:
         with self.kernel.db.read() as conn:
@@ -32,13 +37,11 @@ class ToolExecutor:
         tool(action["args"])
 
     def _tool_write_file(self, args: dict[str, Any]) -> None:
-        target = (self.root / str(args["path"])).resolve()
-        if not target.is_relative_to(self.root):
-            raise ValueError(f"write_file path {args['path']!r} escapes workspace/")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.tmp")
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(str(args.get("content", "")))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)  # re-running the same authorized write yields the same bytes
+        """Re-running the same authorized write yields the same bytes; a refusal (`path_escape`,
+        `symlink_refused`, …) is logged with its path and fails the effect."""
+        try:
+            target = safe_join(self.root, str(args["path"]))
+            rewrite(target, str(args.get("content", "")).encode("utf-8"), expect_sha256=None)
+        except FcopError as exc:
+            report(exc, "write_file")
+            raise
