@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import sqlalchemy as sa
 import typer
 from rich.markup import escape
 
 from kernel.cli.common import Exit, emit, get_ctx, stderr
 from kernel.cli.wiring import build_kernel
 from kernel.commands import TaskCommandKernel
-from kernel.store.db import DatabaseCorrupt
+from kernel.store.db import DatabaseCorrupt, is_corruption
 from kernel.verify import VerifyReport, corrupt_report
 from kernel.verify import verify as verify_store
 
@@ -51,6 +52,10 @@ def verify(ctx: typer.Context, repair: bool = typer.Option(False, "--repair",
             _verify_folders(kernel, ws.root, report, repair)
     except DatabaseCorrupt as exc:  # met while opening the other components' tables
         report = corrupt_report(str(exc))
+    except sa.exc.DatabaseError as exc:  # a damaged page met outside the store checks (e.g. folder records)
+        if not is_corruption(exc):
+            raise
+        report = corrupt_report(str(exc.orig))
     emit(report.as_json())
     if report.ok:
         stderr.print(f"[green]verified[/green] {report.events} events, {report.tasks} tasks ({report.chain} chain)"
