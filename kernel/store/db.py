@@ -156,17 +156,13 @@ class Database:
         (SQLite: ``database is locked`` on the read-to-write upgrade; PostgreSQL: duplicate catalog rows).
         Raises DatabaseCorrupt when the file is damaged or not a database."""
         wanted = {name for md in metadatas for name in md.tables}
-        try:
+        with self._corruption_raised():
             with self.read() as conn:
                 if wanted <= set(sa.inspect(conn).get_table_names()):
                     return
             with self.write() as uow:
                 for md in metadatas:
                     md.create_all(uow.conn)
-        except sa.exc.DatabaseError as exc:
-            if is_corruption(exc):
-                raise DatabaseCorrupt(f"{self.url}: {exc.orig}") from exc
-            raise
 
     def use_chain_key(self, load_key: Callable[[], bytes | None], create_key: Callable[[], bytes]) -> None:
         """Take the chain key from a workspace (composition roots only). Under the writer lock, so processes
@@ -176,39 +172,44 @@ class Database:
         created now). An unkeyed store with events in a workspace that has a key is left as it is: its chain
         record was removed or the store replaced, and appends and verify say chain_unkeyed."""
         key = load_key()
-        if key is not None:
-            self.chain = Chain(key)
-            with self.read() as conn:
-                if read_record(conn).keyed:
-                    return
-        with self.write() as uow:
-            if read_record(uow.conn).keyed:
-                self.chain = Chain(load_key())
-                return
-            head = uow.conn.exec_driver_sql("SELECT max(global_pos) FROM events").scalar() or 0
-            key = load_key()
-            if key is None:
-                key = create_key()
-            elif head:
+        with self._corruption_raised():
+            if key is not None:
                 self.chain = Chain(key)
-                return
-            chain = Chain(key)
-            chain.bind(uow, head + 1)
-        self.chain = chain
+                with self.read() as conn:
+                    if read_record(conn).keyed:
+                        return
+            with self.write() as uow:
+                if read_record(uow.conn).keyed:
+                    self.chain = Chain(load_key())
+                    return
+                head = uow.conn.exec_driver_sql("SELECT max(global_pos) FROM events").scalar() or 0
+                key = load_key()
+                if key is None:
+                    key = create_key()
+                elif head:
+                    self.chain = Chain(key)
+                    return
+                chain = Chain(key)
+                chain.bind(uow, head + 1)
+            self.chain = chain
 
     def integrity_problems(self) -> list[str]:
         """SQLite's ``PRAGMA integrity_check`` findings (empty: intact; PostgreSQL: always empty).
         Raises DatabaseCorrupt when the check itself cannot read the file."""
         if self.dialect != "sqlite":
             return []
+        with self._corruption_raised(), self.read() as conn:
+            rows = [str(r[0]) for r in conn.exec_driver_sql("PRAGMA integrity_check")]
+        return [] if rows == ["ok"] else rows
+
+    @contextmanager
+    def _corruption_raised(self) -> Iterator[None]:
         try:
-            with self.read() as conn:
-                rows = [str(r[0]) for r in conn.exec_driver_sql("PRAGMA integrity_check")]
+            yield
         except sa.exc.DatabaseError as exc:
             if is_corruption(exc):
                 raise DatabaseCorrupt(f"{self.url}: {exc.orig}") from exc
             raise
-        return [] if rows == ["ok"] else rows
 
     def dispose(self) -> None:
         with self._writers_lock:
