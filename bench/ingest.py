@@ -24,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from kernel.cli.common import CliContext  # noqa: E402
 from kernel.coordinator import Coordinator  # noqa: E402
-from kernel.store.db import Database  # noqa: E402
 from kernel.workspace import Workspace, init_workspace  # noqa: E402
 
 
@@ -71,7 +71,7 @@ def cold(tmp: Path, n_files: int, durability: str) -> dict[str, float]:
         project = Project(ws.root)
         listed = len(project.list_tasks(status="all")) + len(project.list_reports())
         baseline = time.perf_counter() - t0
-    coordinator = Coordinator(ws, Database(ws.database_url, ws.durability), settle_s=0, grace_s=0)
+    coordinator = Coordinator(ws, CliContext(workspace_path=str(ws.root)).database(), settle_s=0, grace_s=0)
     assert coordinator.folders is not None
     t0 = time.perf_counter()
     while coordinator.folders.ingest_pass():
@@ -88,7 +88,7 @@ def cold(tmp: Path, n_files: int, durability: str) -> dict[str, float]:
 
 def watch(tmp: Path, count: int, settle_s: float) -> dict[str, float]:
     ws = workspace(tmp / f"watch-{settle_s}", 0, "full")
-    coordinator = Coordinator(ws, Database(ws.database_url, ws.durability), settle_s=settle_s, grace_s=5.0)
+    coordinator = Coordinator(ws, CliContext(workspace_path=str(ws.root)).database(), settle_s=settle_s, grace_s=5.0)
     stop = asyncio.Event()
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=lambda: loop.run_until_complete(coordinator.run(stop, poll_seconds=0.25)))

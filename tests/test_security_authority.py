@@ -173,7 +173,8 @@ def test_bogus_and_empty_tokens_are_refused_everywhere(ws: Ws) -> None:
         ("session", "accept", "s", "--kind", "message", "--input-id", "i", "--payload", '{"text":"x"}'),
         ("session", "refuse", "s", "--kind", "message", "--input-id", "i", "--reason", "r"),
         ("session", "consume", "s", "--through", "0"), ("session", "complete-turn", "s"),
-        ("session", "import", "-"), ("session", "export", "admin"), ("goal", "start", tid), ("goal", "cancel", goal)]
+        ("session", "import", "-"), ("session", "export", "admin"), ("goal", "start", tid), ("goal", "cancel", goal),
+        ("task", "show", tid), ("task", "list"), ("log",), ("verify",)]  # a credential given must be live, reads too
     create = json.dumps({"type": "create_task", "idempotency_key": "b",
                          "payload": {"sender": "ADMIN", "recipient": "PM", "subject": "s"}})
     for token, reason in ((BOGUS, "actor_unverified"), ("", "actor_unverified"), ("not-a-token", "actor_unverified")):

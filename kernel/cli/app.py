@@ -5,8 +5,9 @@ from __future__ import annotations
 import sys
 
 import typer
+from rich.markup import escape
 
-from kernel.cli.common import CliContext, Exit, stderr
+from kernel.cli.common import CliContext, Exit, emit, stderr
 from kernel.logging import configure_logging
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -31,10 +32,16 @@ def _register_groups() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI, mapping usage errors to exit 64 (sysexits EX_USAGE)."""
+    from kernel.store.chain import ChainKeyError
+
     configure_logging()
     _register_groups()
     try:
         rv = app(args=argv, standalone_mode=False)
+    except ChainKeyError as exc:  # a keyed store opened without (or with another) key: refuse, never write
+        emit({"status": "rejected", "reason": exc.reason, "message": str(exc)})
+        stderr.print(f"[red]rejected[/red] {escape(str(exc))}")
+        sys.exit(int(Exit.REJECTED))
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.Abort:

@@ -99,6 +99,8 @@ class CliContext:
             except DatabaseCorrupt as exc:
                 reject("database_corrupt", f"the database is damaged or not a database: {exc}")
             self._db = db
+            if self.token is not None or "TASKKERNEL_TOKEN" in os.environ:
+                self.principal()  # a credential given to any command must be live, reads included
         return self._db
 
     def try_principal(self) -> Principal | KernelError:

@@ -16,12 +16,11 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from kernel.cli.common import Exit, emit, stderr
+from kernel.cli.common import CliContext, Exit, emit, stderr
 from kernel.coordinator import Coordinator
 from kernel.model.commands import CommandResult
 from kernel.model.principal import LOCAL_OWNER, Principal
 from kernel.sessionlog import SessionLog
-from kernel.store.db import Database
 from kernel.verify import verify
 from kernel.workspace import Workspace, init_workspace
 from scheduler.admin import Schedules
@@ -86,7 +85,7 @@ def demo(directory: Path = typer.Option(None, "--dir", help="Workspace directory
     init_workspace(root, "dev-team")
     (root / "taskkernel.toml").write_text(DEMO_TOML, encoding="utf-8")
     ws = Workspace.load(root)
-    c = Coordinator(ws, Database(ws.database_url, ws.durability), owner="demo", settle_s=0, grace_s=0)
+    c = Coordinator(ws, CliContext(workspace_path=str(ws.root)).database(), owner="demo", settle_s=0, grace_s=0)
     d = _Demo(c)
 
     stderr.rule("1. ADMIN drops a task for PM (a TASK file)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -47,7 +48,8 @@ def init(ctx: typer.Context, directory: Path = typer.Argument(Path("."), help="W
     c.database()
     if ws.require_token and not ws.owner_token_path.exists():
         owner_token = issue_token(c.database(), LOCAL_OWNER.role, LOCAL_OWNER.agent)
-        write_private(ws.owner_token_path, (owner_token + "\n").encode("ascii"))
+        with contextlib.suppress(FileExistsError):  # a concurrent init wrote it first: theirs stands
+            write_private(ws.owner_token_path, (owner_token + "\n").encode("ascii"))
     emit({"status": "ok", "workspace": str(ws.root), "database": c.database().url, "team": team})
     stderr.print(f"[green]workspace ready[/green] at {ws.root} (team {team})")
 
