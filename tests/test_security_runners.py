@@ -90,6 +90,9 @@ def test_agent_environment_is_the_allowlist_plus_what_the_role_adds(tmp_path: Pa
     assert (env["MODEL"], env["KEEP_ME"], env["LC_ALL"], env["TASKKERNEL_WORKSPACE"]) == (
         "small", "forwarded", "C.UTF-8", str(ws.root))
     assert json.loads(seen["show"])["task_id"] == tid, "the agent reached the kernel without the database URL"
+    [log_dir] = (ws.root / ".taskkernel" / "runs").glob("*/attempt-1")
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in (log_dir, *log_dir.iterdir())} == {
+        "attempt-1": "0o700", "stdout.log": "0o600", "stderr.log": "0o600"}  # agents' output may echo secrets
 
 
 def test_config_refuses_database_variables_and_users_it_cannot_become(tmp_path: Path,

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kernel.private import private_dir
 from kernel.runners.config import RunnerSpec, os_user
 
 USAGE_KEYS = ("tokens_in", "tokens_out", "cost_usd")
@@ -96,11 +97,11 @@ def run_command(spec: RunnerSpec, placeholders: dict[str, str], env: dict[str, s
     environment (see `agent_env`). While the coordinator lives, the agent never outlives this call."""
     argv = [part.format(**placeholders) for part in spec.argv]
     cwd = (workspace / spec.cwd) if spec.cwd else workspace
-    log_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(log_dir)  # agents' output may echo secrets: readable by the workspace owner only
     started = time.monotonic()
     try:
-        with open(log_dir / "stdout.log", "w+", encoding="utf-8", errors="replace") as out, \
-                open(log_dir / "stderr.log", "w", encoding="utf-8") as err:
+        with open(log_dir / "stdout.log", "w+", encoding="utf-8", errors="replace", opener=_private) as out, \
+                open(log_dir / "stderr.log", "w", encoding="utf-8", opener=_private) as err:
             proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                                     start_new_session=True, preexec_fn=_die_with_parent(os.getpid()),
                                     **_identity(spec))
@@ -232,6 +233,10 @@ def terminate_group(pgid: int, start: int | None, grace_s: float) -> str:
 def _kill_group(pgid: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)  # the whole group: agents spawn helpers
+
+
+def _private(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW, 0o600)
 
 
 def _plausible(value: Any) -> bool:
