@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 import sqlalchemy as sa
 
-from kernel.fcop import FcopError, FcopWorkspace, parse_filename
+from kernel.fcop import FcopError, FcopWorkspace, parse_filename, safeio
 from kernel.fcop.detect import STAGES
 from kernel.folders.projection import PROJECT_EFFECT, Projection
 from kernel.folders.tracking import Origin, folder_files
@@ -37,14 +38,18 @@ class FolderDrift:
 
 
 def task_files(fcop: FcopWorkspace) -> dict[str, list[Path]]:
+    """TASK files per id, read through the safe layer: a symlinked stage folder is not looked into
+    (the scan reports it), and a link in a stage is not a TASK file."""
     found: dict[str, list[Path]] = {}
     for directory in [fcop.stage_dir(s) for s in STAGES] + [fcop.root / "tasks"]:
-        if not directory.is_dir():
+        try:
+            entries = safeio.list_dir(directory)
+        except (FcopError, OSError):  # missing, or a refused link
             continue
-        for path in directory.glob("TASK-*.md"):
-            name = parse_filename(path.name)
-            if name is not None:
-                found.setdefault(name.id, []).append(path)
+        for entry, st in entries:
+            name = parse_filename(entry) if entry.startswith("TASK-") and entry.endswith(".md") else None
+            if name is not None and stat.S_ISREG(st.st_mode):
+                found.setdefault(name.id, []).append(directory / entry)
     return found
 
 
