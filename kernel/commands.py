@@ -21,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 from kernel.canonical import canonical_json, digest, utc_now_iso
 from kernel.model.commands import (
     CREATING,
+    TASK_ID_ERROR,
     AdoptTaskPayload,
     AmendPayload,
     Command,
@@ -162,7 +163,8 @@ class TaskCommandKernel:
                                  "to the coordinator's adapters; choose another key", raw)
             return cmd
         except ValidationError as exc:
-            return _rejected(R.INVALID_COMMAND, _describe(exc), raw)
+            bad_id = any(e["type"] == TASK_ID_ERROR for e in exc.errors())
+            return _rejected(R.INVALID_TASK_ID if bad_id else R.INVALID_COMMAND, _describe(exc), raw)
         except (TypeError, ValueError) as exc:
             return _rejected(R.INVALID_COMMAND, str(exc), raw)
 

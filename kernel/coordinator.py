@@ -108,7 +108,7 @@ class Coordinator:
             self.add_stage("ingest", self.folders.ingest_pass)
         self.tools = OutboxRelay(db, {PERFORM_EFFECT: ToolExecutor(self.kernel, workspace.root)})
         self.add_stage("actions", self.tools.run_pending)
-        self.automations = Automations(self.kernel, self.owner)
+        self.automations = Automations(self.kernel, self.owner, workspace.config.get("scheduler", {}))
         self.add_stage("automations", self.automations.tick)  # `run` replaces it by the scheduler's own timer
         if self.folders is not None:
             self.add_stage("project", self.folders.project_pass)

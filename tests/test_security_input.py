@@ -57,8 +57,6 @@ def test_poison_task_ids_are_quarantined_and_the_next_file_is_still_ingested(any
     assert (code, task["state"]) == (0, "inbox")
 
 
-@pytest.mark.xfail(strict=True, reason="kernel/commands.py (_parse) maps every ValidationError to invalid_command; "
-                   "it must map errors of type kernel.model.commands.TASK_ID_ERROR to invalid_task_id")
 def test_submit_refuses_an_out_of_range_task_id_as_invalid_task_id(tmp_path: Path) -> None:
     ws = make_workspace(tmp_path / "ws", {}).root
     for task_id in ("TASK-20260101-99999999999999999999999", "TASK-20260101-3000000000", "TASK-20260230-001"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import typer
+from pydantic import ValidationError
 
 from kernel.cli.common import CliContext, Exit, emit, fail, get_ctx, reject, stderr
 from kernel.cli.wiring import build_kernel
@@ -48,8 +49,13 @@ def start(ctx: typer.Context, root_task: str,
     if doc["root"] != root_task:
         reject(ReasonCode.TASK_IDENTITY_MISMATCH.value, f"{root_task} is not a root task (its root is {doc['root']})")
     _authorize(c, doc, "start")
-    goal_id = GoalService(kernel.db, kernel.store).start(
-        root_task, Budget(tokens=tokens, cost_usd=cost, wall_seconds=wall_seconds, attempts=attempts), breaker)
+    try:
+        budget = Budget(tokens=tokens, cost_usd=cost, wall_seconds=wall_seconds, attempts=attempts)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        flag = {"cost_usd": "cost", "wall_seconds": "wall-seconds"}.get(str(first["loc"][0]), str(first["loc"][0]))
+        fail(Exit.USAGE, f"--{flag}: {first['msg']}", reason=ReasonCode.INVALID_COMMAND.value)
+    goal_id = GoalService(kernel.db, kernel.store).start(root_task, budget, breaker)
     emit({"status": "ok", "goal_id": goal_id, "root_task": root_task})
     stderr.print(f"goal {goal_id} started for {root_task}")
 

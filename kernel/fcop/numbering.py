@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -23,7 +24,7 @@ from pathlib import Path
 from kernel.fcop.detect import FcopWorkspace
 from kernel.fcop.errors import FcopError, FcopReason
 from kernel.fcop.filenames import EnvelopeKind, FcopFilename, parse_filename
-from kernel.fcop.safeio import locked, open_tmp, publish_reserved
+from kernel.fcop.safeio import list_dir, locked, open_tmp, publish_reserved
 from kernel.model.ids import MAX_SEQUENCE
 
 _MAX_DEPTH = 4
@@ -42,15 +43,16 @@ def utc_date() -> str:
 
 
 def _names(directory: Path, depth: int = 0) -> list[str]:
+    """Names below ``directory``, read through the safe layer: a symlinked folder is not looked into."""
     try:
-        entries = list(os.scandir(directory))
-    except (FileNotFoundError, NotADirectoryError):
+        entries = list_dir(directory)
+    except (FcopError, OSError):  # missing, not a folder, or a refused link
         return []
     names = []
-    for entry in entries:
-        names.append(entry.name)
-        if depth < _MAX_DEPTH and entry.is_dir(follow_symlinks=False):
-            names.extend(_names(Path(entry.path), depth + 1))
+    for name, st in entries:
+        names.append(name)
+        if depth < _MAX_DEPTH and stat.S_ISDIR(st.st_mode):
+            names.extend(_names(directory / name, depth + 1))
     return names
 
 
@@ -73,8 +75,7 @@ def allocate_and_publish(ws: FcopWorkspace, kind: EnvelopeKind, directory: Path,
     ``make_name(sequence, date)`` builds the filename; ``render`` gets it so the
     content may quote its own id (a REVIEW's ``review_id``).
     """
-    directory.mkdir(parents=True, exist_ok=True)
-    date = date or utc_date()
+    date = date or utc_date()  # open_tmp creates missing folders through the safe layer
     for _ in range(_ATTEMPTS):
         with locked(ws.lock_dir / f"seq-{kind.value}.lock"):
             seq = max_sequence(ws, kind, date) + 1

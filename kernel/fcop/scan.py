@@ -196,7 +196,8 @@ class Scanner:
             if err is not None and err.reason is FcopReason.SOURCE_MISSING:
                 return
             immediate = err is not None and err.reason in (FcopReason.SYMLINK_REFUSED, FcopReason.NOT_REGULAR_FILE,
-                                                           FcopReason.BAD_FILENAME, FcopReason.MISPLACED_FILE)
+                                                           FcopReason.BAD_FILENAME, FcopReason.MISPLACED_FILE,
+                                                           FcopReason.INVALID_TASK_ID)
             age = now - st.st_mtime_ns / 1e9
             settled = immediate or age >= (self.settle_s if err is None else self.grace_s)
             prev = _Seen(key=key, first_seen=now, sha256=sha, ok=err is None, done=False)

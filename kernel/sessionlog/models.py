@@ -11,6 +11,8 @@ from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
+from kernel.canonical import check_json
+
 
 class InputKind(StrEnum):
     MESSAGE = "message"  # user / ADMIN instruction
@@ -127,6 +129,10 @@ def validate_payload(kind: InputKind, payload: Any) -> dict[str, Any]:
     """Check a payload against its kind; returns it unchanged (extra keys kept) or raises INVALID_INPUT."""
     if not isinstance(payload, dict):
         raise SessionLogError(SessionReason.INVALID_INPUT, f"{kind.value}: payload must be a JSON object")
+    try:
+        check_json(payload, "payload")  # stored as canonical JSON: NaN or a 2**64 integer would not read back
+    except ValueError as exc:
+        raise SessionLogError(SessionReason.INVALID_INPUT, f"{kind.value}: {exc}") from None
     try:
         PAYLOAD_MODELS[kind].model_validate(payload)
     except ValidationError as exc:
