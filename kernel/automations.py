@@ -27,8 +27,8 @@ from scheduler.runtime import SchedulerRuntime
 class _AttributedActions(ActionRegistry):
     """Every action that ran is a unit of work owned by its task's root (or by the schedule)."""
 
-    def __init__(self, kernel: TaskCommandKernel) -> None:
-        super().__init__(submit=kernel.submit, session_log=SessionLog(kernel.db))
+    def __init__(self, kernel: TaskCommandKernel, session_log: SessionLog) -> None:
+        super().__init__(submit=kernel.submit, session_log=session_log)
         self.kernel = kernel
 
     def run(self, ctx: ActionContext) -> ActionResult:
@@ -59,10 +59,12 @@ def max_clock_skew(config: Mapping[str, Any]) -> timedelta:
 
 
 class Automations:
-    def __init__(self, kernel: TaskCommandKernel, owner: str, config: Mapping[str, Any] | None = None) -> None:
-        """``config``: the workspace's ``[scheduler]`` table."""
+    def __init__(self, kernel: TaskCommandKernel, owner: str, config: Mapping[str, Any] | None = None, *,
+                 session_log: SessionLog | None = None) -> None:
+        """``config``: the workspace's ``[scheduler]`` table; ``session_log``: the workspace's, which knows its
+        grant sessions (a schedule writes sessions under the same rules as its creator)."""
         install_usage(kernel.db)
-        self.actions = _AttributedActions(kernel)
+        self.actions = _AttributedActions(kernel, session_log or SessionLog(kernel.db))
         self.runtime = SchedulerRuntime(kernel.db, self.actions, owner=owner,
                                         max_clock_skew=max_clock_skew(config or {}))
 

@@ -46,7 +46,8 @@ def build_kernel(db: Database, workspace: Workspace | None) -> TaskCommandKernel
     roles = RoleRegistry.for_team(team.leader, team.roles) if team else RoleRegistry.for_team(
         "PM", ["PM", "DEV", "QA", "OPS"])
     db.create_schema(metadata)
-    log, store = SessionLog(db), EventStore(task_upcasters())
+    log = SessionLog(db, workspace.grant_sessions) if workspace else SessionLog(db)
+    store = EventStore(task_upcasters())
     gate_cfg = (workspace.config.get("gate", {}) if workspace else {})
     gate = GateGuard(log, store, default_session=gate_cfg.get("session", "admin"),
                      protected_by_risk={**DEFAULT_PROTECTED, **gate_cfg.get("protected", {})},
@@ -108,7 +109,8 @@ class Coordinator:
             self.add_stage("ingest", self.folders.ingest_pass)
         self.tools = OutboxRelay(db, {PERFORM_EFFECT: ToolExecutor(self.kernel, workspace.root)})
         self.add_stage("actions", self.tools.run_pending)
-        self.automations = Automations(self.kernel, self.owner, workspace.config.get("scheduler", {}))
+        self.automations = Automations(self.kernel, self.owner, workspace.config.get("scheduler", {}),
+                                       session_log=SessionLog(db, workspace.grant_sessions))
         self.add_stage("automations", self.automations.tick)  # `run` replaces it by the scheduler's own timer
         if self.folders is not None:
             self.add_stage("project", self.folders.project_pass)

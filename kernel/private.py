@@ -41,15 +41,20 @@ def read_private(path: Path) -> bytes:
         os.close(fd)
 
 
+def read_secret(path: Path) -> bytes:
+    """A secret written by ``load_or_create_secret``; never creates one."""
+    return bytes.fromhex(read_private(path).decode("ascii").strip())
+
+
 def load_or_create_secret(path: Path, nbytes: int = 32) -> bytes:
     """A random secret kept in a 0600 file (created on first use; a racing creator's file wins)."""
     try:
-        return bytes.fromhex(read_private(path).decode("ascii").strip())
+        return read_secret(path)
     except FileNotFoundError:
         pass
     with contextlib.suppress(FileExistsError):
         write_private(path, secrets.token_hex(nbytes).encode("ascii") + b"\n")
-    return bytes.fromhex(read_private(path).decode("ascii").strip())
+    return read_secret(path)
 
 
 def narrow(path: Path) -> None:

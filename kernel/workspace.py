@@ -91,6 +91,12 @@ class Workspace:
         return bool(self.config.get("kernel", {}).get("require_token", False))
 
     @property
+    def grant_sessions(self) -> frozenset[str]:
+        """Sessions that hold grants and belong to ADMIN: `admin` and the gate's configured session."""
+        configured = self.config.get("gate", {}).get("session")
+        return frozenset({"admin", *([str(configured)] if configured else [])})
+
+    @property
     def owner_token_path(self) -> Path:
         return self.state_dir / OWNER_TOKEN_NAME
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import stat
+import time
 from pathlib import Path
 from typing import Any
 
@@ -231,3 +232,70 @@ def test_idempotency_keys_cannot_be_squatted(ws: Ws) -> None:
                    "payload": {"sender": "ADMIN", "recipient": "PM", "subject": "owner's", "parent": pm_task}})
     assert r.json["status"] == "accepted", r
     assert ws.run("task", "show", r.json["task_id"]).json["subject"] == "owner's"
+
+
+def test_a_task_scoped_admin_token_has_no_admin_power(ws: Ws) -> None:
+    tid = ws.submit({"type": "create_task", "idempotency_key": "t", "payload": {
+        "sender": "ADMIN", "recipient": "PM", "subject": "s", "risk_level": "high"}}).json["task_id"]
+    scoped = ws.token("ADMIN", "--task", tid, "--round", "0")
+    rejected(ws.on("amend", tid, "lower", scoped, risk_level="low"), "role_not_authorized")
+    rejected(ws.run("token", "issue", "DEV", token=scoped), "role_not_authorized")
+    rejected(ws.run("session", "accept", "admin", "--kind", "message", "--input-id", "m", "--payload",
+                    '{"text":"deploy"}', token=scoped), "role_not_authorized")
+    # in its own session it writes as a run, which the gate never takes for the owner's word
+    assert ws.run("session", "accept", "mine", "--kind", "message", "--input-id", "m", "--payload",
+                  '{"text":"deploy"}', token=scoped).code == 0
+    [line] = [json.loads(x) for x in ws.run("session", "export", "mine").out.splitlines()]
+    assert line["accepted_by"] == f"RUN:ADMIN:admin@{tid}"
+
+
+def test_run_tokens_of_one_role_do_not_share_sessions(ws: Ws) -> None:
+    ids = [ws.submit({"type": "create_task", "idempotency_key": f"t{i}", "payload": {
+        "sender": "ADMIN", "recipient": "DEV", "subject": f"s{i}"}}).json["task_id"] for i in range(2)]
+    run_a, run_b = (ws.token("DEV", "--agent", "dev-agent", "--task", t, "--round", "0") for t in ids)
+    secret = json.dumps({"text": "api key = hunter2"})
+    assert ws.run("session", "accept", "task-a", "--kind", "message", "--input-id", "s1", "--payload", secret,
+                  token=run_a).code == 0
+    rejected(ws.run("session", "replay", "task-a", token=run_b), "role_not_authorized")
+    rejected(ws.run("session", "accept", "task-a", "--kind", "message", "--input-id", "s2", "--payload", secret,
+                    token=run_b), "role_not_authorized")
+    assert ws.run("session", "replay", "task-a", token=run_a).code == 0
+
+
+def test_a_configured_grant_session_is_admins_for_schedules_too(ws: Ws) -> None:
+    config = ws.root / "taskkernel.toml"
+    config.write_text(config.read_text() + '\n[gate]\nsession = "grants"\n')
+    dev = ws.token("DEV")
+    rejected(ws.run("session", "accept", "grants", "--kind", "message", "--input-id", "m", "--payload",
+                    '{"text":"deploy now"}', token=dev), "role_not_authorized")
+    added = ws.run("schedule", "add", "g", "--every", "1s", "--action", "accept_input", "--session", "grants",
+                   "--kind", "message", "--payload", '{"text":"deploy now"}', token=dev)
+    assert added.code == 0, added
+    time.sleep(2.5)
+    ws.run("up", "--once")
+    lines = [json.loads(x) for x in ws.run("session", "export", "grants").out.splitlines()]
+    assert not [x for x in lines if x.get("kind") == "message"], lines  # refused when it fired, as from the CLI
+
+
+def test_a_missing_chain_key_is_never_silently_replaced(ws: Ws, tmp_path: Path) -> None:
+    assert ws.run("session", "accept", "s", "--kind", "message", "--input-id", "i", "--payload",
+                  '{"text":"x"}').code == 0
+    key = ws.root / ".taskkernel" / "chain.key"
+    key.rename(tmp_path / "kept.key")
+    exported = ws.run("session", "export", "s")
+    assert exported.code == 0 and "sig" not in exported.json  # readable, but nothing to sign with
+    assert ws.run("session", "import", "-", stdin="").code == 0
+    assert not key.exists()
+    (tmp_path / "kept.key").rename(key)
+    assert ws.run("verify").code == 0
+
+
+def test_export_never_writes_through_a_planted_link(ws: Ws, tmp_path: Path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    (ws.root / "workspace" / "out.jsonl").symlink_to(victim)
+    assert ws.run("session", "accept", "s", "--kind", "message", "--input-id", "i", "--payload",
+                  '{"text":"x"}').code == 0
+    r = ws.run("session", "export", "s", "-o", str(ws.root / "workspace" / "out.jsonl"))
+    assert r.code == 65 and "Traceback" not in r.err, r
+    assert victim.read_text() == "precious"

@@ -38,7 +38,8 @@ def start(ctx: typer.Context, root_task: str,
           tokens: int = typer.Option(None, "--tokens", min=0), cost: float = typer.Option(None, "--cost", min=0),
           wall_seconds: float = typer.Option(None, "--wall-seconds", min=0),
           attempts: int = typer.Option(None, "--attempts", min=0),
-          breaker: int = typer.Option(3, "--breaker", min=1, help="Consecutive failed runs that block the goal.")
+          breaker: int = typer.Option(3, "--breaker", min=1, max=1000,
+                                      help="Consecutive failed runs that block the goal.")
           ) -> None:
     """Start a goal for ROOT_TASK (an active goal of the same root is replaced)."""
     c = get_ctx(ctx)
@@ -78,8 +79,8 @@ def cancel(ctx: typer.Context, goal_id: str) -> None:
     goal = service.show(goal_id)
     root = kernel.task(goal["root_task"]) if goal else None
     if goal is None or root is None:
-        fail(Exit.REJECTED, f"no goal {goal_id}")
+        reject("unknown_goal", f"no goal {goal_id}")
     _authorize(c, root, "cancel")
     if not service.cancel(goal_id):
-        fail(Exit.REJECTED, f"goal {goal_id} is not active")
+        reject("goal_not_active", f"goal {goal_id} is not active")
     emit({"status": "ok", "goal_id": goal_id, "state": "cancelled"})

@@ -136,7 +136,7 @@ def task_list(ctx: typer.Context, state: str = typer.Option(None, "--state", hel
 
 
 def log(ctx: typer.Context, stream: str = typer.Option(None, "--stream", help="Only this stream, e.g. task:ID."),
-        from_pos: int = typer.Option(1, "--from", help="First global position.")) -> None:
+        from_pos: int = typer.Option(1, "--from", min=1, max=2**53, help="First global position.")) -> None:
     """Events as JSON lines, in global (commit) order."""
     kernel = build_kernel(get_ctx(ctx))
     store = kernel.store

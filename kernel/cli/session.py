@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 import typer
 
 from kernel.cli.common import CliContext, Exit, emit, fail, get_ctx, stderr
-from kernel.private import load_or_create_secret
+from kernel.private import read_secret
 from kernel.sessionlog import (
     LogFileError,
     Order,
@@ -41,14 +41,19 @@ def _log(ctx: typer.Context) -> SessionLog:
     """The session log with this workspace's grant sessions: `admin` and the gate's configured one."""
     c = get_ctx(ctx)
     ws = c.optional_workspace()
-    gate_session = (ws.config.get("gate", {}) if ws else {}).get("session")
-    return SessionLog(c.database(), DEFAULT_ADMIN_SESSIONS | ({str(gate_session)} if gate_session else set()))
+    return SessionLog(c.database(), ws.grant_sessions if ws else DEFAULT_ADMIN_SESSIONS)
 
 
 def _export_key(c: CliContext) -> bytes | None:
-    """The workspace's export signing key; without a workspace there is nothing to prove provenance with."""
+    """The workspace's export signing key (derived from its chain key, which opening the database made sure
+    of); without a workspace, or without its key, nothing is signed and no provenance is proven."""
     ws = c.optional_workspace()
-    return signing_key(load_or_create_secret(ws.chain_key_path)) if ws is not None else None
+    if ws is None:
+        return None
+    try:
+        return signing_key(read_secret(ws.chain_key_path))
+    except (OSError, ValueError):
+        return None
 
 
 def _readable(ctx: typer.Context, session: str) -> SessionLog:
@@ -98,13 +103,19 @@ def _payload(text: str | None) -> dict[str, Any]:
     return value
 
 
+def _session_id(value: str | None) -> str | None:
+    if value is not None and not 1 <= len(value) <= 200:
+        raise typer.BadParameter("a session id is 1 to 200 characters")
+    return value
+
+
 KIND_HELP = "Input kind: " + ", ".join(k.value for k in InputKind) + "."
 
 
 @app.command("accept")
 def accept(
     ctx: typer.Context,
-    session: str = typer.Argument(..., help="Session id."),
+    session: str = typer.Argument(..., help="Session id.", callback=_session_id),
     kind: InputKind = typer.Option(..., "--kind", help=KIND_HELP),
     input_id: str = typer.Option(..., "--input-id", help="Idempotency id of this input within the session."),
     payload: str = typer.Option(None, "--payload", help="Payload JSON object (fields depend on --kind)."),
@@ -128,7 +139,7 @@ def accept(
 @app.command("refuse")
 def refuse(
     ctx: typer.Context,
-    session: str = typer.Argument(..., help="Session id."),
+    session: str = typer.Argument(..., help="Session id.", callback=_session_id),
     kind: InputKind = typer.Option(..., "--kind", help=KIND_HELP),
     input_id: str = typer.Option(..., "--input-id", help="Id of the refused input."),
     reason: str = typer.Option(..., "--reason", help="Why it was refused (free text, e.g. a policy name)."),
@@ -189,7 +200,11 @@ def export(
         sys.stdout.writelines(lines)
         sys.stdout.flush()
         return
-    with output.open("w", encoding="utf-8") as fh:
+    try:  # never through a link someone planted where the export goes
+        fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        fail(Exit.DATAERR, f"cannot write {output}: {exc.strerror}", reason=SessionReason.UNREADABLE_FILE.value)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.writelines(lines)
         fh.flush()
         os.fsync(fh.fileno())
@@ -221,8 +236,10 @@ def resume(
     ctx: typer.Context,
     session: str = typer.Argument(None, help="Session id."),
     file: Path = typer.Option(None, "--file", help="Read a JSONL interchange file instead of the database."),
-    max_inputs: int = typer.Option(DEFAULT_MAX_INPUTS, "--max-inputs", min=1, help="Read bound: newest inputs."),
-    max_bytes: int = typer.Option(DEFAULT_MAX_BYTES, "--max-bytes", min=1, help="Read bound: payload bytes."),
+    max_inputs: int = typer.Option(DEFAULT_MAX_INPUTS, "--max-inputs", min=1, max=10**6,
+                                   help="Read bound: newest inputs."),
+    max_bytes: int = typer.Option(DEFAULT_MAX_BYTES, "--max-bytes", min=1, max=2**31,
+                                  help="Read bound: payload bytes."),
 ) -> None:
     """Where to continue after a compaction: exit 0 with an anchor, 2 with anchor null (no_safe_anchor)."""
     if file is None and session is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from datetime import UTC, datetime
 
 import typer
 from rich.console import Console
@@ -15,6 +16,17 @@ from kernel.usage import install as install_usage
 TOP_N = 10
 
 
+def _utc_iso(text: str) -> str:
+    """``--since`` as the recorded timestamps are written (UTC, microseconds, Z), so the comparison is
+    by time and not by spelling; a naive time is UTC."""
+    try:
+        when = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        fail(Exit.USAGE, f"--since {text!r} is not an ISO date or time (e.g. 2026-11-30 or 2026-11-30T23:59Z)")
+    when = when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
+    return when.isoformat(timespec="microseconds")[:-6] + "Z"
+
+
 def usage(ctx: typer.Context,
           by: str = typer.Option("root", "--by", help=f"Group by: {', '.join(GROUPINGS)}."),
           since: str = typer.Option(None, "--since", help="Only usage recorded at or after this ISO time (UTC)."),
@@ -23,6 +35,8 @@ def usage(ctx: typer.Context,
     """Usage per owner: units of work, wall time, tokens and cost."""
     if by not in GROUPINGS:
         fail(Exit.USAGE, f"--by must be one of {', '.join(GROUPINGS)}")
+    if since is not None:
+        since = _utc_iso(since)
     db = get_ctx(ctx).database()
     install_usage(db)
     rows = summarize(db, by, since)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 ADMIN = "ADMIN"
+RUN_PREFIX = "RUN:"
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,7 +22,16 @@ class Principal:
 
     @property
     def is_admin(self) -> bool:
-        return self.role == ADMIN
+        """ADMIN's powers (bypassing role authority, lowering risk, minting credentials) need an unscoped
+        credential: a token scoped to one task is handed to an agent, whatever role it names."""
+        return self.role == ADMIN and self.task_id is None
+
+    @property
+    def provenance(self) -> str:
+        """Who a session records as having written an input, and who owns the sessions it creates. A run's
+        (task-scoped) credential is recorded as ``RUN:ROLE:agent@TASK``: an agent's source for the gate
+        whatever its role, and its sessions are its task's, not every run's of that role."""
+        return self.id if self.task_id is None else f"{RUN_PREFIX}{self.id}@{self.task_id}"
 
 
 LOCAL_OWNER = Principal(ADMIN, "local-owner")

@@ -22,20 +22,17 @@ EVIDENCE_KIND = InputKind.OBSERVATION.value
 IMPORTED_PREFIX = "IMPORTED:"  # accepted_by of an import whose provenance could not be proven
 
 
-def is_owner_admin(principal: Principal) -> bool:
-    return principal.role == ADMIN and principal.task_id is None
-
-
 def initial_owner(session: str, principal: Principal, admin_sessions: Collection[str]) -> str:
-    """The owner a new session gets: ADMIN for grant sessions, else whoever writes first."""
-    return ADMIN if session in admin_sessions else principal.id
+    """The owner a new session gets: ADMIN for grant sessions, else whoever writes first (a run's
+    credential: its task's runs)."""
+    return ADMIN if session in admin_sessions else principal.provenance
 
 
 def check_write(session: str, owner: str | None, principal: Principal, kind: str | None,
                 admin_sessions: Collection[str]) -> None:
     """Raise ``role_not_authorized`` unless ``principal`` may write ``kind`` (None: bookkeeping such as
     consume or complete-turn) to ``session``, whose current owner is ``owner`` (None: no session yet)."""
-    if is_owner_admin(principal):
+    if principal.is_admin:
         return
     if kind in GRANT_KINDS:
         raise SessionLogError(SessionReason.NOT_AUTHORIZED,
@@ -44,16 +41,16 @@ def check_write(session: str, owner: str | None, principal: Principal, kind: str
             kind is not None and principal.role == OPERATOR and principal.task_id is None)):
         return
     effective = owner or initial_owner(session, principal, admin_sessions)
-    if effective != principal.id:
-        raise SessionLogError(SessionReason.NOT_AUTHORIZED,
-                              f"session {session!r} belongs to {effective}; {principal.id} may not write to it")
+    if effective != principal.provenance:
+        raise SessionLogError(SessionReason.NOT_AUTHORIZED, f"session {session!r} belongs to {effective}; "
+                              f"{principal.provenance} may not write to it")
 
 
 def check_read(session: str, owner: str | None, principal: Principal, admin_sessions: Collection[str]) -> None:
     """Reading a session is its owner's or ADMIN's: inputs may carry instructions and secrets."""
-    if is_owner_admin(principal):
+    if principal.is_admin:
         return
     effective = owner or (ADMIN if session in admin_sessions else None)
-    if effective is not None and effective != principal.id:
-        raise SessionLogError(SessionReason.NOT_AUTHORIZED,
-                              f"session {session!r} belongs to {effective}; {principal.id} may not read it")
+    if effective is not None and effective != principal.provenance:
+        raise SessionLogError(SessionReason.NOT_AUTHORIZED, f"session {session!r} belongs to {effective}; "
+                              f"{principal.provenance} may not read it")

@@ -98,7 +98,7 @@ class SessionLog:
         with self.db.write() as uow:
             if writer is not None:
                 self._authorize(uow.conn, session, writer, coerce_input(inp).kind.value)
-                accepted_by = writer.id
+                accepted_by = writer.provenance
             return self.accept_in(uow.conn, session, inp, accepted_by=accepted_by)
 
     def accept_in(self, conn: Connection, session: str, inp: SessionInput | Mapping[str, Any], *,
