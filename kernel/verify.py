@@ -1,24 +1,33 @@
 """`taskkernel verify`: prove the store. SQLite's integrity check first (nothing else can be trusted on a
-damaged file), then the hash chain with the workspace's key, then every projection rebuilt from events.
-``--repair`` rebuilds projections only, and never while the chain is unproven: a rewrite that recomputed
-the chain would otherwise be copied into the read model."""
+damaged file), then the hash chain with the workspace's key and its sealed head (the log ends where the last
+append left it), then every receipt against the events it names, then every projection rebuilt from events.
+``--repair`` rebuilds projections only, and never while the store is unproven: a rewrite that recomputed the
+chain, or a log that lost events the read model or a receipt still remembers, would otherwise be copied into
+the read model."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 
-from kernel.projections import compare_tasks, rebuild_tasks, repair_tasks
-from kernel.store.chain import read_record
+from kernel.projections import PROJECTION_AHEAD, compare_tasks, rebuild_tasks, repair_tasks
+from kernel.store.chain import read_head, read_record
 from kernel.store.db import Database, DatabaseCorrupt, is_corruption
-from kernel.store.events import EventStore, verify_chain
-from kernel.store.schema import events
+from kernel.store.events import EventStore, log_end, verify_chain
+from kernel.store.schema import events, receipts
 
 DATABASE_CORRUPT = "database_corrupt"
+HASH_CHAIN = "hash_chain"
+RECEIPT_MISMATCH = "receipt_mismatch"
 # The chain is not proven: nothing derived from events may be trusted, so --repair refuses.
-CHAIN_REASONS = frozenset({"hash_chain", "chain_key_missing", "chain_key_mismatch", "chain_unkeyed"})
+CHAIN_REASONS = frozenset({HASH_CHAIN, "chain_key_missing", "chain_key_mismatch", "chain_unkeyed"})
+# The chain holds, but a receipt or a stored task remembers more than the log holds (or names events that are not
+# its own): the log may have lost events, or a table the chain does not cover was edited. --repair refuses too.
+UNPROVEN_REASONS = frozenset({RECEIPT_MISMATCH, PROJECTION_AHEAD})
 
 
 @dataclass
@@ -26,6 +35,7 @@ class VerifyReport:
     events: int = 0
     tasks: int = 0
     chain: str | None = None  # sha256 (legacy) or hmac-sha256, as the store records it
+    head: dict[str, Any] | None = None  # the chain head the store records: {"position", "hash"}
     problems: list[dict[str, Any]] = field(default_factory=list)
     repaired: int = 0
 
@@ -39,15 +49,22 @@ class VerifyReport:
 
     @property
     def reason(self) -> str | None:
-        """The most fundamental problem: a damaged file, then an unproven chain, then the earliest drift."""
+        """The most fundamental problem: a damaged file, then an unproven chain, then a receipt or stored task
+        the log cannot back, then the earliest drift."""
         def rank(p: dict[str, Any]) -> tuple[int, int]:
-            return (0 if p["reason"] == DATABASE_CORRUPT else 1 if p["reason"] in CHAIN_REASONS else 2,
+            r = p["reason"]
+            return (0 if r == DATABASE_CORRUPT else 1 if r in CHAIN_REASONS else 2 if r in UNPROVEN_REASONS else 3,
                     p["position"])
         return min(self.problems, key=rank)["reason"] if self.problems else None
 
     @property
     def chain_broken(self) -> bool:
         return any(p["reason"] in CHAIN_REASONS or p["reason"] == DATABASE_CORRUPT for p in self.problems)
+
+    @property
+    def repair_refused(self) -> bool:
+        """--repair may not run: the file, the chain, or the log's completeness is not proven."""
+        return self.chain_broken or any(p["reason"] in UNPROVEN_REASONS for p in self.problems)
 
     def add(self, kind: str, reason: str, position: int, detail: str, **extra: Any) -> None:
         self.problems.append({"kind": kind, "reason": reason, "position": position, "detail": detail, **extra})
@@ -56,7 +73,7 @@ class VerifyReport:
     def as_json(self) -> dict[str, Any]:
         return {"status": "ok" if self.ok else "broken", "reason": self.reason,
                 "first_broken_position": self.first_broken_position, "events": self.events, "tasks": self.tasks,
-                "chain": self.chain, "problems": self.problems, "repaired": self.repaired}
+                "chain": self.chain, "head": self.head, "problems": self.problems, "repaired": self.repaired}
 
 
 def corrupt_report(detail: str) -> VerifyReport:
@@ -84,16 +101,69 @@ def _verify(db: Database, store: EventStore, repair: bool) -> VerifyReport:
     with db.read() as conn:
         report.events = conn.execute(sa.select(sa.func.count()).select_from(events)).scalar() or 0
         report.chain = read_record(conn).algorithm
+        head = read_head(conn)
+        report.head = {"position": head.pos, "hash": head.hash} if head is not None else None
         brk = verify_chain(store, conn, db.chain)
         if brk is not None:
             report.add("hash_chain", brk.reason, brk.global_pos, brk.detail)
+        _check_receipts(conn, report)
         rebuilt, last_pos = rebuild_tasks(store, conn)
         report.tasks = len(rebuilt)
         drifts = compare_tasks(conn, rebuilt, last_pos)
-    if drifts and repair and brk is None:
+    for d in drifts:
+        if d.reason == PROJECTION_AHEAD:
+            report.add("projection", d.reason, d.position, d.detail, task_id=d.task_id)
+    drifts = [d for d in drifts if d.reason != PROJECTION_AHEAD]
+    if drifts and repair and not report.repair_refused:
         with db.write() as uow:
             report.repaired = repair_tasks(uow.conn, rebuilt, last_pos)
         drifts = []
     for d in drifts:
-        report.add("projection", "projection_drift", d.position, d.detail, task_id=d.task_id)
+        report.add("projection", d.reason, d.position, d.detail, task_id=d.task_id)
     return report
+
+
+def _check_receipts(conn: Connection, report: VerifyReport) -> None:
+    """Every receipt must name events that exist, belong to its task's stream and carry its command: a receipt
+    past the log's end means the log lost its newest events (hash_chain, where the log now ends plus one); one
+    that names another task's or another command's events, or a revision its event does not have, was edited
+    (the receipts table is not covered by the chain): receipt_mismatch."""
+    end, _ = log_end(conn)
+    first, last = events.alias("first"), events.alias("last")
+    q = (sa.select(receipts.c.idempotency_key, receipts.c.task_id, receipts.c.first_pos, receipts.c.last_pos,
+                   receipts.c.result, first.c.stream_id, last.c.stream_id, last.c.stream_version, last.c.meta)
+         .outerjoin(first, first.c.global_pos == receipts.c.first_pos)
+         .outerjoin(last, last.c.global_pos == receipts.c.last_pos)
+         .order_by(receipts.c.first_pos))
+    past_end: list[str] = []
+    for key, task_id, first_pos, last_pos, result, first_stream, last_stream, version, meta in conn.execute(q):
+        shown = key.split("\x1f", 1)[-1]  # the caller's idempotency key, without the principal
+        if max(first_pos, last_pos) > end:
+            past_end.append(shown)
+            continue
+        problem = _receipt_problem(task_id, first_pos, last_pos, result, first_stream, last_stream, version, meta,
+                                   key)
+        if problem:
+            report.add("receipt", RECEIPT_MISMATCH, first_pos, f"receipt {shown!r}: {problem}", task_id=task_id)
+    if past_end:
+        report.add("receipt", HASH_CHAIN, end + 1, f"{len(past_end)} receipt(s) name events past the log's end "
+                   f"(position {end}), e.g. {past_end[0]!r}: the newest events were deleted")
+
+
+def _receipt_problem(task_id: str | None, first_pos: int, last_pos: int, result: str, first_stream: str | None,
+                     last_stream: str | None, version: int | None, meta: str | None, key: str) -> str | None:
+    stream = f"task:{task_id}"
+    if first_stream is None or last_stream is None:
+        return f"positions {first_pos}..{last_pos} are missing from the log"
+    if first_pos > last_pos or first_stream != stream or last_stream != stream:
+        return f"positions {first_pos}..{last_pos} are not events of {stream}"
+    try:
+        command_id = json.loads(meta or "{}").get("command_id")
+        revision = json.loads(result).get("revision")
+    except (ValueError, AttributeError):
+        return "its result or its event's meta is not a JSON object"
+    if not isinstance(command_id, str) or (key != command_id and not key.endswith("\x1f" + command_id)):
+        return f"position {last_pos} was written by command {command_id!r}, not by this one"
+    if revision is not None and revision != version:
+        return f"it answers revision {revision}, its event at position {last_pos} is revision {version}"
+    return None

@@ -1,6 +1,7 @@
 """`verify` proves the store (issue 9, items 7 and 8): a keyed hash chain an attacker without the key cannot
-recompute, `--repair` that refuses to launder a broken chain, damaged SQLite files reported as JSON, TASK files
-of tasks the log lost, private file modes, and schema creation by processes starting together.
+recompute, a sealed chain head so that deleting the newest events is noticed too, receipts and stored tasks that
+remember more than the log holds, `--repair` that refuses to launder any of it, damaged SQLite files reported as
+JSON, TASK files of tasks the log lost, private file modes, and schema creation by processes starting together.
 
 Every verdict comes from the real CLI in a separate process; setup and tampering run in this process, the way
 an attacker holding the database (but not the workspace's chain key) would."""
@@ -8,11 +9,13 @@ an attacker holding the database (but not the workspace's chain key) would."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import sqlite3
 import stat
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,7 +26,7 @@ from kernel.cli.common import CliContext
 from kernel.cli.wiring import build_kernel
 from kernel.commands import TaskCommandKernel
 from kernel.model.principal import LOCAL_OWNER
-from kernel.store.chain import ChainKey, ChainKeyError, legacy_link
+from kernel.store.chain import ChainKey, ChainKeyError, legacy_head_seal, legacy_link
 from kernel.store.db import Database
 from kernel.store.events import EventStore, NewEvent, verify_chain
 from kernel.store.schema import metadata
@@ -229,9 +232,14 @@ def planted(root: Path, task_id: str, stage: str) -> Path:
 
 def test_task_files_of_tasks_the_log_lost_are_reported_but_ingest_lag_is_not(tmp_path: Path) -> None:
     root = tmp_path / "ws"
-    first, lost = workspace_with_tasks(root, 2)
-    assert run("up", "--once", cwd=root).code == 0  # projects both TASK files; the adapter records them
+    make_workspace(root, {})
     url = sqlite_url(root)
+    kernel = workspace_kernel(root)
+    first = create(kernel, "task 0")
+    saved_head = head_row(url)  # the attacker keeps a copy of the head while the log ends at the first task
+    lost = create(kernel, "task 1")
+    kernel.db.dispose()
+    assert run("up", "--once", cwd=root).code == 0  # projects both TASK files; the adapter records them
     engine = sa.create_engine(url)
     with engine.begin() as conn:  # the log loses its tail: the chain of what is left stays intact
         lost_from = conn.execute(sa.text("SELECT min(global_pos) FROM events WHERE stream_id = :s"),
@@ -249,12 +257,226 @@ def test_task_files_of_tasks_the_log_lost_are_reported_but_ingest_lag_is_not(tmp
                       "sha": hashlib.sha256(hidden.read_bytes()).hexdigest(), "t": "TASK-20200101-007"})
     engine.dispose()
     planted(root, "TASK-20200101-008", "review")  # not taken yet: the next ingest pass adopts it (lag)
+    r = run("verify", cwd=root)  # the sealed head says where the log ended
+    assert (r.code, r.json["reason"], r.json["first_broken_position"]) == (2, "hash_chain", lost_from), r.out
+    # rolled back to the head the attacker kept: the database alone cannot tell (docs/durability.md), the TASK
+    # files of the lost task can
+    set_head(url, saved_head)
     r = run("verify", cwd=root)
     assert (r.code, r.json["reason"]) == (2, "unknown_task_file"), r.out
     reported = {p["task_id"]: p for p in r.json["problems"]}
     assert set(reported) == {lost, "TASK-20200101-007"}
     assert reported[lost]["position"] == lost_from
     assert first not in reported
+
+
+# -- the sealed chain head: deleting the newest events ----------------------------------------------------------
+CREATE = ('{"type":"create_task","idempotency_key":"c1","payload":{"sender":"ADMIN","recipient":"PM",'
+          '"subject":"s","body":"b"}}')
+
+
+def amend(task_id: str, revision: int = 1, key: str = "a1") -> str:
+    return json.dumps({"type": "amend", "task_id": task_id, "thread_key": task_id, "expected_revision": revision,
+                       "round": 0, "idempotency_key": key, "payload": {"subject": f"changed {key}"}})
+
+
+def execute(url: str, *statements: str) -> None:
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        for sql in statements:
+            conn.exec_driver_sql(sql)
+    engine.dispose()
+
+
+def scalar(url: str, sql: str) -> object:
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:
+        value = conn.exec_driver_sql(sql).scalar()
+    engine.dispose()
+    return value
+
+
+def head_row(url: str) -> str:
+    value = scalar(url, "SELECT value FROM store_meta WHERE name = 'head'")
+    assert isinstance(value, str)
+    return value
+
+
+def set_head(url: str, value: str) -> None:
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE store_meta SET value = :v WHERE name = 'head'"), {"v": value})
+    engine.dispose()
+
+
+def workspace_on(tmp_path: Path, any_url: str) -> tuple[Path, str]:
+    """A workspace on ``any_url``'s backend, and the URL an attacker holding its database would use."""
+    root = tmp_path / "ws"
+    pg = not any_url.startswith("sqlite")
+    make_workspace(root, {}, database=any_url if pg else None)
+    return root, any_url if pg else sqlite_url(root)
+
+
+def assert_broken(r: Run, reason: str, position: int) -> None:
+    """``reason`` is the verdict, and its first problem is at ``position`` (first_broken_position is the earliest
+    of all problems, drift included)."""
+    assert_clean(r)
+    assert (r.code, r.json["status"], r.json["reason"]) == (2, "broken", reason), r.out
+    assert min(p["position"] for p in r.json["problems"] if p["reason"] == reason) == position, r.out
+
+
+def assert_repair_refused(root: Path, reason: str, position: int) -> None:
+    r = run("verify", "--repair", cwd=root)
+    assert_broken(r, reason, position)
+    assert r.json["repaired"] == 0 and "refusing to repair" in r.err, (r.out, r.err)
+
+
+def test_deleting_the_newest_events_is_hash_chain_and_repair_refuses(tmp_path: Path, any_url: str) -> None:
+    """The reviewer's repro: create, amend, delete the amend's event."""
+    root, url = workspace_on(tmp_path, any_url)
+    task_id = run("submit", cwd=root, stdin=CREATE).json["task_id"]
+    assert run("submit", cwd=root, stdin=amend(task_id)).json["revision"] == 2
+    ok = run("verify", cwd=root)
+    assert ok.code == 0 and ok.json["head"]["position"] == 2, ok.out
+    execute(url, "DELETE FROM events WHERE global_pos = 2")
+    assert_broken(run("verify", cwd=root), "hash_chain", 2)
+    assert_repair_refused(root, "hash_chain", 2)
+    assert scalar(url, f"SELECT revision FROM tasks WHERE task_id = '{task_id}'") == 2  # nothing laundered
+    # a thorough attacker also removes what remembers the lost event: its receipt and the task row
+    execute(url, "DELETE FROM receipts WHERE first_pos = 2", f"DELETE FROM tasks WHERE task_id = '{task_id}'")
+    assert_broken(run("verify", cwd=root), "hash_chain", 2)
+    assert_repair_refused(root, "hash_chain", 2)
+    # ... and the head row: a keyed store without its head cannot prove where its log ends
+    execute(url, "DELETE FROM store_meta WHERE name = 'head'")
+    assert_broken(run("verify", cwd=root), "hash_chain", 2)
+    assert_repair_refused(root, "hash_chain", 2)
+    refused = run("submit", cwd=root, stdin=CREATE.replace('"c1"', '"c2"'))  # nothing is appended to it either
+    assert refused.code == 2 and refused.json["reason"] == "hash_chain", (refused.out, refused.err)
+    assert scalar(url, "SELECT count(*) FROM events") == 1
+
+
+def test_a_head_row_rewritten_without_the_key_is_hash_chain(tmp_path: Path, any_url: str) -> None:
+    root, url = workspace_on(tmp_path, any_url)
+    kernel = workspace_kernel(root)
+    for i in range(3):
+        create(kernel, f"task {i}")
+    kernel.db.dispose()
+    original, events_ = head_row(url), rows(url)
+    guessed = ChainKey(os.urandom(32))
+    forgeries: dict[str, Callable[[int, str], str]] = {
+        "legacy digest": legacy_head_seal,
+        "hmac with a guessed key": guessed.head_seal,
+        "the seal of the real head": lambda _pos, _hash: str(json.loads(original)["seal"]),
+    }
+    # the log is intact but its head is rewritten (here: said to end one event earlier)
+    for name, seal in forgeries.items():
+        set_head(url, json.dumps({"pos": 2, "hash": events_[1][8], "seal": seal(2, events_[1][8])}))
+        r = run("verify", cwd=root)
+        assert (r.code, r.json["reason"], r.json["first_broken_position"]) == (2, "hash_chain", 4), (name, r.out)
+    refused = run("submit", cwd=root, stdin=CREATE)  # appends refuse under an altered head
+    assert refused.code == 2 and refused.json["reason"] == "hash_chain", (refused.out, refused.err)
+    # the newest event deleted and the head rewritten to the new end with every seal the attacker can compute
+    execute(url, "DELETE FROM events WHERE global_pos = 3")
+    for name, seal in forgeries.items():
+        set_head(url, json.dumps({"pos": 2, "hash": events_[1][8], "seal": seal(2, events_[1][8])}))
+        r = run("verify", cwd=root)
+        assert (r.code, r.json["reason"], r.json["first_broken_position"]) == (2, "hash_chain", 3), (name, r.out)
+    set_head(url, "not even JSON")
+    assert_broken(run("verify", cwd=root), "hash_chain", 3)
+    assert_repair_refused(root, "hash_chain", 3)
+
+
+def test_receipts_must_name_events_of_their_own_task(tmp_path: Path, any_url: str) -> None:
+    root, url = workspace_on(tmp_path, any_url)
+    kernel = workspace_kernel(root)
+    ids = [create(kernel, f"task {i}") for i in range(3)]
+    kernel.db.dispose()
+    # a receipt of the second task pointed at the first task's event: the receipts table is not chained
+    execute(url, f"UPDATE receipts SET first_pos = 1, last_pos = 1 WHERE task_id = '{ids[1]}'")
+    r = run("verify", cwd=root)
+    assert_broken(r, "receipt_mismatch", 1)
+    assert r.json["problems"][0]["kind"] == "receipt" and r.json["problems"][0]["task_id"] == ids[1]
+    assert_repair_refused(root, "receipt_mismatch", 1)
+    # a receipt that answers for an event past the log's end: the log lost its tail
+    execute(url, f"UPDATE receipts SET first_pos = 9, last_pos = 9 WHERE task_id = '{ids[1]}'")
+    assert_broken(run("verify", cwd=root), "hash_chain", 4)
+    assert_repair_refused(root, "hash_chain", 4)
+    execute(url, f"UPDATE receipts SET first_pos = 2, last_pos = 2 WHERE task_id = '{ids[1]}'")
+    assert run("verify", cwd=root).code == 0
+
+
+def test_a_stored_task_ahead_of_its_events_is_not_laundered(tmp_path: Path, any_url: str) -> None:
+    root, url = workspace_on(tmp_path, any_url)
+    kernel = workspace_kernel(root)
+    ids = [create(kernel, f"task {i}") for i in range(2)]
+    kernel.db.dispose()
+    execute(url, f"UPDATE tasks SET revision = 2 WHERE task_id = '{ids[0]}'")
+    r = run("verify", cwd=root)
+    assert_broken(r, "projection_ahead", 1)
+    assert_repair_refused(root, "projection_ahead", 1)
+    assert scalar(url, f"SELECT revision FROM tasks WHERE task_id = '{ids[0]}'") == 2
+    # a stored task the log holds no event of at all
+    execute(url, f"UPDATE tasks SET revision = 1 WHERE task_id = '{ids[0]}'",
+            "INSERT INTO tasks (task_id, state, revision, round, parent, root, recipient, doc, last_pos) "
+            "SELECT 'TASK-20200101-009', state, revision, round, parent, 'TASK-20200101-009', recipient, doc, 2 "
+            f"FROM tasks WHERE task_id = '{ids[1]}'")
+    assert_repair_refused(root, "projection_ahead", 2)
+    # ordinary drift (the read model behind or beside its events) is still repaired
+    execute(url, "DELETE FROM tasks WHERE task_id = 'TASK-20200101-009'",
+            f"UPDATE tasks SET state = 'done' WHERE task_id = '{ids[1]}'")
+    r = run("verify", "--repair", cwd=root)
+    assert (r.code, r.json["repaired"]) == (0, 2), r.out
+
+
+GROUP_WRITER = """
+import sys, threading
+from kernel.cli.common import CliContext
+from kernel.cli.wiring import build_kernel
+from kernel.groupcommit import GroupCommitter
+from kernel.model.principal import LOCAL_OWNER
+
+root, name, threads, per = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+kernel = build_kernel(CliContext(workspace_path=root))
+with GroupCommitter(kernel) as gc:
+    def work(t):
+        for i in range(per):
+            cmd = {"type": "create_task", "idempotency_key": f"{name}-{t}-{i}",
+                   "payload": {"sender": "ADMIN", "recipient": "PM", "subject": f"{name} {t} {i}"}}
+            r = gc.submit(cmd, LOCAL_OWNER)
+            assert r.status == "accepted", r
+            r = gc.submit({"type": "amend", "task_id": r.task_id, "thread_key": r.task_id, "expected_revision": 1,
+                           "round": 0, "idempotency_key": f"{name}-{t}-{i}-a", "payload": {"subject": "x"}},
+                          LOCAL_OWNER)
+            assert r.status == "accepted", r
+    workers = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+kernel.db.dispose()
+"""
+
+
+def test_many_writers_group_commit_and_processes_still_verify(tmp_path: Path, any_url: str) -> None:
+    """The normal path: group-committing processes and CLI submits racing on one store leave a log that ends
+    exactly at its sealed head."""
+    root, url = workspace_on(tmp_path, any_url)
+    assert run("verify", cwd=root).code == 0  # keys the store
+    writers = [subprocess.Popen([sys.executable, "-c", GROUP_WRITER, str(root), f"g{w}", "4", "5"], cwd=root,
+                                env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for w in range(3)]
+    submits = [subprocess.Popen([*CLI, "submit"], cwd=root, env=cli_env(), stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    for i, p in enumerate(submits):
+        out, err = p.communicate(CREATE.replace('"c1"', f'"cli{i}"'), timeout=180)
+        assert p.returncode == 0, (out, err)
+    for p in writers:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, (out, err)
+    expected = 3 * 4 * 5 * 2 + 3
+    r = run("verify", cwd=root)
+    assert (r.code, r.json["events"], r.json["head"]["position"]) == (0, expected, expected), r.out
+    assert scalar(url, "SELECT max(global_pos) FROM events") == expected
 
 
 # -- file modes -------------------------------------------------------------------------------------------------

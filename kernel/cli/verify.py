@@ -42,7 +42,7 @@ def verify(ctx: typer.Context, repair: bool = typer.Option(False, "--repair",
                                                           help="Rebuild drifted projections from events.")) -> None:
     """Check the database file, the hash chain, every read model and the task folders against the events; exit
     2 at the first break. --repair rebuilds drifted read models and moves drifted TASK files back where the log
-    says; it never touches events and refuses while the chain is not proven."""
+    says; it never touches events and refuses while the chain is not proven or the log may have lost events."""
     c = get_ctx(ctx)
     try:
         kernel = build_kernel(c)
@@ -66,4 +66,7 @@ def verify(ctx: typer.Context, repair: bool = typer.Option(False, "--repair",
     if repair and report.chain_broken:
         stderr.print("[red]refusing to repair[/red]: the chain is not proven, so the events cannot be trusted to "
                      "rebuild anything from")
+    elif repair and report.repair_refused:
+        stderr.print("[red]refusing to repair[/red]: a receipt or a stored task remembers more than the log holds, "
+                     "so the log may have lost events; rebuilding from it would hide the loss (docs/durability.md)")
     raise typer.Exit(int(Exit.REJECTED))

@@ -6,7 +6,13 @@ under a secret kept outside the database (the workspace's chain key): without th
 the chain at the first rewritten position. ``store_meta`` records which chain the store keeps: the
 algorithm, a key id (an HMAC of a fixed label, never the key), the first keyed position (a store that
 held legacy events when it was keyed keeps those links) and a seal over them, so the record cannot be
-edited unnoticed either. See docs/events.md and docs/durability.md.
+edited unnoticed either.
+
+Links prove every event up to the last one, but not that the last one is the last: deleting the newest events
+leaves a shorter chain that is intact. So ``store_meta`` also keeps the chain head (row ``head``): the last
+position and its hash, sealed with the key, rewritten in the same write transaction as every append (once per
+transaction, not per event). ``verify`` checks that the log ends exactly there. See docs/events.md and
+docs/durability.md.
 """
 
 from __future__ import annotations
@@ -31,15 +37,30 @@ KEYED = "hmac-sha256"
 GENESIS_HASH = "0" * 64
 _SEP = "\x1f"
 _RECORD = "chain"
+_HEAD = "head"
 _READ_SQL = "SELECT value FROM store_meta WHERE name = ?"
+_TAIL_SQL = "SELECT global_pos, hash FROM events ORDER BY global_pos DESC LIMIT 1"
+_UPDATE_HEAD_SQL = "UPDATE store_meta SET value = ? WHERE name = 'head'"
+_INSERT_HEAD_SQL = "INSERT INTO store_meta (name, value) VALUES ('head', ?)"
 
 Link = Callable[[str, int, str, int, str, int, str, str, str], str]
+Sealer = Callable[[int, str], str]  # (last position, its hash) -> the head's seal
 
 
 def _body(prev_hash: str, pos: int, stream_id: str, version: int, event_type: str, schema_version: int,
           data_text: str, meta_text: str, recorded_at: str) -> bytes:
     return _SEP.join((prev_hash, str(pos), stream_id, str(version), event_type, str(schema_version), data_text,
                       meta_text, recorded_at)).encode("utf-8")
+
+
+def _head_message(pos: int, last_hash: str) -> bytes:
+    return _SEP.join(("taskkernel chain head", str(pos), last_hash)).encode("utf-8")
+
+
+def legacy_head_seal(pos: int, last_hash: str) -> str:
+    """The head of a legacy (unkeyed) chain: a plain digest, which anyone who can write the database can recompute.
+    It catches a lost tail (a bad restore, a bug), never a deliberate one."""
+    return hashlib.sha256(_head_message(pos, last_hash)).hexdigest()
 
 
 def legacy_link(prev_hash: str, pos: int, stream_id: str, version: int, event_type: str, schema_version: int,
@@ -81,8 +102,12 @@ class ChainKey:
         return self._tag(_body(prev_hash, pos, stream_id, version, event_type, schema_version, data_text,
                                meta_text, recorded_at))
 
-    def seal(self, keyed_from: int) -> str:
-        return self._tag(f"{KEYED}|{self.key_id}|{keyed_from}".encode("ascii"))
+    def seal(self, keyed_from: int, sealed_head: bool = True) -> str:
+        """The chain record's seal; ``sealed_head`` False is the format written before sealed heads."""
+        return self._tag(f"{KEYED}|{self.key_id}|{keyed_from}{'|head' if sealed_head else ''}".encode("ascii"))
+
+    def head_seal(self, pos: int, last_hash: str) -> str:
+        return self._tag(_head_message(pos, last_hash))
 
 
 @dataclass(frozen=True)
@@ -93,6 +118,7 @@ class ChainRecord:
     key_id: str = ""
     keyed_from: int = 0  # first position linked with the key; the ones before it are legacy links
     seal: str = ""
+    sealed_head: bool = False  # the store keeps a keyed chain head (False: a record written before sealed heads)
 
     @property
     def keyed(self) -> bool:
@@ -104,11 +130,50 @@ class ChainRecord:
             return cls()
         raw = json.loads(text)
         return cls(str(raw["algorithm"]), str(raw.get("key_id", "")), int(raw.get("keyed_from", 0)),
-                   str(raw.get("seal", "")))
+                   str(raw.get("seal", "")), raw.get("head") is True)
 
     def encode(self) -> str:
         return json.dumps({"algorithm": self.algorithm, "key_id": self.key_id, "keyed_from": self.keyed_from,
-                           "seal": self.seal}, sort_keys=True)
+                           "seal": self.seal, "head": self.sealed_head}, sort_keys=True)
+
+
+@dataclass(frozen=True)
+class ChainHead:
+    """Where the log ends (row ``head`` of ``store_meta``): the last position, its hash, and a seal over both
+    (HMAC with the chain key on a keyed store, a plain digest on a legacy one)."""
+
+    pos: int
+    hash: str
+    seal: str
+
+    @classmethod
+    def decode(cls, text: str | None) -> ChainHead | None:
+        if text is None:
+            return None
+        try:
+            raw = json.loads(text)
+            return cls(int(raw["pos"]), str(raw["hash"]), str(raw["seal"]))
+        except (ValueError, TypeError, KeyError):  # an edited row that is not even a head: its seal is ""
+            return cls(-1, "", "")
+
+    def encode(self) -> str:
+        return json.dumps({"hash": self.hash, "pos": self.pos, "seal": self.seal}, sort_keys=True)
+
+    def sealed_by(self, sealer: Sealer) -> bool:
+        return self.pos >= 0 and hmac.compare_digest(self.seal, sealer(self.pos, self.hash))
+
+
+@dataclass
+class Appending:
+    """The chain as one write transaction extends it: the link and head seal to use, and where the log ends
+    (read once per transaction, advanced by every append, sealed once at commit)."""
+
+    link: Link
+    sealer: Sealer
+    pos: int
+    prev: str
+    stored: bool  # a head row exists (UPDATE) or not yet (INSERT)
+    moved: bool = False
 
 
 def read_record(conn: Connection) -> ChainRecord:
@@ -116,49 +181,121 @@ def read_record(conn: Connection) -> ChainRecord:
                               .scalar())
 
 
+def read_head(conn: Connection) -> ChainHead | None:
+    return ChainHead.decode(conn.execute(sa.select(store_meta.c.value).where(store_meta.c.name == _HEAD)).scalar())
+
+
+def _read(uow: UnitOfWork, name: str) -> str | None:
+    row = uow.sql(_READ_SQL, (name,)).fetchone()
+    return row[0] if row else None
+
+
 def _read_record(uow: UnitOfWork) -> ChainRecord:
-    row = uow.sql(_READ_SQL, (_RECORD,)).fetchone()
-    return ChainRecord.decode(row[0] if row else None)
+    return ChainRecord.decode(_read(uow, _RECORD))
+
+
+def _tail(uow: UnitOfWork) -> tuple[int, str]:
+    row = uow.sql(_TAIL_SQL).fetchone()
+    return (int(row[0]), str(row[1])) if row else (0, GENESIS_HASH)
+
+
+def _legacy_head(uow: UnitOfWork) -> tuple[int, str]:
+    """Where an unkeyed store ends: its (legacy) head row when it holds a sound one, else its last event."""
+    head = ChainHead.decode(_read(uow, _HEAD))
+    if head is not None and head.sealed_by(legacy_head_seal):
+        return head.pos, head.hash
+    return _tail(uow)
+
+
+def _write_head(uow: UnitOfWork, head: ChainHead) -> None:
+    uow.sql("DELETE FROM store_meta WHERE name = ?", (_HEAD,))
+    uow.sql(_INSERT_HEAD_SQL, (head.encode(),))
 
 
 class Chain:
-    """One Database's side of the chain: the key it was given, and the link its appends use.
+    """One Database's side of the chain: the key it was given, and the link and head seal its appends use.
 
-    The link is cached once the store's record is seen keyed with this key (a committed record never
-    legitimately changes). A keyless Database re-reads the record in every write transaction, so it
-    stops appending the moment another process keys the store.
+    Both are cached once the store's record is seen keyed with this key and a sealed head (a committed record
+    never legitimately changes). A keyless Database re-reads the record in every write transaction, so it stops
+    appending the moment another process keys the store.
     """
 
     def __init__(self, key: bytes | None) -> None:
         self.key = ChainKey(key) if key else None
-        self._link: Link | None = None
+        self._keyed: tuple[Link, Sealer] | None = None
 
-    def link_for_append(self, uow: UnitOfWork, head_pos: int) -> Link:
-        """The link for events appended in ``uow`` (under the writer lock) after position ``head_pos``.
-        A store holding no events yet is keyed here when this Database has a key."""
-        if self._link is not None:
-            return self._link
+    @property
+    def key_id(self) -> str | None:
+        return self.key.key_id if self.key else None
+
+    def begin_append(self, uow: UnitOfWork) -> Appending:
+        """The chain as ``uow`` (under the writer lock) will extend it. A store holding no events yet is keyed
+        here when this Database has a key; a keyed store whose head is missing or altered refuses (hash_chain)."""
+        link, sealer, must_have_head = self._links(uow)
+        head = ChainHead.decode(_read(uow, _HEAD))
+        if head is None:
+            if must_have_head:
+                raise ChainKeyError("hash_chain", "the store's chain head record is missing, so where the log ends "
+                                    "cannot be proven; nothing was written. Run `taskkernel verify`")
+            pos, prev = _tail(uow)
+            return Appending(link, sealer, pos, prev, stored=False)
+        if not head.sealed_by(sealer):
+            raise ChainKeyError("hash_chain", "the store's chain head record was altered (its seal does not match); "
+                                "nothing was written. Run `taskkernel verify`")
+        return Appending(link, sealer, head.pos, head.hash, stored=True)
+
+    def seal_head(self, uow: UnitOfWork, appending: Appending) -> None:
+        """Record where the log now ends: once per write transaction, just before it commits."""
+        value = ChainHead(appending.pos, appending.prev, appending.sealer(appending.pos, appending.prev)).encode()
+        if appending.stored:
+            uow.sql(_UPDATE_HEAD_SQL, (value,))
+        else:
+            uow.sql(_INSERT_HEAD_SQL, (value,))
+
+    def _links(self, uow: UnitOfWork) -> tuple[Link, Sealer, bool]:
+        """The link, the head seal, and whether the store must hold a head row already."""
+        if self._keyed is not None:
+            return (*self._keyed, True)
         record = _read_record(uow)
         if not record.keyed:
             if self.key is None:
-                return legacy_link
-            if head_pos:
-                raise ChainKeyError("chain_unkeyed", f"the store holds {head_pos} events on an unkeyed chain but "
+                return legacy_link, legacy_head_seal, False
+            pos, _ = _tail(uow)
+            if pos:
+                raise ChainKeyError("chain_unkeyed", f"the store holds {pos} events on an unkeyed chain but "
                                     "this workspace has a chain key: the chain record was removed or the store "
                                     "replaced; run `taskkernel verify` (docs/durability.md)")
-            self.bind(uow, 1)
-            return self.key.link  # cached only once the record is committed and read back
+            self.bind(uow, 0, GENESIS_HASH)
+            return self.key.link, self.key.head_seal, True  # cached only once the record is committed and read back
         self.check(record)
         assert self.key is not None
-        self._link = self.key.link
-        return self._link
+        if not record.sealed_head:  # keyed before sealed heads: seal the log where it ends now
+            self.seal_existing(uow, record)
+            return self.key.link, self.key.head_seal, True
+        self._keyed = (self.key.link, self.key.head_seal)
+        return (*self._keyed, True)
 
-    def bind(self, uow: UnitOfWork, keyed_from: int) -> None:
-        """Record that links from ``keyed_from`` on are keyed with this Database's key."""
+    def bind(self, uow: UnitOfWork, head_pos: int, head_hash: str) -> None:
+        """Record that links after ``head_pos`` are keyed with this Database's key, and seal the head there."""
         assert self.key is not None
-        record = ChainRecord(KEYED, self.key.key_id, keyed_from, self.key.seal(keyed_from))
+        keyed_from = head_pos + 1
+        record = ChainRecord(KEYED, self.key.key_id, keyed_from, self.key.seal(keyed_from), sealed_head=True)
         uow.sql("DELETE FROM store_meta WHERE name = ?", (_RECORD,))
         uow.sql("INSERT INTO store_meta (name, value) VALUES (?, ?)", (_RECORD, record.encode()))
+        _write_head(uow, ChainHead(head_pos, head_hash, self.key.head_seal(head_pos, head_hash)))
+
+    def bind_legacy(self, uow: UnitOfWork) -> None:
+        """Key an unkeyed store from its next position (under the writer lock)."""
+        self.bind(uow, *_legacy_head(uow))
+
+    def seal_existing(self, uow: UnitOfWork, record: ChainRecord) -> None:
+        """A store keyed before sealed heads: seal the head where the log ends now, and say so in the record."""
+        assert self.key is not None
+        pos, last = _tail(uow)
+        upgraded = ChainRecord(KEYED, record.key_id, record.keyed_from, self.key.seal(record.keyed_from),
+                               sealed_head=True)
+        uow.sql("UPDATE store_meta SET value = ? WHERE name = ?", (upgraded.encode(), _RECORD))
+        _write_head(uow, ChainHead(pos, last, self.key.head_seal(pos, last)))
 
     def check(self, record: ChainRecord) -> None:
         """Refuse to extend a keyed chain without its key, with another key, or under an altered record."""
@@ -170,5 +307,5 @@ class Chain:
             raise ChainKeyError("chain_key_mismatch", f"the store's event chain is keyed with key id "
                                 f"{record.key_id}, this workspace's chain key has id {self.key.key_id}; "
                                 "restore the key that belongs to this database (docs/durability.md)")
-        if not hmac.compare_digest(record.seal, self.key.seal(record.keyed_from)):
+        if not hmac.compare_digest(record.seal, self.key.seal(record.keyed_from, record.sealed_head)):
             raise ChainKeyError("hash_chain", "the store's chain record was altered; run `taskkernel verify`")

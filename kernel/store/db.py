@@ -25,7 +25,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
 from kernel.private import FILE_MODE, narrow
-from kernel.store.chain import Chain, read_record
+from kernel.store.chain import Appending, Chain, ChainKeyError, read_record
 
 # Any constant works; it only has to be the same in every process sharing a database.
 WRITER_LOCK_KEY = 0x7A5C_4B3E
@@ -45,12 +45,16 @@ class UnitOfWork:
     ``sql`` runs a prepared statement straight on the driver cursor. It exists for the
     few statements on the command hot path, where SQLAlchemy's per-execute overhead
     (~25 µs) would cost more than the write itself; everything else uses ``conn``.
+
+    ``appending`` is the event chain as this transaction extends it (kernel/store/chain.py); when events were
+    appended, ``Database.write`` seals the new chain head just before the commit: one statement per transaction.
     """
 
     conn: Connection
     dialect: str
     chain: Chain = field(default_factory=lambda: Chain(None))
     cache: dict[str, Any] = field(default_factory=dict)
+    appending: Appending | None = None
     _cursor: Any = None
 
     def sql(self, statement: str, params: Sequence[Any] = ()) -> Any:
@@ -109,7 +113,8 @@ class Database:
 
     @contextmanager
     def write(self) -> Iterator[UnitOfWork]:
-        """Exclusive write transaction; commits on normal exit, rolls back on error."""
+        """Exclusive write transaction; commits on normal exit, rolls back on error. If events were appended,
+        the chain head is sealed (under the same writer lock) as the last statement before the commit."""
         conn, temporary = self._writer()
         try:
             with conn.begin():
@@ -117,7 +122,10 @@ class Database:
                     conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({WRITER_LOCK_KEY})")
                     if self.durability is Durability.PROCESS:
                         conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
-                yield UnitOfWork(conn, self.dialect, self.chain)
+                uow = UnitOfWork(conn, self.dialect, self.chain)
+                yield uow
+                if uow.appending is not None and uow.appending.moved:
+                    uow.chain.seal_head(uow, uow.appending)
         except sa.exc.DBAPIError as exc:
             if not temporary and (exc.connection_invalidated or conn.invalidated):
                 self._drop_writer(conn)
@@ -170,17 +178,24 @@ class Database:
         (none: appends and verify say chain_key_missing). An unkeyed store is keyed from its next position
         when it holds no events, or when the workspace has no key yet (it predates keyed chains: the key is
         created now). An unkeyed store with events in a workspace that has a key is left as it is: its chain
-        record was removed or the store replaced, and appends and verify say chain_unkeyed."""
+        record was removed or the store replaced, and appends and verify say chain_unkeyed. A store keyed before
+        sealed chain heads gets its head sealed where its log ends now (docs/events.md)."""
         key = load_key()
         with self._corruption_raised():
             if key is not None:
                 self.chain = Chain(key)
                 with self.read() as conn:
-                    if read_record(conn).keyed:
+                    record = read_record(conn)
+                    if record.keyed and (record.sealed_head or record.key_id != self.chain.key_id):
                         return
             with self.write() as uow:
-                if read_record(uow.conn).keyed:
-                    self.chain = Chain(load_key())
+                record = read_record(uow.conn)
+                if record.keyed:
+                    chain = self.chain = Chain(load_key())
+                    if chain.key is not None and not record.sealed_head:
+                        with contextlib.suppress(ChainKeyError):  # another key or an altered record: verify says so
+                            chain.check(record)
+                            chain.seal_existing(uow, record)
                     return
                 head = uow.conn.exec_driver_sql("SELECT max(global_pos) FROM events").scalar() or 0
                 key = load_key()
@@ -190,7 +205,7 @@ class Database:
                     self.chain = Chain(key)
                     return
                 chain = Chain(key)
-                chain.bind(uow, head + 1)
+                chain.bind_legacy(uow)
             self.chain = chain
 
     def integrity_problems(self) -> list[str]:

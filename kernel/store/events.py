@@ -15,7 +15,17 @@ from sqlalchemy.engine import Connection
 
 from kernel.canonical import canonical_json, utc_now_iso
 from kernel.reasons import ConcurrencyError
-from kernel.store.chain import GENESIS_HASH, Chain, ChainKey, Link, legacy_link, read_record
+from kernel.store.chain import (
+    GENESIS_HASH,
+    Chain,
+    ChainKey,
+    Link,
+    Sealer,
+    legacy_head_seal,
+    legacy_link,
+    read_head,
+    read_record,
+)
 from kernel.store.db import UnitOfWork
 from kernel.store.schema import events as events_table
 
@@ -65,7 +75,6 @@ class Upcasters:
         return data
 
 
-_HEAD_SQL = "SELECT global_pos, hash FROM events ORDER BY global_pos DESC LIMIT 1"
 _STREAM_HEAD_SQL = "SELECT max(stream_version) FROM events WHERE stream_id = ?"
 _INSERT_SQL = ("INSERT INTO events (global_pos, stream_id, stream_version, event_type, schema_version, data, meta,"
                " recorded_at, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
@@ -94,10 +103,10 @@ class EventStore:
             actual = self.stream_version(uow, stream_id)
             if actual != expected_version:
                 raise ConcurrencyError(stream_id, expected_version, actual)
-        pos, prev = self._chain_head(uow)
-        link = uow.cache.get("chain_link")
-        if link is None:
-            link = uow.cache["chain_link"] = uow.chain.link_for_append(uow, pos)
+        chain = uow.appending
+        if chain is None:
+            chain = uow.appending = uow.chain.begin_append(uow)
+        pos, prev, link = chain.pos, chain.prev, chain.link
         meta_text = canonical_json(meta)
         recorded_at = meta.get("recorded_at") or utc_now_iso()
         rows: list[tuple[Any, ...]] = []
@@ -122,7 +131,7 @@ class EventStore:
             if "unique" in str(exc).lower() or "duplicate" in str(exc).lower():
                 raise ConcurrencyError(stream_id, expected_version, -1) from exc
             raise
-        uow.cache["chain_head"] = (pos, prev)
+        chain.pos, chain.prev, chain.moved = pos, prev, True  # sealed once, when the transaction commits
         return out
 
     def append_at_head(self, uow: UnitOfWork, stream_id: str, new_events: Sequence[NewEvent],
@@ -131,14 +140,6 @@ class EventStore:
         such as goal and gate records, where no caller-held version needs checking)."""
         head = self.stream_version(uow, stream_id)
         return self.append(uow, stream_id, head, new_events, meta, verified_version=True)
-
-    def _chain_head(self, uow: UnitOfWork) -> tuple[int, str]:
-        head = uow.cache.get("chain_head")
-        if head is None:
-            row = uow.sql(_HEAD_SQL).fetchone()
-            head = (row[0], row[1]) if row else (0, GENESIS_HASH)
-            uow.cache["chain_head"] = head
-        return head
 
     # -- reading -----------------------------------------------------------------------------
     def read_stream(self, conn: Connection, stream_id: str) -> list[RecordedEvent]:
@@ -189,18 +190,25 @@ class ChainBreak:
     reason: str = "hash_chain"  # or chain_key_missing, chain_key_mismatch, chain_unkeyed
 
 
+def log_end(conn: Connection) -> tuple[int, str]:
+    """The last position in the log and its hash ((0, genesis) for an empty log)."""
+    row = conn.exec_driver_sql("SELECT global_pos, hash FROM events ORDER BY global_pos DESC LIMIT 1").first()
+    return (int(row[0]), str(row[1])) if row else (0, GENESIS_HASH)
+
+
 def verify_chain(store: EventStore, conn: Connection, chain: Chain | None = None) -> ChainBreak | None:
-    """Walk the hash chain with the links the store's record names; return the first break, or None.
-    ``chain`` holds the key (None: a keyed chain cannot be proven past its legacy part)."""
+    """Walk the hash chain with the links the store's record names, and check that the log ends exactly at its
+    sealed head; return the first break, or None. ``chain`` holds the key (None: a keyed chain cannot be proven
+    past its legacy part)."""
     record, key = read_record(conn), chain.key if chain else None
-    head = conn.exec_driver_sql("SELECT max(global_pos) FROM events").scalar() or 0
+    end, end_hash = log_end(conn)
     if not record.keyed:
-        brk = _walk(store, conn, None, head + 1)
-        if brk is None and key is not None and head:
+        brk = _walk(store, conn, None, end + 1)
+        if brk is None and key is not None and end:
             return ChainBreak(1, "the store's chain is unkeyed but this workspace has a chain key: the chain "
                                  "record was removed or the store replaced, so no link can be proven",
                               "chain_unkeyed")
-        return brk
+        return _first(brk, _check_head(conn, legacy_head_seal, False, end, end_hash))
     if key is None or key.key_id != record.key_id:
         brk = _walk(store, conn, None, record.keyed_from)  # the legacy part can still be checked
         if brk is not None:
@@ -210,15 +218,45 @@ def verify_chain(store: EventStore, conn: Connection, chain: Chain | None = None
                                                  "was given: it cannot be proven", "chain_key_missing")
         return ChainBreak(record.keyed_from, f"the chain is keyed with key id {record.key_id}, the workspace's "
                                              f"key has id {key.key_id}: it cannot be proven", "chain_key_mismatch")
-    keyed_from = record.keyed_from
-    if not hmac.compare_digest(record.seal, key.seal(keyed_from)):
-        # an edited record: the seal still names the true first keyed position (1 if the seal was edited too)
-        keyed_from = next((p for p in range(1, head + 2) if hmac.compare_digest(record.seal, key.seal(p))), 1)
-    brk = _walk(store, conn, key, keyed_from)
-    if brk is None and keyed_from != record.keyed_from:
+    keyed_from, sealed_head = record.keyed_from, record.sealed_head
+    if not hmac.compare_digest(record.seal, key.seal(keyed_from, sealed_head)):
+        # an edited record: the seal still names the true first keyed position and format (position 1 and a
+        # sealed head if the seal was edited too)
+        keyed_from, sealed_head = next(((p, h) for p in range(1, end + 2) for h in (True, False)
+                                        if hmac.compare_digest(record.seal, key.seal(p, h))), (1, True))
+    brk = _first(_walk(store, conn, key, keyed_from), _check_head(conn, key.head_seal, sealed_head, end, end_hash))
+    if brk is None and (keyed_from, sealed_head) != (record.keyed_from, record.sealed_head):
         return ChainBreak(min(keyed_from, record.keyed_from), f"the chain record was altered: it says keyed from "
-                                                              f"{record.keyed_from}, its seal {keyed_from}")
+                                                              f"{record.keyed_from}, its seal {keyed_from}"
+                                                              + ("" if sealed_head == record.sealed_head else
+                                                                 ", and it hides the sealed head"))
     return brk
+
+
+def _first(*breaks: ChainBreak | None) -> ChainBreak | None:
+    return min((b for b in breaks if b is not None), key=lambda b: b.global_pos, default=None)
+
+
+def _check_head(conn: Connection, sealer: Sealer, required: bool, end: int, end_hash: str) -> ChainBreak | None:
+    """The log must end exactly at the sealed head: a missing or unsealed head, or a log that ends before it
+    (its newest events deleted), is a break where the log now ends plus one. ``required``: a keyed store that
+    seals its head (a legacy store, or one keyed before sealed heads, may have no head row)."""
+    head = read_head(conn)
+    if head is None:
+        return ChainBreak(end + 1, "the chain head record is missing: where the log ends cannot be proven "
+                                   "(the newest events may have been deleted)") if required else None
+    if not head.sealed_by(sealer):
+        return ChainBreak(end + 1, "the chain head record does not match its seal: it was rewritten without the "
+                                   "chain key, so where the log ends cannot be proven")
+    if head.pos > end:
+        return ChainBreak(end + 1, f"the log ends at position {end} but its sealed head is at {head.pos}: "
+                                   f"the newest {head.pos - end} event(s) were deleted")
+    if head.pos < end:
+        return ChainBreak(head.pos + 1, f"the sealed head is at position {head.pos} but the log goes on to {end}: "
+                                        "events were added without the chain head")
+    if not hmac.compare_digest(head.hash, end_hash):
+        return ChainBreak(end, "the last event is not the one the chain head sealed")
+    return None
 
 
 def _walk(store: EventStore, conn: Connection, key: ChainKey | None, keyed_from: int) -> ChainBreak | None:
