@@ -19,6 +19,7 @@ from typing import Any
 
 from kernel.automations import Automations
 from kernel.commands import EffectRule, TaskCommandKernel
+from kernel.fcop import safeio
 from kernel.folders.adapter import FolderAdapter
 from kernel.folders.projection import PROJECT_RULE
 from kernel.logging import get_logger
@@ -145,15 +146,17 @@ class Coordinator:
                 setattr(stats, _CORE_FIELDS[name], done)
             else:
                 stats.extra[name] = done
+        for (op, reason), (count, path) in safeio.drain_refusals().items():
+            self._failed(stats, StageFailure(op, reason, f"{count} write(s) refused, last at {path}"), traceback=False)
         return stats
 
-    def _failed(self, stats: PassStats, failure: StageFailure) -> None:
+    def _failed(self, stats: PassStats, failure: StageFailure, traceback: bool = True) -> None:
         """Record and log a failure: with its traceback when new, as one line while it repeats."""
         stats.failed.append(failure)
         repeated = self.failing.get(failure.stage) == failure
         self.failing[failure.stage] = failure
         log.error("coordinator_stage_failed", stage=failure.stage, error=failure.error, message=failure.message,
-                  repeated=repeated, exc_info=not repeated)
+                  repeated=repeated, exc_info=traceback and not repeated)
 
     def run_once(self, max_passes: int = 500) -> list[PassStats]:
         """Process everything pending, then return (runs that back off into the future are left due)."""

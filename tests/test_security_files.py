@@ -294,6 +294,10 @@ def test_up_refuses_linked_quarantine_stage_views_and_reports_and_keeps_working(
     for op, rel in (("scan", "_lifecycle/active"), ("scan", "reports"), ("quarantine", "_quarantine"),
                     ("project", "_lifecycle/active"), ("ledger", "ledger/views")):
         assert (op, "symlink_refused", str(links[rel])) in reported, (op, rel, up.stderr)
+    status = json.loads(up.stdout.strip().splitlines()[-1])  # refused writes are not an ok run
+    assert (up.returncode, status["status"]) == (1, "degraded"), up.stdout
+    assert {(f["stage"], f["error"]) for f in status["failed_stages"]} >= {
+        ("quarantine", "symlink_refused"), ("project", "symlink_refused"), ("ledger", "symlink_refused")}
 
 
 def test_up_refuses_linked_locks_and_ledger(tmp_path: Path) -> None:

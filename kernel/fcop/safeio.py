@@ -28,6 +28,7 @@ import hashlib
 import os
 import secrets
 import stat
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,10 +49,27 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+_refusals: dict[tuple[str, str], tuple[int, str | None]] = {}  # (op, reason) -> (count, last path)
+_refusals_lock = threading.Lock()
+
+
 def report(exc: FcopError, op: str, **context: str) -> None:
-    """Log a refusal where an operator sees it (reason code and path); the caller decides what goes on."""
-    log.warning("fcop.refused", op=op, reason=exc.reason.value, path=str(exc.path) if exc.path else None,
-                message=exc.message, **context)
+    """Log a refusal where an operator sees it (reason code and path) and count it for the coordinator's
+    status (``drain_refusals``); the caller decides what goes on."""
+    path = str(exc.path) if exc.path else None
+    log.warning("fcop.refused", op=op, reason=exc.reason.value, path=path, message=exc.message, **context)
+    with _refusals_lock:
+        count, _ = _refusals.get((op, exc.reason.value), (0, None))
+        _refusals[(op, exc.reason.value)] = (count + 1, path)
+
+
+def drain_refusals() -> dict[tuple[str, str], tuple[int, str | None]]:
+    """The refusals reported since the last call, per (operation, reason): a pass that could not write
+    where it had to (a planted link) is not an ok pass."""
+    with _refusals_lock:
+        drained = dict(_refusals)
+        _refusals.clear()
+    return drained
 
 
 # -- confinement ---------------------------------------------------------------------------------
