@@ -3,6 +3,10 @@
 Every change bumps the schedule's revision (so a concurrent tick's compare-and-set fails instead
 of overwriting it) and, on PostgreSQL, notifies the other coordinators.
 
+A schedule whose stored definition cannot be read or computed (``ScheduleRow.error``, or set aside by a
+pass) is still listed, shown, paused and removed; ``next``, ``backfill`` and ``resume`` refuse it
+(``schedule_invalid``).
+
 A change made for a caller (``by``: its principal, from its credential) is authorized by
 ``scheduler.authority`` on the row it writes, inside the transaction; ``by=None`` is the process's
 own wiring (the demo, tests), which holds no credential to check.
@@ -20,15 +24,19 @@ from sqlalchemy.engine import Connection
 from kernel.canonical import canonical_json
 from kernel.model.principal import Principal
 from scheduler.authority import check_create, check_manage
-from scheduler.ledger import Ledger, ScheduleRow, parse_spec
+from scheduler.ledger import Ledger, ScheduleRow
 from scheduler.models import (
+    MAX_BACKFILL,
+    MAX_INSTANT,
+    MIN_INSTANT,
+    SET_ASIDE,
     Kind,
     OccurrenceState,
     ScheduleError,
     SchedulerException,
     ScheduleSpec,
 )
-from scheduler.tables import occurrence, occurrence_conflict, schedule
+from scheduler.tables import occurrence, occurrence_conflict, schedule, schedule_fault
 from scheduler.triggers import Trigger, db_time, from_db_time, iso_z
 
 _MICRO = timedelta(microseconds=1)
@@ -61,12 +69,23 @@ class Schedules:
         return [ScheduleRow.load(r) for r in rows]
 
     def trigger(self, s: ScheduleRow) -> Trigger:
-        return self.ledger.triggers.get(s)
+        """The schedule's trigger, or ``schedule_invalid`` when its definition cannot be computed."""
+        if s.error is not None:
+            raise _invalid(s.name, s.error)
+        try:
+            return self.ledger.triggers.get(s)
+        except SchedulerException as exc:
+            raise _invalid(s.name, exc.message) from None
+        except Exception as exc:  # noqa: BLE001 - stored data, whatever it holds, is a refusal here
+            raise _invalid(s.name, f"{type(exc).__name__}: {exc}") from None
 
     def upcoming(self, s: ScheduleRow, now: datetime, count: int) -> list[dict[str, Any]]:
         """The next ``count`` nominal occurrences after both the watermark and ``now``."""
         trig = self.trigger(s)
-        return [self._occ_view(trig, n) for n in trig.preview(s.watermark, now, count)]
+        try:
+            return [self._occ_view(trig, n) for n in trig.preview(s.watermark, now, count)]
+        except (OverflowError, ValueError) as exc:
+            raise _invalid(s.name, f"{type(exc).__name__}: {exc}") from None
 
     @staticmethod
     def _occ_view(trig: Trigger, n: datetime) -> dict[str, Any]:
@@ -92,7 +111,24 @@ class Schedules:
         items.sort(key=lambda i: i["nominal"], reverse=True)
         return items[:limit]
 
+    def faults(self, s: ScheduleRow, limit: int = 10) -> list[dict[str, Any]]:
+        """Why the schedule was set aside, newest first (``schedule show`` → ``faults``)."""
+        with self.db.read() as conn:
+            rows = conn.execute(sa.select(schedule_fault).where(schedule_fault.c.schedule_id == s.id)
+                                .order_by(schedule_fault.c.recorded_utc.desc()).limit(limit)).all()
+        return [{"reason": r.reason, "at": _out(r.recorded_utc), "error": r.error, "by": r.by} for r in rows]
+
     def view(self, s: ScheduleRow) -> dict[str, Any]:
+        if s.error is not None:  # the definition does not read: what the row itself holds, and why
+            return {
+                "name": s.name, "id": s.id, "kind": s.spec.kind.value, "spec": s.spec.spec, "tz": s.spec.tz,
+                "misfire": None, "catchup_window": None, "catchup_max": None, "grace": None, "overlap": None,
+                "jitter": None, "dst": None, "paused": s.paused, "pause_reason": s.pause_reason,
+                "watermark": iso_z(s.watermark), "next_due": iso_z(s.next_due) if s.next_due else None,
+                "revision": s.revision, "no_progress": s.no_progress, "owner_role": s.spec.owner_role,
+                "created_by": s.spec.created_by.model_dump(mode="json") if s.spec.created_by else None,
+                "action": None, "error": s.error,
+            }
         return {
             "name": s.name, "id": s.id, "kind": s.spec.kind.value, "spec": s.spec.spec, "tz": s.spec.tz,
             "misfire": s.spec.misfire.value, "catchup_window": s.spec.catchup_window,
@@ -122,13 +158,20 @@ class Schedules:
             if spec.action is None:
                 raise SchedulerException(ScheduleError.INVALID_ACTION, f"schedule {spec.name!r} needs an action")
             sid = "sch_" + uuid.uuid4().hex[:16]
-            definition = canonical_json(spec.definition())
-            trig = self.ledger.triggers.for_row(sid, definition, db_time(now))
-            first = trig.next_after(watermark)
+            try:
+                definition = canonical_json(spec.definition())
+                trig = self.ledger.triggers.for_row(sid, definition, db_time(now))
+                first = trig.next_after(watermark)
+                first_due = db_time(trig.due(first)) if first else None
+            except SchedulerException:
+                raise
+            except (ValueError, OverflowError) as exc:  # checked by the models; kept so nothing unbounded is stored
+                raise SchedulerException(ScheduleError.INVALID_SPEC,
+                                         f"schedule {spec.name!r} cannot be stored: {exc}") from exc
             rows.append({
                 "id": sid, "name": spec.name, "kind": spec.kind.value, "spec": spec.spec, "tz": spec.tz,
                 "definition": definition, "created_utc": db_time(now),
-                "watermark_utc": db_time(watermark), "next_due_utc": db_time(trig.due(first)) if first else None,
+                "watermark_utc": db_time(watermark), "next_due_utc": first_due,
                 "revision": 0,
             })
         names = [spec.name for spec in specs]
@@ -143,8 +186,8 @@ class Schedules:
             self.ledger.notify(conn)
 
     def _authorize(self, row: Any, by: Principal | None, verb: str) -> None:
-        if by is not None:
-            check_manage(by, parse_spec(row.definition), verb)
+        if by is not None:  # a definition that does not read is judged by its stand-in's recorded authority
+            check_manage(by, ScheduleRow.load(row).spec, verb)
 
     def pause(self, name: str, now: datetime, by: Principal | None = None) -> ScheduleRow:
         return self._set_paused(name, now, by, paused=True)
@@ -158,13 +201,17 @@ class Schedules:
             self._authorize(row, by, "pause" if paused else "resume")
             if not paused and row.paused:
                 # Occurrences that came due during the pause are recorded missed ("paused") before
-                # the schedule runs again, so resuming never fires them as a catch-up.
+                # the schedule runs again, so resuming never fires them as a catch-up. A definition that
+                # cannot be computed is refused here (schedule_invalid): it stays set aside.
+                self.trigger(ScheduleRow.load(row))
                 more = True
                 while more:
                     _, more = self.ledger.apply_due(conn, [row], "resume", now)
                     row = self._find(conn, name)
+            # Pausing a schedule that was set aside keeps the reason: it still needs a valid definition.
+            reason = (SET_ASIDE if row.pause_reason == SET_ASIDE else "manual") if paused else None
             conn.execute(schedule.update().where(schedule.c.id == row.id).values(
-                paused=int(paused), pause_reason="manual" if paused else None,
+                paused=int(paused), pause_reason=reason,
                 no_progress=0 if not paused else schedule.c.no_progress, revision=schedule.c.revision + 1))
             self.ledger.notify(conn)
         return self.get(name)
@@ -185,6 +232,10 @@ class Schedules:
         """Reserve the nominal occurrences in ``[start, end]`` that never fired, for the coordinators
         to run in order. Explicit (a range), bounded (``max_count``), deduplicated (a key that
         already fired is reported, not queued; a missed one is re-queued once)."""
+        if not 1 <= max_count <= MAX_BACKFILL:
+            raise SchedulerException(ScheduleError.INVALID_RANGE, f"--max must be 1 to {MAX_BACKFILL}")
+        if not (MIN_INSTANT <= start < MAX_INSTANT and MIN_INSTANT <= end < MAX_INSTANT):
+            raise SchedulerException(ScheduleError.INVALID_RANGE, "the range must lie from 1970-01-01 to 9000-01-01")
         if end < start:
             raise SchedulerException(ScheduleError.INVALID_RANGE, "--to is before --from")
         if end > now:
@@ -227,6 +278,12 @@ class Schedules:
                 queued.append(key)
             self.ledger.notify(conn)
         return {"name": name, "queued": queued, "skipped": skipped}
+
+
+def _invalid(name: str, error: str) -> SchedulerException:
+    return SchedulerException(ScheduleError.SCHEDULE_INVALID,
+                              f"schedule {name!r} cannot be computed ({error}); it stays set aside: remove it and add "
+                              "it again with values in bounds")
 
 
 def _out(text: str | None) -> str | None:

@@ -9,6 +9,10 @@ Invariants (docs/scheduler.md, "Guarantees"):
 - A running occurrence holds a lease with a fencing token. Every later write about it names that
   token, so a holder whose lease expired can change nothing. An expired lease is re-claimed with
   ``attempt + 1`` and a new token only for idempotent actions; otherwise the row becomes ``abandoned``.
+- One schedule never stops the others: a schedule whose stored definition cannot be read or computed
+  (out of bounds, written by hand or by an older release) is *set aside* in the pass that meets it -
+  paused with reason ``invalid``, no next due time, the error recorded in ``schedule_fault``, logged and
+  handed to the runtime as a ``ScheduleFault`` (``take_set_aside``) - and the pass goes on with the others.
 """
 
 from __future__ import annotations
@@ -23,21 +27,29 @@ from functools import lru_cache
 from typing import Any
 
 import sqlalchemy as sa
+from pydantic import ValidationError
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
+from kernel.logging import get_logger
 from kernel.store.db import Database
 from scheduler.models import (
+    SET_ASIDE,
+    Creator,
+    Kind,
     MissReason,
     OccurrenceState,
+    Overlap,
     ScheduleError,
     SchedulerException,
     ScheduleSpec,
+    first_error,
 )
 from scheduler.policy import CLAIM, WAIT, plan
-from scheduler.tables import coordinator, occurrence, occurrence_conflict, schedule
+from scheduler.tables import coordinator, occurrence, occurrence_conflict, schedule, schedule_fault
 from scheduler.triggers import Trigger, db_time, from_db_time
 
+log = get_logger(__name__)
 NOTIFY_CHANNEL = "taskkernel_schedule"
 # Spelled exactly as the partial index's predicate: SQLite uses a partial index only when the query
 # repeats its WHERE term literally (a bound parameter cannot prove it).
@@ -59,23 +71,76 @@ class ScheduleRow:
     last_digest: str | None
     no_progress: int
     removed: bool
+    # Why the stored definition cannot be read (then ``spec`` is a stand-in holding only its name, kind,
+    # expression, zone and authority, for listing and managing the schedule); None when it reads.
+    error: str | None = None
 
     @classmethod
     def load(cls, r: Any) -> ScheduleRow:
+        try:
+            spec, error = parse_spec(r.definition), None
+        except SchedulerException as exc:
+            spec, error = stand_in(r), exc.message
         return cls(
-            id=r.id, name=r.name, spec=parse_spec(r.definition), definition=r.definition,
+            id=r.id, name=r.name, spec=spec, definition=r.definition,
             created=from_db_time(r.created_utc), paused=bool(r.paused), pause_reason=r.pause_reason,
             watermark=from_db_time(r.watermark_utc),
             next_due=from_db_time(r.next_due_utc) if r.next_due_utc else None,
             revision=r.revision, last_digest=r.last_digest, no_progress=r.no_progress,
-            removed=r.removed_utc is not None,
+            removed=r.removed_utc is not None, error=error,
         )
 
 
 @lru_cache(maxsize=65536)
 def parse_spec(definition: str) -> ScheduleSpec:
-    """Definitions are immutable text, so every coordinator parses each one once."""
-    return ScheduleSpec.model_validate_json(definition)
+    """Definitions are immutable text, so every coordinator parses each one once. One that does not
+    validate (out of bounds, edited by hand) is ``schedule_invalid``."""
+    try:
+        return ScheduleSpec.model_validate_json(definition)
+    except ValidationError as exc:
+        raise SchedulerException(ScheduleError.SCHEDULE_INVALID, f"stored definition is invalid: "
+                                 f"{first_error(exc)}") from None
+    except (ValueError, RecursionError) as exc:
+        raise SchedulerException(ScheduleError.SCHEDULE_INVALID, f"stored definition is unreadable: "
+                                 f"{type(exc).__name__}") from None
+
+
+def stand_in(r: Any) -> ScheduleSpec:
+    """A placeholder spec for a row whose definition does not validate: what listing and the management
+    rules need (name, kind, expression, zone, owner role, creator), read leniently. A creator that is
+    present but unreadable counts as ADMIN, so only the owner may manage it; no action, so it never runs."""
+    try:
+        raw = json.loads(r.definition)
+    except (ValueError, RecursionError):
+        raw = None
+    raw = raw if isinstance(raw, dict) else {}
+    owner = raw.get("owner_role")
+    creator: Creator | None = None
+    if raw.get("created_by") is not None:
+        try:
+            creator = Creator.model_validate(raw["created_by"])
+        except ValidationError:
+            creator = Creator(role="ADMIN", agent="unknown")
+    return ScheduleSpec.model_construct(
+        name=r.name, kind=Kind(r.kind) if r.kind in Kind._value2member_map_ else Kind.DATE, spec=r.spec, tz=r.tz,
+        owner_role=owner if isinstance(owner, str) and owner else "ADMIN", created_by=creator, action=None)
+
+
+@dataclass(frozen=True)
+class ScheduleFault:
+    """A schedule set aside in a pass: its stored definition could not be read or computed."""
+
+    schedule_id: str
+    name: str
+    error: str  # the exception's class and message
+
+    @classmethod
+    def of(cls, schedule_id: str, name: str, exc: BaseException) -> ScheduleFault:
+        if isinstance(exc, SchedulerException):
+            text = f"{exc.code.value}: {exc.message}"
+        else:
+            text = f"{type(exc).__name__}: {exc}"
+        return cls(schedule_id, name, " ".join(text.split())[:500])
 
 
 @dataclass(frozen=True, eq=False)
@@ -135,6 +200,7 @@ class Ledger:
         self.triggers = TriggerCache()
         self._dialect = postgresql if db.is_postgres else sqlite
         self._sql = _HotSql(db.is_postgres)
+        self._set_aside: list[ScheduleFault] = []
 
     @contextmanager
     def tx(self) -> Iterator[Connection]:
@@ -158,18 +224,39 @@ class Ledger:
 
     def claim_due(self, owner: str, now: datetime) -> list[Claim]:
         """Recover expired leases, start waiting occurrences and claim everything due, committing
-        each batch before returning; the caller runs the returned claims afterwards."""
+        each batch before returning; the caller runs the returned claims afterwards. A schedule that
+        cannot be decided is set aside, logged and kept for ``take_set_aside``; the others go on."""
         claims: list[Claim] = []
-        with self.tx() as conn:
-            claims += self._recover(conn, owner, now)
-            claims += self._start_waiting(conn, owner, now)
-            new, again = self._claim_batch(conn, owner, now)
-            claims += new
-        while again:
+        done: list[ScheduleFault] = []  # set aside by a transaction that committed (a rollback sets nothing aside)
+        try:
+            met: list[ScheduleFault] = []
             with self.tx() as conn:
-                new, again = self._claim_batch(conn, owner, now)
+                claims += self._recover(conn, owner, now, met)
+                claims += self._start_waiting(conn, owner, now, met)
+                new, again = self._claim_batch(conn, owner, now, met)
                 claims += new
+            done += met
+            while again:
+                met = []
+                with self.tx() as conn:
+                    new, again = self._claim_batch(conn, owner, now, met)
+                    claims += new
+                done += met
+        finally:
+            self.note_set_aside(done)
         return claims
+
+    def note_set_aside(self, faults: list[ScheduleFault]) -> None:
+        """Log schedules a committed transaction set aside, and keep them for ``take_set_aside``."""
+        for f in faults:
+            log.error("schedule_set_aside", schedule=f.name, schedule_id=f.schedule_id, reason=SET_ASIDE,
+                      error=f.error)
+        self._set_aside += faults
+
+    def take_set_aside(self) -> list[ScheduleFault]:
+        """The schedules set aside since the last call (each is set aside once: then no pass selects it)."""
+        out, self._set_aside = self._set_aside, []
+        return out
 
     def _active(self, conn: Connection, now_s: str) -> dict[str, list[int]]:
         """schedule id -> [live running, waiting] occurrences."""
@@ -187,7 +274,8 @@ class Ledger:
                 counts[0] += 1
         return out
 
-    def _claim_batch(self, conn: Connection, owner: str, now: datetime) -> tuple[list[Claim], bool]:
+    def _claim_batch(self, conn: Connection, owner: str, now: datetime,
+                     met: list[ScheduleFault]) -> tuple[list[Claim], bool]:
         now_s = db_time(now)
         sel = (
             sa.select(schedule)
@@ -198,12 +286,16 @@ class Ledger:
         rows = conn.execute(self.locked(sel)).all()
         if not rows:
             return [], False
-        claims, more = self.apply_due(conn, rows, owner, now)
+        claims, more = self.apply_due(conn, rows, owner, now, met)
         return claims, more or len(rows) == self.batch
 
-    def apply_due(self, conn: Connection, rows: Sequence[Any], owner: str, now: datetime) -> tuple[list[Claim], bool]:
+    def apply_due(self, conn: Connection, rows: Sequence[Any], owner: str, now: datetime,
+                  faults: list[ScheduleFault] | None = None) -> tuple[list[Claim], bool]:
         """Decide the due occurrences of the given (locked) schedule rows, record them and advance
-        each watermark by compare-and-set. Returns the claims and whether more are due."""
+        each watermark by compare-and-set. Returns the claims and whether more are due.
+
+        A schedule whose definition cannot be read or computed is set aside (``set_aside``) and appended
+        to ``faults``, and the others are decided as usual; without ``faults`` it is ``schedule_invalid``."""
         now_s = db_time(now)
         active = self._active(conn, now_s)
         token = uuid.uuid4().hex
@@ -214,36 +306,54 @@ class Ledger:
         claimed: list[tuple[Any, Trigger, Any]] = []
         more = False
         for r in rows:
-            running, waiting = active.get(r.id, (0, 0))
-            trig = self.triggers.for_row(r.id, r.definition, r.created_utc)
-            p = plan(trig, trig.spec, watermark=from_db_time(r.watermark_utc), now=now, paused=bool(r.paused),
-                     running=running, waiting=waiting, chunk=self.chunk)
-            more = more or p.more
-            for d in p.decisions:
-                nominal_s = db_time(d.nominal)
-                if d.reason is MissReason.DUPLICATE:
-                    conflicts.append({"schedule_id": r.id, "nominal_utc": nominal_s, "occurrence_key": d.key,
-                                      "reason": d.reason.value, "recorded_utc": now_s})
-                    continue
-                row = {
-                    "schedule_id": r.id, "occurrence_key": d.key, "nominal_utc": nominal_s,
-                    "due_utc": nominal_s if d.due == d.nominal else db_time(d.due),
-                    "state": OccurrenceState.MISSED.value, "reason": d.reason.value if d.reason else None,
-                    "lease_owner": None, "lease_until": None, "fencing": 0, "attempt": 1, "claim_token": token,
-                    "fired_utc": None, "recorded_utc": now_s,
+            # Everything about one schedule is computed before any of it is kept, so a schedule that fails
+            # half-way leaves nothing behind; only this pure part can fail on a schedule's own data.
+            try:
+                running, waiting = active.get(r.id, (0, 0))
+                trig = self.triggers.for_row(r.id, r.definition, r.created_utc)
+                p = plan(trig, trig.spec, watermark=from_db_time(r.watermark_utc), now=now, paused=bool(r.paused),
+                         running=running, waiting=waiting, chunk=self.chunk)
+                mine_occ: list[dict[str, Any]] = []
+                mine_conflicts: list[dict[str, Any]] = []
+                mine_claimed: list[tuple[Any, Trigger, Any]] = []
+                for d in p.decisions:
+                    nominal_s = db_time(d.nominal)
+                    if d.reason is MissReason.DUPLICATE:
+                        mine_conflicts.append({"schedule_id": r.id, "nominal_utc": nominal_s, "occurrence_key": d.key,
+                                               "reason": d.reason.value, "recorded_utc": now_s})
+                        continue
+                    row = {
+                        "schedule_id": r.id, "occurrence_key": d.key, "nominal_utc": nominal_s,
+                        "due_utc": nominal_s if d.due == d.nominal else db_time(d.due),
+                        "state": OccurrenceState.MISSED.value, "reason": d.reason.value if d.reason else None,
+                        "lease_owner": None, "lease_until": None, "fencing": 0, "attempt": 1, "claim_token": token,
+                        "fired_utc": None, "recorded_utc": now_s,
+                    }
+                    if d.verdict == CLAIM:
+                        row.update(state=OccurrenceState.RUNNING.value, lease_owner=owner, lease_until=lease_s,
+                                   fencing=1, fired_utc=now_s)
+                        mine_claimed.append((r, trig, d))
+                    elif d.verdict == WAIT:
+                        row.update(state=OccurrenceState.CLAIMED.value)
+                    mine_occ.append(row)
+                mine_cas = {
+                    "b_id": r.id, "b_rev": r.revision,
+                    "b_w": db_time(p.watermark) if p.watermark else r.watermark_utc,
+                    "b_nd": db_time(p.next_due) if p.next_due else None,
                 }
-                if d.verdict == CLAIM:
-                    row.update(state=OccurrenceState.RUNNING.value, lease_owner=owner, lease_until=lease_s,
-                               fencing=1, fired_utc=now_s)
-                    claimed.append((r, trig, d))
-                elif d.verdict == WAIT:
-                    row.update(state=OccurrenceState.CLAIMED.value)
-                occ_rows.append(row)
-            cas.append({
-                "b_id": r.id, "b_rev": r.revision,
-                "b_w": db_time(p.watermark) if p.watermark else r.watermark_utc,
-                "b_nd": db_time(p.next_due) if p.next_due else None,
-            })
+            except Exception as exc:  # noqa: BLE001 - one schedule's bad data must not stop the others
+                fault = ScheduleFault.of(r.id, r.name, exc)
+                if faults is None:
+                    raise SchedulerException(ScheduleError.SCHEDULE_INVALID,
+                                             f"schedule {r.name!r} cannot be computed: {fault.error}") from exc
+                self.set_aside(conn, r.id, fault, now, owner, revision=r.revision)
+                faults.append(fault)
+                continue
+            more = more or p.more
+            occ_rows += mine_occ
+            conflicts += mine_conflicts
+            claimed += mine_claimed
+            cas.append(mine_cas)
         if occ_rows:
             res = conn.exec_driver_sql(self._sql.insert_occurrence, occ_rows)
             if res.rowcount != len(occ_rows):
@@ -258,15 +368,34 @@ class Ledger:
                 claimed = [(r, trig, d) for r, trig, d in claimed if (r.id, d.key) in ours]
         if conflicts:
             conn.execute(self.insert(occurrence_conflict).on_conflict_do_nothing(), conflicts)
-        res = conn.exec_driver_sql(self._sql.advance_watermark, cas)
-        if res.rowcount != len(cas):
-            raise SchedulerException(ScheduleError.STALE_REVISION, "a schedule changed while it was being ticked")
+        if cas:
+            res = conn.exec_driver_sql(self._sql.advance_watermark, cas)
+            if res.rowcount != len(cas):
+                raise SchedulerException(ScheduleError.STALE_REVISION, "a schedule changed while it was being ticked")
         claims = [Claim(r.id, r.name, d.key, d.nominal, 1, 1, trig.spec, r.last_digest, r.no_progress)
                   for r, trig, d in claimed]
         return claims, more
 
-    def _recover(self, conn: Connection, owner: str, now: datetime) -> list[Claim]:
-        """Expired leases: re-claim idempotent actions (attempt + 1, new fencing), abandon the rest."""
+    def set_aside(self, conn: Connection, schedule_id: str, fault: ScheduleFault, now: datetime, by: str,
+                  *, revision: int | None = None) -> None:
+        """Take a schedule out of every pass: paused with reason ``invalid`` and no next due time (so no
+        tick selects it again), the error recorded. ``resume`` refuses it while its definition stays invalid.
+        With ``revision``, compare-and-set like a watermark advance."""
+        where = schedule.c.id == schedule_id
+        if revision is not None:
+            where = where & (schedule.c.revision == revision)
+        res = conn.execute(schedule.update().where(where).values(
+            paused=1, pause_reason=SET_ASIDE, next_due_utc=None, revision=schedule.c.revision + 1))
+        if revision is not None and res.rowcount != 1:
+            raise SchedulerException(ScheduleError.STALE_REVISION, "a schedule changed while it was being ticked")
+        conn.execute(self.insert(schedule_fault).values(
+            schedule_id=schedule_id, recorded_utc=db_time(now), reason=SET_ASIDE, error=fault.error, by=by,
+        ).on_conflict_do_nothing())
+        self.notify(conn)
+
+    def _recover(self, conn: Connection, owner: str, now: datetime, met: list[ScheduleFault]) -> list[Claim]:
+        """Expired leases: re-claim idempotent actions (attempt + 1, new fencing), abandon the rest (and
+        those of a schedule whose definition cannot be read, which is set aside)."""
         now_s = db_time(now)
         sel = (
             sa.select(occurrence, schedule.c.name, schedule.c.definition, schedule.c.last_digest,
@@ -277,10 +406,16 @@ class Ledger:
         )
         claims: list[Claim] = []
         for r in conn.execute(self.locked(sel, occurrence)).all():
-            spec = parse_spec(r.definition)
-            act = spec.action
             pk = (occurrence.c.schedule_id == r.schedule_id) & (occurrence.c.occurrence_key == r.occurrence_key) & (
                 occurrence.c.fencing == r.fencing) & (occurrence.c.state == OccurrenceState.RUNNING.value)
+            spec = self._spec_or_set_aside(conn, r.schedule_id, r.name, r.definition, now, owner, met)
+            if spec is None:
+                conn.execute(occurrence.update().where(pk).values(
+                    state=OccurrenceState.ABANDONED.value, finished_utc=now_s,
+                    detail=f"lease of {r.lease_owner} expired at {r.lease_until}; "
+                           "the schedule's definition is invalid (set aside): not re-run"))
+                continue
+            act = spec.action
             if act is not None and act.is_idempotent and r.attempt < act.max_attempts:
                 res = conn.execute(occurrence.update().where(pk).values(
                     attempt=r.attempt + 1, fencing=r.fencing + 1, lease_owner=owner,
@@ -295,7 +430,7 @@ class Ledger:
                     detail=f"lease of {r.lease_owner} expired at {r.lease_until}; {why}: not re-run"))
         return claims
 
-    def _start_waiting(self, conn: Connection, owner: str, now: datetime) -> list[Claim]:
+    def _start_waiting(self, conn: Connection, owner: str, now: datetime, met: list[ScheduleFault]) -> list[Claim]:
         """Start reserved occurrences (buffer_one, backfill) of schedules with nothing running, in
         nominal order; one coordinator runs a schedule's batch sequentially."""
         now_s = db_time(now)
@@ -311,8 +446,15 @@ class Ledger:
             return []
         active = self._active(conn, now_s)
         claims: list[Claim] = []
+        aside: set[str] = set()
         for r in rows:
-            if r.paused or (active.get(r.schedule_id, (0, 0))[0] > 0 and not _allows_overlap(r.definition)):
+            if r.paused or r.schedule_id in aside:
+                continue
+            spec = self._spec_or_set_aside(conn, r.schedule_id, r.name, r.definition, now, owner, met)
+            if spec is None:  # paused now: its reserved occurrences wait (a removal or a valid resume ends that)
+                aside.add(r.schedule_id)
+                continue
+            if active.get(r.schedule_id, (0, 0))[0] > 0 and spec.overlap is not Overlap.ALLOW:
                 continue
             res = conn.execute(occurrence.update().where(
                 (occurrence.c.schedule_id == r.schedule_id) & (occurrence.c.occurrence_key == r.occurrence_key)
@@ -321,9 +463,20 @@ class Ledger:
                      fencing=r.fencing + 1, fired_utc=now_s))
             if res.rowcount == 1:
                 claims.append(Claim(r.schedule_id, r.name, r.occurrence_key, from_db_time(r.nominal_utc),
-                                    r.fencing + 1, r.attempt, parse_spec(r.definition),
-                                    r.last_digest, r.no_progress))
+                                    r.fencing + 1, r.attempt, spec, r.last_digest, r.no_progress))
         return claims
+
+    def _spec_or_set_aside(self, conn: Connection, sid: str, name: str, definition: str, now: datetime,
+                           owner: str, met: list[ScheduleFault]) -> ScheduleSpec | None:
+        """The schedule's spec; or, when its definition does not read, None with the schedule set aside."""
+        try:
+            return parse_spec(definition)
+        except SchedulerException as exc:
+            fault = ScheduleFault.of(sid, name, exc)
+            if not any(f.schedule_id == sid for f in met):
+                self.set_aside(conn, sid, fault, now, owner)
+                met.append(fault)
+            return None
 
     # -- running ----------------------------------------------------------------------------------
 
@@ -441,7 +594,3 @@ class _HotSql:
             f"WHERE schedule_id = {p('b_sid')} AND occurrence_key = {p('b_key')} AND fencing = {p('b_f')} "
             f"AND state = 'running'"
         )
-
-
-def _allows_overlap(definition: str) -> bool:
-    return bool(json.loads(definition).get("overlap") == "allow")

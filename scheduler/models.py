@@ -6,13 +6,17 @@ needs to decide what is due comes from it plus the durable watermark.
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from kernel.canonical import check_json
 
 
 class ScheduleError(StrEnum):
@@ -35,9 +39,21 @@ class ScheduleError(StrEnum):
     ACTION_FAILED = "action_failed"
     LEASE_LOST = "lease_lost"
     ROLE_NOT_AUTHORIZED = "role_not_authorized"  # the caller's credential may not do this (the kernel's code)
+    SCHEDULE_INVALID = "schedule_invalid"  # a stored definition cannot be read or computed: set aside, never run
 
 
 CLOCK_JUMP = "clock_jump"  # why a watermark was clamped: it stood further ahead of the clock than allowed
+SET_ASIDE = "invalid"  # pause_reason of a schedule whose stored definition cannot be read or computed
+
+# Bounds (docs/scheduler.md, "Bounds"). Every duration and count a schedule holds is bounded, so no value,
+# however it was written, can overflow the date arithmetic of a tick or the database's 64-bit integers.
+MAX_DURATION_S = 10 * 365 * 86400  # ten years of 365 days: every, grace, catchup_window, jitter, run_for
+MAX_CATCHUP = 1000  # catchup_max: occurrences caught up in one pass
+MAX_FUSE = 1000  # fuse: consecutive no-progress fires before the schedule pauses
+MAX_ATTEMPTS = 100  # max_attempts: runs of one occurrence
+MAX_BACKFILL = 10_000  # backfill --max
+MIN_INSTANT = datetime(1970, 1, 1, tzinfo=UTC)  # instants given (at, start, backfill and simulation times)
+MAX_INSTANT = datetime(9000, 1, 1, tzinfo=UTC)  # ... lie in [MIN_INSTANT, MAX_INSTANT)
 
 
 class SchedulerException(Exception):
@@ -98,27 +114,50 @@ _DURATION = re.compile(r"(\d+)\s*(w|d|h|m|s)", re.IGNORECASE)
 _UNIT_S = {"w": 604800, "d": 86400, "h": 3600, "m": 60, "s": 1}
 
 
+def shown(value: object, limit: int = 40) -> str:
+    """A value for a message: short, and never the (slow, size-limited) decimal form of a huge integer."""
+    if isinstance(value, int) and value.bit_length() > 128:
+        return f"an integer of {value.bit_length()} bits"
+    text = str(value)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _too_long(value: object) -> SchedulerException:
+    return SchedulerException(ScheduleError.INVALID_DURATION, f"{shown(value)} is longer than ten years "
+                              f"({MAX_DURATION_S} s), the most a duration may be")
+
+
 def parse_duration(value: str | int | float) -> int:
-    """``"1h30m"``, ``"90s"``, ``"2d"`` or a number of seconds -> whole seconds."""
+    """``"1h30m"``, ``"90s"``, ``"2d"`` or a number of seconds -> whole seconds, at most ``MAX_DURATION_S``."""
     if isinstance(value, bool):
         raise SchedulerException(ScheduleError.INVALID_DURATION, f"not a duration: {value!r}")
     if isinstance(value, int | float):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise SchedulerException(ScheduleError.INVALID_DURATION, f"not a duration: {value!r}")
         if value < 0:
             raise SchedulerException(ScheduleError.INVALID_DURATION, f"negative duration: {value!r}")
+        if value > MAX_DURATION_S:
+            raise _too_long(value)
         return int(value)
     text = str(value).strip()
-    if text.isdigit():
-        return int(text)
-    parts = _DURATION.findall(text)
-    if not parts or _DURATION.sub("", text).strip():
+    seconds = re.fullmatch(r"[0-9]+", text) is not None  # str.isdigit() also accepts "²", which int() refuses
+    parts = [(text, "s")] if seconds else _DURATION.findall(text)
+    if not parts or (not seconds and _DURATION.sub("", text).strip()):
         raise SchedulerException(
-            ScheduleError.INVALID_DURATION, f"not a duration: {value!r} (use e.g. 30s, 15m, 1h30m, 2d)"
+            ScheduleError.INVALID_DURATION, f"not a duration: {shown(text)!r} (use e.g. 30s, 15m, 1h30m, 2d)"
         )
-    return sum(int(n) * _UNIT_S[u.lower()] for n, u in parts)
+    total = 0
+    for n, u in parts:
+        if len(n.lstrip("0")) > 12:  # longer than any bounded duration; int() of a huge string is costly
+            raise _too_long(text)
+        total += int(n) * _UNIT_S[u.lower()]
+    if total > MAX_DURATION_S:
+        raise _too_long(text)
+    return total
 
 
 def parse_instant(value: str | datetime, tz: str = "UTC") -> datetime:
-    """ISO 8601 -> aware UTC datetime; a naive value is read in ``tz``."""
+    """ISO 8601 -> aware UTC datetime in [``MIN_INSTANT``, ``MAX_INSTANT``); a naive value is read in ``tz``."""
     if isinstance(value, datetime):
         dt = value
     else:
@@ -128,7 +167,14 @@ def parse_instant(value: str | datetime, tz: str = "UTC") -> datetime:
             raise SchedulerException(ScheduleError.INVALID_SPEC, f"not an ISO 8601 time: {value!r}") from exc
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=zone(tz))
-    return dt.astimezone(UTC)
+    try:
+        dt = dt.astimezone(UTC)
+    except (OverflowError, ValueError) as exc:
+        raise SchedulerException(ScheduleError.INVALID_SPEC, f"time out of range: {value!r}") from exc
+    if not MIN_INSTANT <= dt < MAX_INSTANT:
+        raise SchedulerException(ScheduleError.INVALID_SPEC,
+                                 f"time out of range: {value!r} (times lie from 1970-01-01 to before 9000-01-01 UTC)")
+    return dt
 
 
 def zone(name: str) -> ZoneInfo:
@@ -152,8 +198,8 @@ class ActionSpec(BaseModel):
     idempotent: bool = False  # call only: safe to re-run after a crash (same dedup key, attempt + 1)
     only_if_changed: bool = False
     watch: str | None = None  # registered probe whose digest is the watched state
-    fuse: int = Field(default=3, ge=0)  # pause after this many consecutive no-progress fires; 0 = off
-    max_attempts: int = Field(default=3, ge=1)
+    fuse: int = Field(default=3, ge=0, le=MAX_FUSE)  # pause after this many consecutive no-progress fires; 0 = off
+    max_attempts: int = Field(default=3, ge=1, le=MAX_ATTEMPTS)
 
     @model_validator(mode="after")
     def _check(self) -> ActionSpec:
@@ -169,6 +215,11 @@ class ActionSpec(BaseModel):
             raise ValueError("call needs a registered callable name")
         if self.only_if_changed and not self.watch:
             raise ValueError("only_if_changed needs a watch probe")
+        # Stored as canonical JSON and rendered into commands: plain JSON only (no NaN, no integer beyond 2**53).
+        if self.template is not None:
+            check_json(self.template, "template")
+        if self.payload is not None:
+            check_json(self.payload, "payload")
         return self
 
     @property
@@ -197,11 +248,11 @@ class ScheduleSpec(BaseModel):
     spec: str
     tz: str = "UTC"
     misfire: Misfire = Misfire.LATEST_ONCE
-    catchup_window: int = Field(default=3600, ge=0)  # seconds
-    catchup_max: int = Field(default=10, ge=1)
-    grace: int = Field(default=60, ge=0)  # seconds late that still count as on time
+    catchup_window: int = Field(default=3600, ge=0, le=MAX_DURATION_S)  # seconds
+    catchup_max: int = Field(default=10, ge=1, le=MAX_CATCHUP)
+    grace: int = Field(default=60, ge=0, le=MAX_DURATION_S)  # seconds late that still count as on time
     overlap: Overlap = Overlap.SKIP
-    jitter: int = Field(default=0, ge=0)  # seconds, deterministic per occurrence
+    jitter: int = Field(default=0, ge=0, le=MAX_DURATION_S)  # seconds, deterministic per occurrence
     dst: Literal["wall", "elapsed"] = "wall"  # cron/calendar dedup keys: local wall minute or UTC instant
     start: str | None = None  # interval anchor / calendar start date (ISO); default: creation time
     owner_role: str = "ADMIN"
@@ -231,9 +282,15 @@ _USER_KINDS = {"cron": Kind.CRON, "every": Kind.INTERVAL, "at": Kind.DATE, "cale
 _DURATION_KEYS = ("catchup_window", "grace", "jitter")
 
 
-def spec_from_user(data: dict[str, Any], *, name: str | None = None) -> ScheduleSpec:
+def _label(labels: Mapping[str, str] | None, key: str) -> str:
+    return (labels or {}).get(key, key)
+
+
+def spec_from_user(data: dict[str, Any], *, name: str | None = None,
+                   labels: Mapping[str, str] | None = None) -> ScheduleSpec:
     """Build a spec from the user-facing form (CLI flags / simulate JSON): exactly one of
-    ``cron``/``every``/``at``/``calendar``, durations as ``"1h"`` strings or seconds."""
+    ``cron``/``every``/``at``/``calendar``, durations as ``"1h"`` strings or seconds. ``labels`` names
+    fields in messages as the caller knows them (the CLI: ``--grace``)."""
     if not isinstance(data, dict):
         raise SchedulerException(ScheduleError.INVALID_SPEC, "a schedule must be a JSON object")
     fields = dict(data)
@@ -249,27 +306,53 @@ def spec_from_user(data: dict[str, Any], *, name: str | None = None) -> Schedule
         key = given[0]
         fields["kind"] = _USER_KINDS[key]
         raw = fields.pop(key)
-        fields["spec"] = str(parse_duration(raw)) if key == "every" else str(raw)
+        fields["spec"] = str(_duration(raw, _label(labels, key))) if key == "every" else str(raw)
         for other in _USER_KINDS:
             fields.pop(other, None)
     for key in _DURATION_KEYS:
         if key in fields and fields[key] is not None:
-            fields[key] = parse_duration(fields[key])
+            fields[key] = _duration(fields[key], _label(labels, key))
     if name is not None:
         fields["name"] = name
     fields.setdefault("name", "schedule")
     try:
         spec = ScheduleSpec.model_validate(fields)
     except ValidationError as exc:
-        raise SchedulerException(ScheduleError.INVALID_SPEC, _first_error(exc)) from exc
+        raise SchedulerException(ScheduleError.INVALID_SPEC, first_error(exc, labels)) from exc
     # Importing here keeps models free of the APScheduler dependency for callers that only parse.
     from scheduler.triggers import build_trigger
 
-    build_trigger(spec, datetime.now(UTC))  # validates the expression itself
+    try:
+        if spec.start is not None:
+            parse_instant(spec.start, spec.tz)
+    except SchedulerException as exc:
+        raise SchedulerException(exc.code, f"{_label(labels, 'start')}: {exc.message}") from None
+    try:
+        build_trigger(spec, datetime.now(UTC))  # validates the expression itself
+    except SchedulerException as exc:
+        user_key = next((k for k, v in _USER_KINDS.items() if v is spec.kind), spec.kind.value)
+        raise SchedulerException(exc.code, f"{_label(labels, user_key)}: {exc.message}") from None
     return spec
 
 
-def _first_error(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err.get("loc", ()))
-    return f"{loc}: {err.get('msg')}" if loc else str(err.get("msg"))
+def _duration(value: Any, label: str) -> int:
+    try:
+        return parse_duration(value)
+    except SchedulerException as exc:
+        raise SchedulerException(exc.code, f"{label}: {exc.message}") from None
+
+
+def first_error(exc: ValidationError, labels: Mapping[str, str] | None = None) -> str:
+    """The first validation error, readable: the field (as ``labels`` names it), the rule, the value."""
+    err = exc.errors(include_url=False)[0]
+    loc = ".".join(_label(labels, str(p)) for p in err.get("loc", ()))
+    ctx = err.get("ctx") or {}
+    kind = err.get("type")
+    if kind in ("less_than_equal", "greater_than_equal") and "input" in err:
+        bound = "at most" if kind == "less_than_equal" else "at least"
+        msg = f"must be {bound} {ctx.get('le', ctx.get('ge'))} (got {shown(err['input'])})"
+    else:
+        msg = str(err.get("msg"))
+        if kind == "value_error":
+            msg = msg.removeprefix("Value error, ")
+    return f"{loc}: {msg}" if loc else msg

@@ -34,7 +34,8 @@ from kernel.logging import get_logger
 from kernel.store.db import Database
 from scheduler.actions import ActionRegistry, execute
 from scheduler.clockjump import DEFAULT_MAX_CLOCK_SKEW, ClockJump, clamp_clock_jumps
-from scheduler.ledger import NOTIFY_CHANNEL, Claim, Ledger, Outcome
+from scheduler.ledger import NOTIFY_CHANNEL, Claim, Ledger, Outcome, ScheduleFault
+from scheduler.models import ScheduleError, SchedulerException
 from scheduler.tables import install
 
 log = get_logger(__name__)
@@ -68,12 +69,29 @@ class TickReport:
     outcomes: list[Outcome] = field(default_factory=list)
     lost: list[Outcome] = field(default_factory=list)
     clock_jumps: list[ClockJump] = field(default_factory=list)
+    faults: list[ScheduleFault] = field(default_factory=list)  # schedules set aside in this pass
 
     def summary(self) -> dict[str, Any]:
         counts: dict[str, int] = {}
         for o in self.outcomes:
             counts[o.state.value] = counts.get(o.state.value, 0) + 1
-        return {"claimed": self.claimed, "outcomes": counts, "lease_lost": len(self.lost)}
+        out: dict[str, Any] = {"claimed": self.claimed, "outcomes": counts, "lease_lost": len(self.lost)}
+        if self.faults:
+            out["set_aside"] = [f.name for f in self.faults]
+        return out
+
+
+class SchedulesSetAside(SchedulerException):
+    """Raised by ``SchedulerRuntime.tick`` after a pass that did all its other work but had to set schedules
+    aside, so the pass is reported as failed (`up --once` says degraded); ``report`` is the whole pass."""
+
+    def __init__(self, report: TickReport) -> None:
+        names = ", ".join(f"{f.name} ({f.error})" for f in report.faults[:5])
+        more = f" and {len(report.faults) - 5} more" if len(report.faults) > 5 else ""
+        super().__init__(ScheduleError.SCHEDULE_INVALID,
+                         f"{len(report.faults)} schedule(s) set aside (paused, reason invalid), the others ran: "
+                         f"{names}{more}")
+        self.report = report
 
 
 class LeaseKeeper:
@@ -180,15 +198,20 @@ class SchedulerRuntime:
             self._fault("after_action")
         return outcomes
 
-    def tick(self, now: datetime | None = None) -> TickReport:
+    def tick(self, now: datetime | None = None, *, raise_set_aside: bool = True) -> TickReport:
         """One durable pass: claim what is due (committed), run it, record the outcomes.
-        Used by ``--once`` and by tests; ``now`` overrides the clock."""
+        Used by ``--once`` and by tests; ``now`` overrides the clock.
+
+        A schedule that cannot be computed is set aside and the pass goes on with the others; then, once
+        everything else is done, the pass raises ``SchedulesSetAside`` (unless ``raise_set_aside`` is false:
+        the report lists them), so the caller's stage is reported as failed."""
         at = now or self.clock()
         self._heartbeat(at)
+        self.ledger.take_set_aside()  # only this pass's: the long-running loop logs and moves on
         jumps = self.check_clock(at)
         claims = self.ledger.claim_due(self.owner, at)
         self._fault("after_claim")
-        report = TickReport(claimed=len(claims), clock_jumps=jumps)
+        report = TickReport(claimed=len(claims), clock_jumps=jumps, faults=self.ledger.take_set_aside())
         keeper = LeaseKeeper(self.ledger, self.clock) if now is None and claims else None
         if keeper:
             keeper.hold(claims)
@@ -200,6 +223,8 @@ class SchedulerRuntime:
                 keeper.stop()
         self._fault("before_finish")
         report.lost = self.ledger.finish(report.outcomes, now or self.clock())
+        if report.faults and raise_set_aside:
+            raise SchedulesSetAside(report)
         return report
 
     async def run(self, stop_event: asyncio.Event) -> None:
@@ -239,6 +264,7 @@ class SchedulerRuntime:
                     await asyncio.to_thread(self._heartbeat, now)
                     await asyncio.to_thread(self.check_clock, now)
                     claims = await asyncio.to_thread(self.ledger.claim_due, self.owner, now)
+                    self.ledger.take_set_aside()  # logged where they were set aside; the others run on
                     if claims:
                         keeper.hold(claims)
                     for group in group_by_schedule(claims):

@@ -100,6 +100,19 @@ schedule_clamp = sa.Table(
     sa.PrimaryKeyConstraint("schedule_id", "recorded_utc", name="pk_schedule_clamp"),
 )
 
+# Schedules set aside because their stored definition could not be read or computed (reason ``invalid``):
+# one row each time a pass met one. A table of its own, so earlier databases gain it through create-if-missing.
+schedule_fault = sa.Table(
+    "schedule_fault",
+    metadata,
+    sa.Column("schedule_id", sa.Text, sa.ForeignKey("schedule.id"), nullable=False),
+    sa.Column("recorded_utc", sa.Text, nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("error", sa.Text, nullable=False),  # the exception's class and message
+    sa.Column("by", sa.Text, nullable=False),  # the coordinator (or verb) that met it
+    sa.PrimaryKeyConstraint("schedule_id", "recorded_utc", name="pk_schedule_fault"),
+)
+
 coordinator = sa.Table(
     "coordinator",
     metadata,

@@ -26,7 +26,16 @@ from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
-from scheduler.models import Kind, ScheduleError, SchedulerException, ScheduleSpec, parse_instant, zone
+from scheduler.models import (
+    MAX_DURATION_S,
+    Kind,
+    ScheduleError,
+    SchedulerException,
+    ScheduleSpec,
+    parse_instant,
+    shown,
+    zone,
+)
 
 _DOW_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
 _MACROS = {
@@ -39,7 +48,14 @@ _MACROS = {
     "@hourly": "0 * * * *",
 }
 _CALENDAR_KEYS = ("years", "months", "weeks", "days", "hour", "minute", "second")
+# The most each calendar field may be: the intervals stay within ten years (MAX_DURATION_S), the time of day
+# within a day.
+CALENDAR_MAX = {"years": 10, "months": 120, "weeks": 521, "days": 3650, "hour": 23, "minute": 59, "second": 59}
 _MICRO = timedelta(microseconds=1)
+# Occurrences end before this instant (a trigger past it is exhausted): the date arithmetic of a tick (a
+# local time, a jitter) stays within datetime's range whatever the schedule.
+LAST_NOMINAL = datetime(9999, 1, 1, tzinfo=UTC)
+_LATEST = datetime.max.replace(tzinfo=UTC)
 
 
 def _bad(message: str) -> SchedulerException:
@@ -115,9 +131,11 @@ def parse_calendar(text: str) -> dict[str, int]:
         if not part:
             continue
         key, sep, value = part.partition("=")
-        key = key.strip().lower()
-        if not sep or key not in _CALENDAR_KEYS or not value.strip().isdigit():
-            raise _bad(f"bad calendar field {part!r}; use key=N with keys {', '.join(_CALENDAR_KEYS)}")
+        key, value = key.strip().lower(), value.strip()
+        if not sep or key not in _CALENDAR_KEYS or not re.fullmatch(r"[0-9]+", value):
+            raise _bad(f"bad calendar field {shown(part)!r}; use key=N with keys {', '.join(_CALENDAR_KEYS)}")
+        if len(value.lstrip("0")) > 6 or int(value) > CALENDAR_MAX[key]:
+            raise _bad(f"calendar {key}={shown(value)} is out of range: {key} may be at most {CALENDAR_MAX[key]}")
         out[key] = int(value)
     if not any(out.get(k) for k in ("years", "months", "weeks", "days")):
         raise _bad("calendar interval needs a positive years, months, weeks or days")
@@ -167,9 +185,10 @@ class Trigger:
             if spec.kind is Kind.CRON:
                 return crontab_trigger(spec.spec, tz)
             if spec.kind is Kind.INTERVAL:
-                seconds = int(spec.spec)
-                if seconds < 1:
-                    raise _bad("interval must be at least 1s")
+                text = spec.spec.strip()
+                if not re.fullmatch(r"[0-9]{1,12}", text) or not 1 <= int(text) <= MAX_DURATION_S:
+                    raise _bad(f"interval must be 1 to {MAX_DURATION_S} seconds (ten years), not {shown(text)!r}")
+                seconds = int(text)
                 # Interval time is elapsed time: computed in UTC, first fire one interval after the anchor.
                 start = parse_instant(spec.start, spec.tz) if spec.start else self.anchor + timedelta(seconds=seconds)
                 return IntervalTrigger(seconds=seconds, start_date=start, timezone=UTC)
@@ -180,10 +199,10 @@ class Trigger:
                 else self.anchor.astimezone(tz).date()
             )
             return CalendarIntervalTrigger(**parse_calendar(spec.spec), start_date=start_day, timezone=tz)
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, OverflowError) as exc:
             if isinstance(exc, SchedulerException):
                 raise
-            raise _bad(f"bad {spec.kind.value} spec {spec.spec!r}: {exc}") from exc
+            raise _bad(f"bad {spec.kind.value} spec {shown(spec.spec)!r}: {exc}") from exc
 
     def next_after(self, w: datetime) -> datetime | None:
         """First nominal instant strictly after ``w`` (UTC), or None when the trigger is exhausted.
@@ -200,25 +219,31 @@ class Trigger:
         return nxt
 
     def _next_after(self, w: datetime) -> datetime | None:
+        if w >= LAST_NOMINAL:
+            return None
+        try:
+            nxt = self._aps_next(w)
+        except OverflowError:  # past the end of datetime's range: nothing comes after
+            return None
+        if nxt is None:
+            return None
+        nxt = nxt.astimezone(UTC)
+        return nxt if w < nxt < LAST_NOMINAL else None
+
+    def _aps_next(self, w: datetime) -> datetime | None:
         aps = self._aps
         if self.kind is Kind.DATE:
-            nxt = aps.get_next_fire_time(None, w)
-        elif self.kind is Kind.CALENDAR:
+            return aps.get_next_fire_time(None, w)
+        if self.kind is Kind.CALENDAR:
             if self._first is None:
                 self._first = aps.get_next_fire_time(None, w)
             first = self._first
             if first is not None and first.astimezone(UTC) > w:
-                nxt = first
-            else:
-                nxt = aps.get_next_fire_time(w.astimezone(self.tz), w)
-        else:
-            # previous_fire_time=None: 3.11.3 can return the previous instant again when handed a UTC
-            # previous fire time inside a DST fold; "first fire >= w + 1us" has no such trap.
-            nxt = aps.get_next_fire_time(None, w + _MICRO)
-        if nxt is None:
-            return None
-        nxt = nxt.astimezone(UTC)
-        return nxt if nxt > w else None
+                return first
+            return aps.get_next_fire_time(w.astimezone(self.tz), w)
+        # previous_fire_time=None: 3.11.3 can return the previous instant again when handed a UTC
+        # previous fire time inside a DST fold; "first fire >= w + 1us" has no such trap.
+        return aps.get_next_fire_time(None, w + _MICRO)
 
     def iter_after(self, w: datetime, until: datetime | None = None) -> Iterator[datetime]:
         n = self.next_after(w)
@@ -254,7 +279,8 @@ class Trigger:
     def due(self, nominal: datetime, key: str | None = None) -> datetime:
         if not self._jitter:
             return nominal
-        return nominal + self.jitter_for(key if key is not None else self.key(nominal))
+        delay = self.jitter_for(key if key is not None else self.key(nominal))
+        return nominal + delay if nominal < _LATEST - delay else _LATEST
 
 
 def build_trigger(spec: ScheduleSpec, anchor: datetime, schedule_id: str = "") -> Trigger:

@@ -2,7 +2,8 @@
 
 Every command prints one JSON document on stdout (docs/scheduler.md, "CLI"). Exit codes: 0 ok,
 2 rejected (a credential that stands for nobody, a caller not authorized, unknown schedule, name taken,
-backfill too large), 64 usage (bad flags or values), 65 unreadable or invalid input file.
+backfill too large, a stored definition that cannot be computed), 64 usage (bad flags or values, values out
+of bounds), 65 unreadable or invalid input file. No value, however large, ends in a traceback.
 
 Every verb that touches the store first resolves the caller's credential, so a bogus or empty token is
 refused before anything is read or written; changes are authorized by role in ``Schedules``
@@ -18,6 +19,7 @@ from typing import Any, NoReturn
 
 import typer
 import yaml
+from pydantic import ValidationError
 
 from kernel.cli.common import Exit, emit, fail, get_ctx, reject
 from kernel.model.principal import Principal
@@ -29,6 +31,7 @@ from scheduler.models import (
     ActionType,
     ScheduleError,
     SchedulerException,
+    first_error,
     parse_instant,
     spec_from_user,
 )
@@ -37,7 +40,15 @@ from scheduler.tables import install
 
 app = typer.Typer(no_args_is_help=True, help="Durable schedules for automations (docs/scheduler.md).")
 
-_REJECTED = {ScheduleError.SCHEDULE_NOT_FOUND, ScheduleError.SCHEDULE_EXISTS, ScheduleError.BACKFILL_TOO_LARGE}
+_REJECTED = {ScheduleError.SCHEDULE_NOT_FOUND, ScheduleError.SCHEDULE_EXISTS, ScheduleError.BACKFILL_TOO_LARGE,
+             ScheduleError.SCHEDULE_INVALID}
+# How `add` names a field in messages: the flag that sets it.
+FLAGS = {"cron": "--cron", "every": "--every", "at": "--at", "calendar": "--calendar", "tz": "--tz",
+         "misfire": "--misfire", "catchup_window": "--catchup-window", "catchup_max": "--catchup-max",
+         "grace": "--grace", "overlap": "--overlap", "jitter": "--jitter", "dst": "--dst", "start": "--start",
+         "owner_role": "--owner", "name": "NAME", "type": "--action", "template": "--template",
+         "session": "--session", "kind": "--kind", "payload": "--payload", "callable": "--callable",
+         "watch": "--watch", "fuse": "--fuse", "max_attempts": "--max-attempts"}
 
 
 def _fail(exc: SchedulerException, *, data_error: bool = False) -> NoReturn:
@@ -63,10 +74,18 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+def _flag(flag: str, parse: Any, *args: Any) -> Any:
+    """``parse(*args)``, its error naming ``flag``."""
+    try:
+        return parse(*args)
+    except SchedulerException as exc:
+        raise SchedulerException(exc.code, f"{flag}: {exc.message}") from None
+
+
 def _read_template(path: Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))  # YAML is a superset of JSON
-    except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
+    except (OSError, yaml.YAMLError, ValueError, RecursionError) as exc:  # ValueError: UnicodeDecodeError too
         raise SchedulerException(ScheduleError.INVALID_TEMPLATE, f"cannot read template {path}: {exc}") from exc
     if not isinstance(data, dict):
         raise SchedulerException(ScheduleError.INVALID_TEMPLATE, f"template {path} must be a mapping")
@@ -101,8 +120,8 @@ def _action(
         fields.update(callable=callable_name, idempotent=idempotent)
     try:
         return ActionSpec.model_validate(fields)
-    except ValueError as exc:
-        raise SchedulerException(ScheduleError.INVALID_ACTION, str(exc).splitlines()[-1].strip()) from exc
+    except ValidationError as exc:
+        raise SchedulerException(ScheduleError.INVALID_ACTION, first_error(exc, FLAGS)) from None
 
 
 @app.command("add")
@@ -145,7 +164,7 @@ def add(
             "cron": cron, "every": every, "at": at, "calendar": calendar, "tz": tz, "misfire": misfire,
             "catchup_window": catchup_window, "catchup_max": catchup_max, "grace": grace, "overlap": overlap,
             "jitter": jitter, "dst": dst, "start": start, "owner_role": owner or principal.role,
-        }, name=name)
+        }, name=name, labels=FLAGS)
         spec = spec.model_copy(update={"action": act})
         now = _now()
         row = schedules.add(spec, now, by=principal)
@@ -169,8 +188,12 @@ def show(ctx: typer.Context, name: str) -> None:
         s = schedules.get(name)
     except SchedulerException as exc:
         _fail(exc)
-    emit({**schedules.view(s), "next": schedules.upcoming(s, _now(), 5), "outcomes": schedules.outcomes(s, 10),
-          "clock_jumps": recent_clamps(schedules.ledger, s.id, 10)})
+    try:
+        upcoming = schedules.upcoming(s, _now(), 5)
+    except SchedulerException:  # a definition that cannot be computed is shown with its error and faults
+        upcoming = []
+    emit({**schedules.view(s), "next": upcoming, "outcomes": schedules.outcomes(s, 10),
+          "clock_jumps": recent_clamps(schedules.ledger, s.id, 10), "faults": schedules.faults(s, 10)})
 
 
 def _change(ctx: typer.Context, name: str, verb: str) -> None:
@@ -213,8 +236,9 @@ def backfill(
     schedules, principal = _open(ctx)
     try:
         s = schedules.get(name)
-        result = schedules.backfill(name, parse_instant(from_, s.spec.tz), parse_instant(to, s.spec.tz), _now(),
-                                    max_count, by=principal)
+        tz = s.spec.tz if s.error is None else "UTC"
+        result = schedules.backfill(name, _flag("--from", parse_instant, from_, tz),
+                                    _flag("--to", parse_instant, to, tz), _now(), max_count, by=principal)
     except SchedulerException as exc:
         _fail(exc)
     emit(result)
@@ -226,9 +250,10 @@ def next_(ctx: typer.Context, name: str, count: int = typer.Option(5, "--count",
     schedules, _ = _open(ctx)
     try:
         s = schedules.get(name)
+        upcoming = schedules.upcoming(s, _now(), count)
     except SchedulerException as exc:
         _fail(exc)
-    emit({"name": name, "next": schedules.upcoming(s, _now(), count)})
+    emit({"name": name, "next": upcoming})
 
 
 @app.command("simulate")
@@ -237,7 +262,7 @@ def simulate(spec_file: Path = typer.Argument(..., help="Simulation input JSON (
     try:
         text = typer.get_text_stream("stdin").read() if str(spec_file) == "-" else spec_file.read_text("utf-8")
         doc = json.loads(text)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, huge integers
         fail(Exit.DATAERR, f"cannot read {spec_file}: {exc}", reason=ScheduleError.INVALID_SIMULATION.value)
     try:
         emit(run_simulation(doc))
