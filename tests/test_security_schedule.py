@@ -1,4 +1,5 @@
-"""Issue 9, scheduler part: a schedule acts as its creator, never above it; forward clock jumps are clamped.
+"""Issue 9, scheduler part: a schedule acts as its creator, never above it; forward clock jumps are clamped;
+poison numbers are usage errors; one schedule that cannot be computed never stops the others.
 
 The attacker is another `taskkernel` process holding a DEV token, a run's task-scoped token, or a bogus
 or empty one; the owner's CLI reads its credential file. Processes are costly (about a second of CPU
@@ -23,6 +24,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 import typer
+from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from kernel.automations import max_clock_skew
@@ -34,10 +36,21 @@ from kernel.sessionlog import SessionLog
 from kernel.store.db import Database
 from scheduler import ActionContext, ActionRegistry, ActionSpec, Ledger, SchedulerRuntime, Schedules, install
 from scheduler.clockjump import recent_clamps
-from scheduler.models import ActionType, Creator, SchedulerException, spec_from_user
+from scheduler.models import (
+    MAX_DURATION_S,
+    ActionType,
+    Creator,
+    ScheduleError,
+    SchedulerException,
+    ScheduleSpec,
+    parse_duration,
+    parse_instant,
+    spec_from_user,
+)
+from scheduler.runtime import SchedulesSetAside
 from scheduler.simulate import sim_registry
-from scheduler.tables import occurrence, schedule
-from scheduler.triggers import db_time
+from scheduler.tables import occurrence, schedule, schedule_fault
+from scheduler.triggers import db_time, parse_calendar
 from tests.cli_support import CLI, Run, cli_env
 
 OWNER = Principal("ADMIN", "local-owner")  # the principal of the credential `init` writes for the owner
@@ -285,3 +298,199 @@ def test_an_agents_schedule_speaks_with_its_own_role_in_sessions(sqlite_db: Data
     assert [r.accepted_by for r in log.records("dev-notes")] == ["DEV:scheduler:note"]  # an agent's trust
     assert [r.accepted_by for r in log.records("notes")] == ["SYSTEM:scheduler"]
     assert log.owner("dev-notes") == "DEV:scheduler:note"
+
+
+# -- poison numbers: a usage error or a coded refusal, never a traceback; one bad schedule never stops the others --
+
+BIG = str(2**64)
+INT64 = "9223372036854775807s"
+EVERY = ("--every", "1h")
+POISON_ADDS = [  # (flags, the flag the message must name)
+    (("--every", "99999999999999999999999h"), "--every"),
+    (("--every", INT64), "--every"),
+    (("--calendar", "months=99999999999999999999"), "--calendar"),
+    (("--start", "0001-01-01T00:00:00Z", *EVERY), "--start"),
+    (("--max-attempts", "-1", *EVERY), "--max-attempts"),
+    *[((flag, BIG, *EVERY), flag) for flag in ("--catchup-max", "--fuse", "--max-attempts", "--jitter",
+                                               "--catchup-window", "--grace")],
+    *[((flag, INT64, *EVERY), flag) for flag in ("--jitter", "--grace")],
+    (("--catchup-window", INT64, "--misfire", "all", *EVERY), "--catchup-window"),
+]
+
+
+def test_poison_numbers_are_usage_errors_and_write_nothing(tmp_path: Path) -> None:
+    t = new_team(tmp_path / "ws", {})
+    dev = issue_token(t.db, "DEV")
+    dev_principal = Principal("DEV", "dev")
+    t.schedules.add(create_task_spec("j4", cron="0 * * * *", owner_role="DEV"), datetime.now(UTC), by=dev_principal)
+    tpl = ("--action", "create_task", "--template", "t.yaml")
+    calls = [as_(dev, "schedule", "add", f"p{i}", *flags, *tpl) for i, (flags, _) in enumerate(POISON_ADDS)]
+    calls += [as_(dev, "schedule", "backfill", "j4", "--from", "0001-01-01T00:00:00Z", "--to", "2026-01-01T00:00:00Z"),
+              as_(dev, "schedule", "backfill", "j4", *PAST, "--max", BIG)]
+    results = t.run(*calls)
+    for (args, _), r in zip(calls, results, strict=True):
+        assert r.code == 64, (args, r.code, r.out, r.err)
+        assert "Traceback" not in r.err, (args, r.err)
+        doc = r.json
+        assert doc["status"] == "error" and doc["code"] == "usage" and doc["reason"].startswith("invalid_"), doc
+        assert "pydantic" not in doc["message"], doc
+    for (flags, flag), r in zip(POISON_ADDS, results, strict=False):
+        assert r.json["message"].startswith(f"{flag}:"), (flags, r.json)
+    assert [s.name for s in t.schedules.all()] == ["j4"]  # nothing written
+    [j4] = t.schedules.all()
+    assert (j4.revision, t.schedules.outcomes(j4)) == (0, [])
+    t.db.dispose()
+
+
+def poison(db: Database, name: str, **patch: Any) -> None:
+    """Rewrite a stored definition past the API's checks, as a hand edit or an older release could."""
+    with db.write() as uow:
+        text = uow.conn.execute(sa.select(schedule.c.definition).where(schedule.c.name == name)).scalar_one()
+        definition = {**json.loads(text), **patch}
+        uow.conn.execute(schedule.update().where(schedule.c.name == name).values(definition=json.dumps(definition)))
+
+
+def test_a_stored_poison_schedule_is_set_aside_and_the_others_fire_through_up_once(tmp_path: Path) -> None:
+    t = new_team(tmp_path / "ws", {})
+    created = datetime.now(UTC) - timedelta(minutes=3)  # so an occurrence of each is due now
+    t.schedules.add(create_task_spec("adm", every="1m"), created, by=OWNER)
+    for name in ("evil", "evil-window"):
+        t.schedules.add(create_task_spec(name, every="1m", owner_role="DEV"), created, by=Principal("DEV", "dev"))
+    poison(t.db, "evil", grace=2**63 - 1)
+    poison(t.db, "evil-window", catchup_window=2**63 - 1, misfire="all")
+    up = t.owner("up", "--once")
+    assert up.code == 1 and up.json["status"] == "degraded", (up.out, up.err)  # the pass ran to its end
+    [failed] = up.json["failed_stages"]
+    assert failed["stage"] == "automations" and "evil" in failed["message"], failed
+    [fired] = [o for o in t.schedules.outcomes(t.schedules.get("adm")) if o["state"] != "missed"]
+    assert fired["state"] == "done" and fired["run_ref"].startswith("TASK-"), fired
+    listed = t.owner("schedule", "list")  # the list still reads, with the reason
+    assert listed.code == 0, listed.out
+    views = {v["name"]: v for v in listed.json["schedules"]}
+    for name in ("evil", "evil-window"):
+        assert (views[name]["paused"], views[name]["pause_reason"], views[name]["next_due"]) == (True, "invalid", None)
+        assert "must be at most 315360000" in views[name]["error"]
+    assert views["adm"]["paused"] is False and "error" not in views["adm"]
+    again = t.owner("up", "--once")  # set aside durably: the next pass is clean, the good one keeps firing
+    assert again.code == 0, again.out
+    t.db.dispose()
+
+
+def _good(name: str) -> ScheduleSpec:
+    return _spec(name, every="1h")
+
+
+POISONS: dict[str, dict[str, Any]] = {
+    "grace": {"grace": 2**63 - 1},
+    "window": {"catchup_window": 2**63 - 1, "misfire": "all"},
+    "jitter": {"jitter": 2**63 - 1},
+    "catchup": {"catchup_max": 2**64},
+    "interval": {"spec": "9" * 30},
+    "start": {"start": "0001-01-01T00:00:00+09:00"},
+    "action": {"action": {"type": "call", "callable": "simulate", "max_attempts": -1}},
+}
+
+
+def test_poison_definitions_are_set_aside_and_never_stop_the_others(any_db: Database) -> None:
+    install(any_db)
+    fired: Counter[str] = Counter()
+
+    def record(ctx: ActionContext) -> None:
+        fired[ctx.claim.name] += 1
+
+    rt = SchedulerRuntime(any_db, sim_registry(record), clock=lambda: T0, owner="c1")
+    admin = Schedules(rt.ledger)
+    admin.add_many([_good("good"), *[_good(name) for name in POISONS]], T0)
+    for name, patch in POISONS.items():
+        poison(any_db, name, **patch)
+    with any_db.write() as uow:  # not JSON at all
+        uow.conn.execute(schedule.update().where(schedule.c.name == "grace").values(definition="{not json"))
+    with pytest.raises(SchedulesSetAside) as caught:
+        rt.tick(T0 + timedelta(hours=1))
+    report = caught.value.report
+    assert caught.value.code is ScheduleError.SCHEDULE_INVALID
+    assert sorted(f.name for f in report.faults) == sorted(POISONS)
+    assert fired == {"good": 1} and [o.state.value for o in report.outcomes] == ["done"]
+    assert rt.tick(T0 + timedelta(hours=2)).claimed == 1 and fired == {"good": 2}  # set aside: a clean pass
+    views = {s.name: s for s in admin.all()}  # listing reads every row, however broken
+    for name in POISONS:
+        row = views[name]
+        assert (row.paused, row.pause_reason, row.next_due) == (True, "invalid", None), name
+        assert admin.view(row)["pause_reason"] == "invalid"
+        with pytest.raises(SchedulerException, match="schedule_invalid"):
+            admin.resume(name, T0 + timedelta(hours=2), by=OWNER)
+        with pytest.raises(SchedulerException, match="schedule_invalid"):
+            admin.upcoming(row, T0, 5)
+    assert "must be at most" in (views["catchup"].error or "") and views["good"].error is None
+    with any_db.read() as conn:
+        errors = dict(conn.execute(sa.select(schedule.c.name, schedule_fault.c.error)
+                                   .join(schedule, schedule.c.id == schedule_fault.c.schedule_id)).all())
+    assert set(errors) == set(POISONS) and "Invalid JSON" in errors["grace"] and "interval" in errors["interval"]
+    # The creator's role still manages its broken schedule; nobody else does.
+    with pytest.raises(SchedulerException, match="role_not_authorized"):
+        admin.remove("window", T0, by=Principal("DEV", "dev"))
+    assert admin.remove("window", T0, by=OWNER).removed
+
+
+def test_waiting_and_running_occurrences_of_a_poisoned_schedule_are_contained(sqlite_db: Database) -> None:
+    install(sqlite_db)
+    rt = SchedulerRuntime(sqlite_db, sim_registry(), clock=lambda: T0, owner="c1", lease_s=60)
+    admin = Schedules(rt.ledger)
+    admin.add_many([_good("good"), _good("queued"), _good("stuck")], T0)
+    rt.ledger.claim_due("dead", T0 + timedelta(hours=1))  # a coordinator claims all three, then dies
+    admin.backfill("queued", T0 + timedelta(hours=1), T0 + timedelta(hours=1), T0 + timedelta(hours=1))
+    with sqlite_db.write() as uow:  # one waits to be started again, one holds an expired lease
+        uow.conn.execute(occurrence.update().where(occurrence.c.schedule_id == admin.get("queued").id)
+                         .values(state="claimed", lease_owner=None, lease_until=None))
+    poison(sqlite_db, "queued", grace=2**63 - 1)
+    poison(sqlite_db, "stuck", jitter=2**63 - 1)
+    report = rt.tick(T0 + timedelta(hours=2), raise_set_aside=False)
+    assert sorted(f.name for f in report.faults) == ["queued", "stuck"]
+    assert [(o.claim.name, o.claim.key, o.state.value) for o in report.outcomes] == [
+        ("good", "2026-01-01T02:00:00Z", "done")]
+    with sqlite_db.read() as conn:
+        states = {(name, key): (state, detail) for name, key, state, detail in conn.execute(
+            sa.select(schedule.c.name, occurrence.c.occurrence_key, occurrence.c.state, occurrence.c.detail)
+            .join(schedule, schedule.c.id == occurrence.c.schedule_id))}
+    assert states["stuck", "2026-01-01T01:00:00Z"][0] == "abandoned"
+    assert "definition is invalid" in states["stuck", "2026-01-01T01:00:00Z"][1]
+    assert states["queued", "2026-01-01T01:00:00Z"][0] == "claimed"  # waits: a removal or a valid resume ends it
+    assert {key for name, key in states if name != "good"} <= {"2026-01-01T00:00:00Z", "2026-01-01T01:00:00Z"}
+
+
+def test_a_poisoned_schedule_far_ahead_is_set_aside_by_the_clock_check(sqlite_db: Database) -> None:
+    install(sqlite_db)
+    rt = SchedulerRuntime(sqlite_db, sim_registry(), clock=lambda: T0, owner="c1")
+    Schedules(rt.ledger).add_many([_good("good"), _good("ahead")], T0)
+    ahead = db_time(T0 + timedelta(days=3 * 365))
+    with sqlite_db.write() as uow:
+        uow.conn.execute(schedule.update().where(schedule.c.name == "ahead")
+                         .values(watermark_utc=ahead, next_due_utc=ahead))
+    poison(sqlite_db, "ahead", spec="0")
+    report = rt.tick(T0 + timedelta(hours=1), raise_set_aside=False)
+    assert [f.name for f in report.faults] == ["ahead"] and report.claimed == 1 and report.clock_jumps == []
+
+
+def test_bounds() -> None:
+    assert parse_duration("3650d") == MAX_DURATION_S == parse_duration(MAX_DURATION_S)
+    for bad in ("3651d", MAX_DURATION_S + 1, "9" * 5000, float("inf"), float("nan"), "²", 2**64):
+        with pytest.raises(SchedulerException, match="invalid_duration"):
+            parse_duration(bad)  # type: ignore[arg-type]
+    assert parse_calendar("years=10, hour=23") == {"years": 10, "hour": 23}
+    for bad in ("years=11", "months=121", "days=3651", "hour=24", "months=" + "9" * 5000):
+        with pytest.raises(SchedulerException, match="out of range"):
+            parse_calendar(bad)
+    for bad in ("1969-12-31T23:59:59Z", "9000-01-01T00:00:00Z", "0001-01-01T00:00:00"):
+        with pytest.raises(SchedulerException, match="out of range"):
+            parse_instant(bad, "Asia/Tokyo")
+    with pytest.raises(SchedulerException, match="catchup_max: must be at most 1000"):
+        spec_from_user({"every": "1h", "catchup_max": 1001})
+    for key, value in (("grace", MAX_DURATION_S + 1), ("jitter", 2**64)):
+        with pytest.raises(SchedulerException, match=f"invalid_duration: {key}: .* longer than ten years"):
+            spec_from_user({"every": "1h", key: value})
+        with pytest.raises(ValidationError, match="less than or equal to 315360000"):  # the model holds them too
+            ScheduleSpec.model_validate({"name": "x", "kind": "interval", "spec": "60", key: value})
+    with pytest.raises(SchedulerException, match=r"max_attempts: must be at most 100 \(got 101\)"):
+        spec_from_user({"every": "1h", "action": {"callable": "f", "max_attempts": 101}})
+    with pytest.raises(ValidationError, match="template.n: nan is not a JSON number"):
+        ActionSpec(type=ActionType.CREATE_TASK, template={"recipient": "PM", "subject": "s", "n": float("nan")})
