@@ -114,7 +114,7 @@ def _action(
         if payload:
             try:
                 fields["payload"] = json.loads(payload)
-            except json.JSONDecodeError as exc:
+            except (ValueError, RecursionError) as exc:  # JSONDecodeError, or an integer too long to read
                 raise SchedulerException(ScheduleError.INVALID_ACTION, f"--payload is not JSON: {exc}") from exc
     else:
         fields.update(callable=callable_name, idempotent=idempotent)
