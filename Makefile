@@ -18,7 +18,7 @@ demo: setup
 	$(BIN)/taskkernel demo
 
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto
 
 soak: setup
 	$(BIN)/python -m pytest -q -m soak
