@@ -102,8 +102,9 @@ RESERVED_KEY_PREFIXES = ("file:", "schedule:", "sched:", "run:", "dispatch:", "b
 
 
 def receipt_key(principal: Principal, idempotency_key: str) -> str:
-    """Receipts are scoped to the principal: one caller can never occupy (or replay) another's key."""
-    return f"{principal.id}\x1f{idempotency_key}"
+    """Receipts are scoped to the principal, and a run's credential to its task (``provenance``): one caller
+    can never occupy, or replay, another's key, nor a run another task's run's."""
+    return f"{principal.provenance}\x1f{idempotency_key}"
 
 
 def task_stream(task_id: str) -> str:

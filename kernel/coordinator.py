@@ -84,6 +84,7 @@ class PassStats:
 
 
 Stage = Callable[[], int]
+REFUSED = "_refused"  # suffix of the entries for writes the safe file layer refused (e.g. "ledger_refused")
 _CORE_FIELDS = {"dispatch": "dispatched", "wakes": "wakes", "runs": "runs"}  # stage -> PassStats field
 
 
@@ -146,8 +147,14 @@ class Coordinator:
                 setattr(stats, _CORE_FIELDS[name], done)
             else:
                 stats.extra[name] = done
-        for (op, reason), (count, path) in safeio.drain_refusals().items():
-            self._failed(stats, StageFailure(op, reason, f"{count} write(s) refused, last at {path}"), traceback=False)
+        refused = {f"{op}{REFUSED}": (reason, count, path)
+                   for (op, reason), (count, path) in safeio.drain_refusals().items()}
+        for name, (reason, count, path) in refused.items():
+            self._failed(stats, StageFailure(name, reason, f"{count} write(s) refused, last at {path}"),
+                         traceback=False)
+        for name in [n for n in self.failing if n.endswith(REFUSED) and n not in refused]:
+            del self.failing[name]
+            log.warning("coordinator_stage_recovered", stage=name)
         return stats
 
     def _failed(self, stats: PassStats, failure: StageFailure, traceback: bool = True) -> None:

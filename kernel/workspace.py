@@ -132,8 +132,9 @@ class Workspace:
         raise WorkspaceNotFound(f"no {CONFIG_NAME} in {start} or its parents; run `taskkernel init`")
 
 
-def init_workspace(root: Path, team: str = "dev-team") -> Workspace:
-    """Create (or complete) a workspace; never overwrites an existing file."""
+def init_workspace(root: Path, team: str = "dev-team", database: str | None = None) -> Workspace:
+    """Create (or complete) a workspace; never overwrites an existing file. ``database``: the URL a new
+    taskkernel.toml names, so every later command (and agent) finds the store `init` wrote to."""
     if team not in TEAM_PRESETS:
         raise ValueError(f"unknown team preset {team!r}; choose one of {', '.join(TEAM_PRESETS)}")
     root.mkdir(parents=True, exist_ok=True)
@@ -150,5 +151,7 @@ def init_workspace(root: Path, team: str = "dev-team") -> Workspace:
         fcop_json.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     config = root / CONFIG_NAME
     if not config.exists():
-        write_private(config, DEFAULT_TOML.encode("utf-8"))  # may come to hold a database password
+        text = DEFAULT_TOML if database is None else DEFAULT_TOML.replace(
+            '# database = "postgresql+psycopg://user@host/db"', f"database = {json.dumps(database)}")
+        write_private(config, text.encode("utf-8"))  # may hold a database password
     return Workspace.load(root)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import stat
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +53,7 @@ class Ws:
 def ws(any_url: str, tmp_path: Path) -> Ws:
     root = tmp_path / "ws"
     assert taskkernel("--db", any_url, "init", str(root), cwd=tmp_path).returncode == 0
-    config = root / "taskkernel.toml"
-    config.write_text(config.read_text().replace("[kernel]\n", f'[kernel]\ndatabase = "{any_url}"\n'))
+    assert f"database = {json.dumps(any_url)}" in (root / "taskkernel.toml").read_text()  # found without --db
     return Ws(root)
 
 
@@ -178,10 +178,15 @@ def test_bogus_and_empty_tokens_are_refused_everywhere(ws: Ws) -> None:
         ("task", "show", tid), ("task", "list"), ("log",), ("verify",)]  # a credential given must be live, reads too
     create = json.dumps({"type": "create_task", "idempotency_key": "b",
                          "payload": {"sender": "ADMIN", "recipient": "PM", "subject": "s"}})
-    for token, reason in ((BOGUS, "actor_unverified"), ("", "actor_unverified"), ("not-a-token", "actor_unverified")):
-        for verb in verbs:
-            r = ws.run(*verb, token=token, stdin=create if verb[0] == "submit" else "")
-            rejected(r, reason)
+    # every verb with a well-formed but unknown token; the empty and malformed ones on a few (same code path)
+    attempts = [(BOGUS, verb) for verb in verbs] + [(token, verb) for token in ("", "not-a-token")
+                                                    for verb in verbs[:3]]
+    with ThreadPoolExecutor(4) as pool:  # separate processes, run side by side
+        results = list(pool.map(lambda a: ws.run(*a[1], token=a[0], stdin=create if a[1][0] == "submit" else ""),
+                                attempts))
+    for (token, verb), r in zip(attempts, results, strict=True):
+        assert r.code == 2 and r.json["reason"] == "actor_unverified", (token, verb, r)
+        assert "Traceback" not in r.err
     assert ws.run("task", "show", tid).json["revision"] == 1
     assert ws.run("goal", "show", goal).json["state"] == "active"
 
@@ -299,3 +304,16 @@ def test_export_never_writes_through_a_planted_link(ws: Ws, tmp_path: Path) -> N
     r = ws.run("session", "export", "s", "-o", str(ws.root / "workspace" / "out.jsonl"))
     assert r.code == 65 and "Traceback" not in r.err, r
     assert victim.read_text() == "precious"
+
+
+def test_run_tokens_cannot_occupy_or_replay_another_tasks_keys(ws: Ws) -> None:
+    ids = [ws.submit({"type": "create_task", "idempotency_key": f"t{i}", "payload": {
+        "sender": "ADMIN", "recipient": "DEV", "subject": f"s{i}"}}).json["task_id"] for i in range(2)]
+    run_a, run_b = (ws.token("DEV", "--agent", "dev-agent", "--task", t, "--round", "0") for t in ids)
+    assert ws.on("claim", ids[0], "claim-round", run_a).json["status"] == "accepted"
+    replay_a = {"type": "claim", "task_id": ids[0], "thread_key": ids[0], "expected_revision": 2, "round": 1,
+                "idempotency_key": "claim-round", "payload": {}}
+    rejected(ws.submit(replay_a, run_b), "role_not_authorized")  # never a replay of a task out of its scope
+    # the same key from another task's run is that run's own command, not a conflict with task A's
+    assert ws.on("claim", ids[1], "claim-round", run_b).json["status"] == "accepted"
+    assert ws.submit(replay_a, run_a).json["status"] == "replayed"

@@ -297,7 +297,12 @@ def test_up_refuses_linked_quarantine_stage_views_and_reports_and_keeps_working(
     status = json.loads(up.stdout.strip().splitlines()[-1])  # refused writes are not an ok run
     assert (up.returncode, status["status"]) == (1, "degraded"), up.stdout
     assert {(f["stage"], f["error"]) for f in status["failed_stages"]} >= {
-        ("quarantine", "symlink_refused"), ("project", "symlink_refused"), ("ledger", "symlink_refused")}
+        ("quarantine_refused", "symlink_refused"), ("project_refused", "symlink_refused"),
+        ("ledger_refused", "symlink_refused")}
+    again = taskkernel("up", str(ws.root), "--once", cwd=tmp_path)  # refused writes are retried, not forgotten
+    assert ("ledger_refused", "symlink_refused") in {
+        (f["stage"], f["error"]) for f in json.loads(again.stdout.strip().splitlines()[-1])["failed_stages"]}
+    assert {rel: snapshot(v) for rel, v in victims.items()} == before
 
 
 def test_up_refuses_linked_locks_and_ledger(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -40,10 +41,10 @@ def init(ctx: typer.Context, directory: Path = typer.Argument(Path("."), help="W
     if team not in TEAM_PRESETS:
         fail(Exit.USAGE, f"unknown team preset {team!r}; choose one of {', '.join(TEAM_PRESETS)}")
     try:
-        ws = init_workspace(directory, team)
+        c = get_ctx(ctx)
+        ws = init_workspace(directory, team, c.db_url or os.environ.get("TASKKERNEL_DB"))
     except OSError as exc:
         fail(Exit.INTERNAL, f"cannot create the workspace at {directory}: {exc}")
-    c = get_ctx(ctx)
     c.workspace_path = str(ws.root)
     c.database()
     if ws.require_token and not ws.owner_token_path.exists():

@@ -139,7 +139,6 @@ class Projection:
         """Rebuild ledger/tasks.jsonl and views/<ROLE>.todo.md when anything moved; returns files written."""
         if not self.dirty:
             return 0
-        self.dirty = False
         with self.kernel.db.read() as conn:
             docs = [json.loads(r[0]) for r in conn.execute(sa.select(tasks.c.doc).order_by(tasks.c.task_id))]
         ledger = self.fcop.root / "ledger"
@@ -157,6 +156,7 @@ class Projection:
                 if exc.path not in refused:
                     refused.add(exc.path)
                     report(exc, "ledger")
+        self.dirty = bool(refused)  # a refused view is tried again next pass (and reported again)
         return written
 
 
