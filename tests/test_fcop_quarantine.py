@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from kernel.fcop import FcopError, FcopReason, FcopWorkspace, open_workspace, quarantine
+from kernel.fcop.quarantine import sweep_notes
 
 NAME = "TASK-20260101-001-ADMIN-to-PM.md"
 
@@ -93,3 +94,16 @@ def test_refuses_paths_outside_the_workspace_and_missing_sources(ws: FcopWorkspa
         quarantine(ws, ws.stage_dir("inbox") / "gone.md", FcopReason.BAD_FILENAME, "x")
     assert exc.value.reason is FcopReason.SOURCE_MISSING
     assert not ws.quarantine_dir.exists() or not any(ws.quarantine_dir.iterdir())
+
+
+def test_sweep_removes_only_notes_whose_file_left(ws: FcopWorkspace) -> None:
+    src = ws.stage_dir("inbox") / NAME
+    src.write_bytes(b"x")
+    q = quarantine(ws, src, FcopReason.EMPTY_FILE, "x")
+    odd = ws.stage_dir("inbox") / f"{NAME}.reason.md"  # a quarantined file named like a note keeps its note
+    odd.write_bytes(b"y")
+    kept = quarantine(ws, odd, FcopReason.BAD_FILENAME, "x")
+    assert sweep_notes(ws) == []
+    os.rename(q.path, src)  # moved back out to be retried
+    assert sweep_notes(ws) == [q.reason_path]
+    assert kept.path.read_bytes() == b"y" and kept.reason_path.is_file()

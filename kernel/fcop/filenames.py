@@ -10,6 +10,8 @@ kernel.model.ids) by the parser, so such a name is ``invalid_task_id``.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
 from enum import StrEnum
 
@@ -93,6 +95,29 @@ def envelope_prefix(name: str) -> EnvelopeKind | None:
         return EnvelopeKind(head)
     except ValueError:
         return None
+
+
+# A reason note ("Not applied", "Moved back") sits beside its file under a name no envelope rule matches:
+# no envelope prefix (ours or fcop's ``^TASK-`` style patterns) and no ``.md``/``.fcop`` suffix, so neither
+# our scan nor fcop's readers (``TASK-*.md`` globs, ``*.md`` counts) take it for an envelope.
+REASON_NOTE_PREFIX = "_reason."
+REASON_NOTE_SUFFIX = ".txt"
+_NAME_MAX = 255
+
+
+def reason_note_name(name: str) -> str:
+    """The one note name for the file ``name``: ``_reason.<name>.txt`` (shortened with a digest if too long)."""
+    note = f"{REASON_NOTE_PREFIX}{name}{REASON_NOTE_SUFFIX}"
+    if len(os.fsencode(note)) <= _NAME_MAX and name.isprintable():
+        return note
+    digest = hashlib.sha256(os.fsencode(name)).hexdigest()[:12]
+    keep = "".join(c if c.isascii() and c.isprintable() and c not in "/\\" else "_" for c in name)
+    return f"{REASON_NOTE_PREFIX}{keep[:80]}-{digest}{REASON_NOTE_SUFFIX}"
+
+
+def is_reason_note(name: str) -> bool:
+    """A reason note's name (never an envelope: see :func:`reason_note_name`)."""
+    return name.startswith(REASON_NOTE_PREFIX) and name.endswith(REASON_NOTE_SUFFIX)
 
 
 def parse_filename(name: str) -> FcopFilename | None:

@@ -7,6 +7,11 @@ came from, its size and sha256. Nothing is deleted or overwritten: a name
 already taken in the quarantine gets a ``.2``, ``.3``… before its suffix.
 Every step goes through ``safeio``: a symlinked ``_quarantine/`` (or any folder on the way) is
 refused and reported, and the file stays where it is.
+
+``_quarantine/`` is never scanned, so a note there is never taken for an envelope. A note whose file
+has left the quarantine (moved back to be retried, or never arrived after a crash) describes nothing
+any more: :func:`sweep_notes` removes it, so each quarantined file has exactly one note and a fixed
+file none.
 """
 
 from __future__ import annotations
@@ -76,6 +81,28 @@ def _describe(path: Path) -> tuple[int | None, str | None, str | None]:
     finally:
         os.close(fd)
     return st.st_size, h.hexdigest(), None
+
+
+def sweep_notes(ws: FcopWorkspace) -> list[Path]:
+    """Remove every ``<name>.reason.md`` in ``_quarantine/`` whose ``<name>`` is not beside it; returns them."""
+    qdir = ws.quarantine_dir
+    try:
+        entries = safeio.list_dir(qdir)
+    except (FileNotFoundError, FcopError):  # no quarantine yet, or a linked one (quarantine() reports it)
+        return []
+    names = {name for name, _ in entries}
+    removed: list[Path] = []
+    for name, st in entries:
+        if (not name.endswith(REASON_SUFFIX) or not stat.S_ISREG(st.st_mode)
+                or name[: -len(REASON_SUFFIX)] in names
+                or f"{name}{REASON_SUFFIX}" in names):  # a quarantined file named like a note has its own note
+            continue
+        try:
+            safeio.unlink(qdir / name)
+        except FileNotFoundError:
+            continue
+        removed.append(qdir / name)
+    return removed
 
 
 def quarantine(ws: FcopWorkspace, path: Path, reason: FcopReason, message: str) -> Quarantined:

@@ -12,7 +12,10 @@ handed out once it has *settled*:
 
 Dotfiles and ``*.tmp`` are ignored (writers in flight); files that vanish
 between listing and reading are simply gone; a name without an envelope
-prefix is a "ghost": reported once with a warning and left alone. Symlinks
+prefix is a "ghost": reported once with a warning and left alone. The kernel's own reason notes
+(``_reason.<name>.txt``, see :func:`kernel.fcop.filenames.reason_note_name`) are not envelopes and are
+skipped silently; a note whose file is no longer beside it is listed in ``ScanBatch.stale_notes`` for
+ingest to remove. Symlinks
 are never followed: folders are listed through ``safeio``'s checked descriptors, a symlinked
 folder (or a link that is not an envelope name) is reported once (``symlink_refused``) and
 skipped, and an envelope-named link is refused like a bad file. ``settle_s=0, grace_s=0`` hands out everything at once
@@ -31,7 +34,7 @@ from pathlib import Path
 
 from kernel.fcop.detect import LIFECYCLE_DIR, FcopWorkspace
 from kernel.fcop.errors import FcopError, FcopReason, FcopWarning
-from kernel.fcop.filenames import EnvelopeKind, envelope_prefix
+from kernel.fcop.filenames import EnvelopeKind, envelope_prefix, is_reason_note, reason_note_name
 from kernel.fcop.models import EnvelopeModel
 from kernel.fcop.parse import DEFAULT_MAX_BYTES, parse_envelope
 from kernel.fcop.safeio import list_dir, read_bytes, report, sha256_hex
@@ -82,6 +85,7 @@ class ScanBatch:
     pending: list[ScanEntry] = field(default_factory=list)
     ghosts: list[ScanEntry] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
+    stale_notes: list[Path] = field(default_factory=list)  # reason notes whose file is gone from beside them
 
 
 @dataclass
@@ -124,7 +128,8 @@ class Scanner:
         roots = {d for kind in EnvelopeKind for d in self.ws.envelope_dirs(kind)}
         return sorted(roots)
 
-    def _walk(self, directory: Path, depth: int, out: list[tuple[Path, os.stat_result]], refused: set[str]) -> None:
+    def _walk(self, directory: Path, depth: int, out: list[tuple[Path, os.stat_result]], refused: set[str],
+              stale: list[Path]) -> None:
         try:
             entries = list_dir(directory)
         except FileNotFoundError:
@@ -132,16 +137,20 @@ class Scanner:
         except FcopError as exc:  # a symlinked folder (or an unreadable one): never followed
             self._refuse(exc, refused)
             return
+        wanted = {reason_note_name(name) for name, _ in entries if not is_reason_note(name)}
         for name, st in entries:
             if name.startswith(".") or name.endswith(".tmp"):
                 continue
             path = directory / name
             if stat.S_ISDIR(st.st_mode):
                 if depth < _MAX_DEPTH:
-                    self._walk(path, depth + 1, out, refused)
+                    self._walk(path, depth + 1, out, refused, stale)
             elif stat.S_ISLNK(st.st_mode) and envelope_prefix(name) is None:
                 self._refuse(FcopError(FcopReason.SYMLINK_REFUSED, f"{path} is a symbolic link: never followed",
                                        path), refused)
+            elif is_reason_note(name):
+                if stat.S_ISREG(st.st_mode) and name not in wanted:
+                    stale.append(path)
             else:
                 out.append((path, st))
 
@@ -158,7 +167,7 @@ class Scanner:
         found: list[tuple[Path, os.stat_result]] = []
         refused: set[str] = set()
         for root in self._roots():
-            self._walk(root, 0, found, refused)
+            self._walk(root, 0, found, refused, batch.stale_notes)
         self._refused &= refused
         present: set[str] = set()
         for path, st in sorted(found, key=lambda f: str(f[0])):

@@ -12,6 +12,11 @@ Files carry no credential: a command born from a file acts as the role the file 
 `fcop-file`, and every role and authority check still applies. Idempotency keys are derived from
 path and content digest, so rescans and restarts never duplicate a command.
 
+Reason notes ("Not applied", "Moved back") are `_reason.<name>.txt` beside the file
+(`kernel.fcop.filenames.reason_note_name`): no envelope rule matches that name, so no pass ever takes a
+note for an envelope. A file has at most one note (a new refusal replaces it); it goes when the file
+is accepted (re-written so it is, or taken in as it is) and when the file leaves the folder.
+
 One file can never stop the pass: whatever fails while taking it in (a store or disk error, a bug
 it triggers) is logged against that file, which is looked at again next pass, and the pass goes on
 with the next file; `IngestIncomplete` then tells the coordinator the stage did not fully succeed.
@@ -19,6 +24,7 @@ with the next file; `IngestIncomplete` then tells the coordinator the stage did 
 
 from __future__ import annotations
 
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,8 +42,11 @@ from kernel.fcop import (
     TaskEnvelope,
     move_no_overwrite,
     quarantine,
-    write_new,
+    safeio,
 )
+from kernel.fcop.filenames import reason_note_name
+from kernel.fcop.quarantine import sweep_notes
+from kernel.fcop.safeio import rewrite
 from kernel.folders.tracking import FileTracker, Origin
 from kernel.logging import get_logger
 from kernel.model.commands import CommandResult
@@ -45,7 +54,6 @@ from kernel.model.principal import LOCAL_OWNER, Principal
 
 log = get_logger(__name__)
 FILE_AGENT = "fcop-file"
-REASON_SUFFIX = ".reason.md"
 ARCHIVE_AREAS = ("log/tasks", "history")
 # (kernel state, stage the file was moved to) -> the command that move stands for
 MOVES = {("inbox", "active"): "claim", ("active", "review"): "submit", ("review", "done"): "approve",
@@ -100,6 +108,7 @@ class Ingest:
     def run(self) -> IngestStats:
         stats = IngestStats()
         batch = self.scanner.scan()
+        self._sweep_notes(batch.stale_notes)
         for entry in batch.invalid:
             self._contained(entry, stats, self._quarantine)
         # tasks first, so reports and reviews in the same batch find their task
@@ -136,6 +145,9 @@ class Ingest:
             self._review(entry, env, stats)
         else:  # ISSUEs are evidence only
             self.tracker.record(entry.rel, env.sha256, None, Origin.INGESTED)
+        taken = self.tracker.get(entry.rel)
+        if taken is not None and taken.sha256 == env.sha256 and taken.origin is not Origin.REFUSED:
+            self._clear_note(entry.path)  # accepted (or fixed): its old note, if any, is obsolete
 
     # -- per kind ----------------------------------------------------------------------------
     def _task(self, entry: ScanEntry, env: TaskEnvelope, stats: IngestStats) -> None:
@@ -265,17 +277,36 @@ class Ingest:
 
     @staticmethod
     def _write_reason(path: Path, title: str, reason: str) -> None:
+        """Write (or replace) the file's one note; a note that cannot be written is reported, never fatal."""
         code, _, message = reason.partition(": ")
         text = (f"---\nreason: {code}\nfile: {path.name}\n---\n\n# {title}: {code}\n\n{message or reason}\n\n"
                 "The file itself is unchanged. Fix the cause and write a new file to retry.\n")
-        for n in range(100):
-            target = path.with_name(f"{path.name}{'' if n == 0 else f'.{n}'}{REASON_SUFFIX}")
-            try:
-                write_new(target, text.encode("utf-8"))
-                return
-            except FcopError as exc:
-                if exc.reason is not FcopReason.TARGET_EXISTS:
-                    raise
+        note = path.with_name(reason_note_name(path.name))
+        try:
+            rewrite(note, text.encode("utf-8"), expect_sha256=None)  # ours: replaced, never a link followed
+        except FcopError as exc:
+            safeio.report(exc, "reason_note", file=str(path))
+
+    @staticmethod
+    def _clear_note(path: Path) -> None:
+        Ingest._remove_note(path.with_name(reason_note_name(path.name)))
+
+    @staticmethod
+    def _remove_note(note: Path) -> None:
+        try:
+            if stat.S_ISREG(safeio.lstat(note).st_mode):
+                safeio.unlink(note)
+        except FileNotFoundError:
+            return
+        except FcopError as exc:
+            safeio.report(exc, "reason_note", file=str(note))
+
+    def _sweep_notes(self, stale: list[Path]) -> None:
+        """Notes whose file left (moved on, moved away, quarantined, or out of the quarantine) describe nothing."""
+        for note in stale:
+            self._remove_note(note)
+        for note in sweep_notes(self.fcop):
+            log.info("quarantine_note_removed", note=self.fcop.relative(note))
 
     def _quarantine(self, entry: ScanEntry, stats: IngestStats) -> None:
         err = entry.error
