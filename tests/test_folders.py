@@ -88,7 +88,7 @@ def test_an_illegal_agent_move_is_moved_back_with_the_reason(tmp_path: Path) -> 
     c.run_once()
     assert (lifecycle / "inbox" / NAME).is_file()
     assert not (lifecycle / "done" / NAME).exists()
-    assert "illegal_transition" in (lifecycle / "inbox" / f"{NAME}.reason.md").read_text()
+    assert "illegal_transition" in (lifecycle / "inbox" / f"_reason.{NAME}.txt").read_text()
     assert c.kernel.task("TASK-20261130-001")["state"] == "inbox"
 
 
@@ -230,7 +230,7 @@ def test_a_decision_cannot_be_made_by_moving_a_file(tmp_path: Path) -> None:
     c.run_once()
     assert c.kernel.task("TASK-20261130-001")["state"] == "review"
     assert (lifecycle / "review" / name).is_file()
-    assert "role_not_authorized" in (lifecycle / "review" / f"{name}.reason.md").read_text()
+    assert "role_not_authorized" in (lifecycle / "review" / f"_reason.{name}.txt").read_text()
 
 
 def test_an_fcop_named_review_approves_without_moving_the_wrong_file(tmp_path: Path) -> None:
