@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -24,7 +23,7 @@ from pathlib import Path
 from kernel.fcop.detect import FcopWorkspace
 from kernel.fcop.errors import FcopError, FcopReason
 from kernel.fcop.filenames import EnvelopeKind, FcopFilename, parse_filename
-from kernel.fcop.safeio import list_dir, locked, open_tmp, publish_reserved
+from kernel.fcop.safeio import list_names, locked, open_tmp, publish_reserved
 from kernel.model.ids import MAX_SEQUENCE
 
 _MAX_DEPTH = 4
@@ -43,15 +42,17 @@ def utc_date() -> str:
 
 
 def _names(directory: Path, depth: int = 0) -> list[str]:
-    """Names below ``directory``, read through the safe layer: a symlinked folder is not looked into."""
+    """Names below ``directory``, read through the safe layer: a symlinked folder is not looked into. Names
+    come without a stat: a reservation's temp file unlinked right after its number was published must
+    still count if the listing missed the published name (else another writer takes the same number)."""
     try:
-        entries = list_dir(directory)
+        entries = list_names(directory)
     except (FcopError, OSError):  # missing, not a folder, or a refused link
         return []
     names = []
-    for name, st in entries:
+    for name, is_dir in entries:
         names.append(name)
-        if depth < _MAX_DEPTH and stat.S_ISDIR(st.st_mode):
+        if depth < _MAX_DEPTH and is_dir:
             names.extend(_names(directory / name, depth + 1))
     return names
 
@@ -89,10 +90,12 @@ def allocate_and_publish(ws: FcopWorkspace, kind: EnvelopeKind, directory: Path,
             if os.path.lexists(path):
                 continue
             data = render(name)  # before the reservation: a refusal leaves nothing behind
-            fd = open_tmp(path)
-        try:
-            return Published(path=path, name=name, sha256=publish_reserved(fd, path, data))
-        except FcopError as exc:
-            if exc.reason is not FcopReason.TARGET_EXISTS:
-                raise
+            # Published under the lock: a directory listing may miss both a temp file unlinked and the name
+            # linked while it runs (POSIX leaves readdir unspecified there), so a reservation must never be
+            # half-way from one name to the other while another writer counts.
+            try:
+                return Published(path=path, name=name, sha256=publish_reserved(open_tmp(path), path, data))
+            except FcopError as exc:
+                if exc.reason is not FcopReason.TARGET_EXISTS:
+                    raise
     raise FcopError(FcopReason.TARGET_EXISTS, f"could not allocate a {kind.value} number in {directory}", directory)

@@ -183,6 +183,25 @@ def list_dir(path: Path) -> list[tuple[str, os.stat_result]]:
         os.close(fd)
 
 
+def list_names(path: Path) -> list[tuple[str, bool]]:
+    """(name, is a folder) of every entry of ``path``, through its checked descriptor, without a stat per
+    entry: a name that vanishes while it is listed (a temp file just published) is still returned."""
+    root, parts = _anchor(Path(path))
+    fd = _walk(root, parts, create=False)
+    try:
+        out = []
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                try:
+                    is_dir = entry.is_dir(follow_symlinks=False)
+                except OSError:
+                    is_dir = False
+                out.append((entry.name, is_dir))
+        return out
+    finally:
+        os.close(fd)
+
+
 def lstat(path: Path) -> os.stat_result:
     """``os.lstat`` with every folder on the way checked (FileNotFoundError if absent)."""
     with parent_fd(path) as (fd, name):
