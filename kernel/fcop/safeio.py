@@ -168,38 +168,40 @@ def ensure_dir(path: Path) -> None:
     os.close(_walk(root, parts, create=True))
 
 
-def list_dir(path: Path) -> list[tuple[str, os.stat_result]]:
-    """(name, lstat) of every entry of the folder ``path``, read through its checked descriptor."""
+@contextlib.contextmanager
+def _entries(path: Path) -> Iterator[Iterator[os.DirEntry[str]]]:
+    """The entries of the folder ``path``, read through its checked descriptor."""
     root, parts = _anchor(Path(path))
     fd = _walk(root, parts, create=False)
     try:
-        out = []
         with os.scandir(fd) as entries:
-            for entry in entries:
-                with contextlib.suppress(FileNotFoundError):
-                    out.append((entry.name, entry.stat(follow_symlinks=False)))
-        return out
+            yield entries
     finally:
         os.close(fd)
+
+
+def list_dir(path: Path) -> list[tuple[str, os.stat_result]]:
+    """(name, lstat) of every entry of the folder ``path`` (an entry that vanishes meanwhile is left out)."""
+    out = []
+    with _entries(path) as entries:
+        for entry in entries:
+            with contextlib.suppress(FileNotFoundError):
+                out.append((entry.name, entry.stat(follow_symlinks=False)))
+    return out
 
 
 def list_names(path: Path) -> list[tuple[str, bool]]:
-    """(name, is a folder) of every entry of ``path``, through its checked descriptor, without a stat per
-    entry: a name that vanishes while it is listed (a temp file just published) is still returned."""
-    root, parts = _anchor(Path(path))
-    fd = _walk(root, parts, create=False)
-    try:
-        out = []
-        with os.scandir(fd) as entries:
-            for entry in entries:
-                try:
-                    is_dir = entry.is_dir(follow_symlinks=False)
-                except OSError:
-                    is_dir = False
-                out.append((entry.name, is_dir))
-        return out
-    finally:
-        os.close(fd)
+    """(name, is a folder) of every entry of ``path``, without a stat per entry: a name that vanishes while
+    it is listed (a temp file just published) is still returned."""
+    out = []
+    with _entries(path) as entries:
+        for entry in entries:
+            try:
+                is_dir = entry.is_dir(follow_symlinks=False)
+            except OSError:
+                is_dir = False
+            out.append((entry.name, is_dir))
+    return out
 
 
 def lstat(path: Path) -> os.stat_result:
