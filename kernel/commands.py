@@ -36,6 +36,7 @@ from kernel.model.principal import ADMIN, Principal
 from kernel.model.task import (
     AUTHORITY_FOR,
     EVENT_FOR,
+    HISTORY,
     IN_PLACE,
     OPEN_STATES,
     STARTS_ROUND,
@@ -250,6 +251,8 @@ class TaskCommandKernel:
 
     @staticmethod
     def _check_terminal(cmd: Command, doc: dict[str, Any] | None) -> None:
+        if cmd.type in HISTORY:  # the past of an archived task (or of its children) is still its past
+            return
         if doc is not None and doc["state"] in TERMINAL_STATES:
             what = "parent task" if cmd.type in CREATING else "task"
             raise KernelError(R.TASK_TERMINAL, f"{what} {doc['task_id']} is archived; nothing may change it")
@@ -282,8 +285,8 @@ class TaskCommandKernel:
             self._check_inherited_policy(payload, doc)
         if principal.is_admin:
             return
-        if cmd.type is CommandType.ADOPT_TASK:
-            raise KernelError(R.ROLE_NOT_AUTHORIZED, "only ADMIN may adopt tasks found on disk")
+        if cmd.type in HISTORY:
+            raise KernelError(R.ROLE_NOT_AUTHORIZED, f"only ADMIN may import history ({cmd.type.value})")
         if cmd.type is CommandType.CREATE_TASK:
             assert isinstance(payload, CreateTaskPayload)
             self._check_assignment(spec, payload, doc, principal)

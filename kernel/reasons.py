@@ -13,6 +13,7 @@ class ReasonCode(StrEnum):
     # TaskCommandKernel, in the order the checks run
     INVALID_COMMAND = "invalid_command"
     INVALID_TASK_ID = "invalid_task_id"  # a task id out of the FCoP pattern or range (shape check)
+    PAYLOAD_TOO_LARGE = "payload_too_large"  # beyond what the folder projection can write (shape check)
     ACTOR_UNVERIFIED = "actor_unverified"
     STALE_LEASE = "stale_lease"  # a run's credential after its lease was fenced out (revoked by the coordinator)
     IDEMPOTENCY_CONFLICT = "idempotency_conflict"

@@ -37,6 +37,10 @@ class FcopReason(StrEnum):
     MISSING_REQUIRED_FIELD = "missing_required_field"
     INVALID_FIELD_TYPE = "invalid_field_type"
     INVALID_FIELD_VALUE = "invalid_field_value"
+    # what a well-formed TASK file claims (ingest refusals, written into the file's reason note)
+    DUPLICATE_TASK_ID = "duplicate_task_id"  # another TASK file with the same id became the task
+    TASK_ID_TAKEN = "task_id_taken"  # the kernel holds this id with another route or subject
+    UNKNOWN_TASK_OUTSIDE_INBOX = "unknown_task_outside_inbox"  # after the import, new tasks start in the inbox
     # writes and moves
     TARGET_EXISTS = "target_exists"
     SOURCE_MISSING = "source_missing"
@@ -52,6 +56,8 @@ class FcopWarning(StrEnum):
     TYPE_MISMATCH = "type_mismatch"            # a `type:` key that contradicts the filename prefix
     BOM_STRIPPED = "bom_stripped"
     AUTHORITY_WORD = "authority_word"          # BOSS, CEO, ... legal but suspicious role codes
+    TASK_NAMED_OUTSIDE_REFERENCES = "task_named_outside_references"  # a REPORT names its task by ref_task:,
+    # in_reply_to: or task_id: (fcop itself rejects it); we attach it to that task
 
 
 class FcopError(Exception):

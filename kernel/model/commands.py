@@ -45,6 +45,7 @@ class CommandType(StrEnum):
     AMEND = "amend"
     PERFORM = "perform"
     ADOPT_TASK = "adopt_task"
+    ATTACH_RECORD = "attach_record"
 
 
 # Commands that bring a task into existence (no expected_revision/round; task_id optional).
@@ -161,6 +162,21 @@ class AdoptTaskPayload(CreateTaskPayload):
         return self
 
 
+class AttachRecordPayload(_Strict):
+    """A REPORT, REVIEW or ISSUE file found on disk that concerns a task: history, recorded whatever the task's
+    state (an imported workspace). ``author`` is the role the file names (not ``by``: that is an identity claim)."""
+
+    kind: Literal["report", "review", "issue"]
+    record_id: str = Field(min_length=1, max_length=200)
+    source: str = Field(min_length=1, max_length=1000)  # the file, relative to the FCoP root
+    author: str
+    status: str | None = Field(default=None, max_length=100)  # report status, review decision, issue status
+    body: str = ""
+    references: list[str] = Field(default_factory=list)
+
+    _author = field_validator("author")(_role)
+
+
 class EmptyPayload(_Strict):
     pass
 
@@ -225,6 +241,7 @@ PAYLOAD_MODELS: dict[CommandType, type[BaseModel]] = {
     CommandType.AMEND: AmendPayload,
     CommandType.PERFORM: PerformPayload,
     CommandType.ADOPT_TASK: AdoptTaskPayload,
+    CommandType.ATTACH_RECORD: AttachRecordPayload,
 }
 
 # Payload keys through which a caller might try to speak for someone else (check 2).

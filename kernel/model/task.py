@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from enum import StrEnum
 from typing import Any
 
-from kernel.model.commands import CommandType
+from kernel.model.commands import CommandType, ReportStatus
 from kernel.model.principal import ADMIN
 
 
@@ -40,7 +40,11 @@ IN_PLACE: dict[CommandType, frozenset[str]] = {
     CommandType.SUBMIT_REPORT: frozenset({TaskState.ACTIVE, TaskState.REVIEW}),
     CommandType.AMEND: frozenset({TaskState.INBOX, TaskState.ACTIVE, TaskState.REVIEW, TaskState.DONE}),
     CommandType.PERFORM: frozenset({TaskState.ACTIVE}),
+    CommandType.ATTACH_RECORD: frozenset(TaskState),
 }
+# The record of what already happened (an imported workspace): ADMIN only, and judged as history, so a
+# terminal task (or parent) still takes it; lifecycle and role rules judge new work, not the past.
+HISTORY = frozenset({CommandType.ADOPT_TASK, CommandType.ATTACH_RECORD})
 # Which authority field of the task a command needs.
 AUTHORITY_FOR: dict[CommandType, str] = {
     CommandType.CLAIM: "driver",
@@ -69,7 +73,9 @@ EVENT_FOR: dict[CommandType, str] = {
     CommandType.AMEND: "task_amended",
     CommandType.PERFORM: "action_authorized",
     CommandType.ADOPT_TASK: "task_adopted",
+    CommandType.ATTACH_RECORD: "record_attached",
 }
+REPORT_STATUSES = frozenset(s.value for s in ReportStatus)
 TARGET_STATE_OF_EVENT = {EVENT_FOR[c]: target for c, (_src, target) in TRANSITIONS.items()}
 
 
@@ -115,6 +121,11 @@ def apply(doc: dict[str, Any] | None, event_type: str, data: dict[str, Any], rev
                                "status": data["status"], "by": data["by"]})
     elif event_type == "task_amended":
         doc.update(data["changes"])
+    elif event_type == "record_attached":
+        doc.setdefault("records", []).append({k: data[k] for k in ("kind", "record_id", "source", "author", "status")})
+        if data["kind"] == "report" and data["status"] in REPORT_STATUSES:  # counts like a report of this round
+            doc["reports"].append({"report_id": data["record_id"], "round": doc["round"], "status": data["status"],
+                                   "by": data["author"], "imported": True})
     elif event_type == "action_authorized":
         doc.setdefault("actions", []).append({"action_id": data["action_id"], "operation": data["operation"],
                                               "entity": data["entity"], "round": data["round"]})
