@@ -76,6 +76,7 @@ class ScanEntry:
     status: EntryStatus
     envelope: EnvelopeModel | None = None
     error: FcopError | None = None
+    sha256: str | None = None  # of the bytes read (None when nothing could be read)
 
 
 @dataclass
@@ -185,9 +186,10 @@ class Scanner:
         area, stage = _area(parts)
         kind = envelope_prefix(path.name)
 
-        def entry(status: EntryStatus, env: EnvelopeModel | None = None, err: FcopError | None = None) -> ScanEntry:
+        def entry(status: EntryStatus, env: EnvelopeModel | None = None, err: FcopError | None = None,
+                  sha: str | None = None) -> ScanEntry:
             return ScanEntry(path=path, rel=rel, area=area, stage=stage, size=st.st_size, mtime_ns=st.st_mtime_ns,
-                             status=status, envelope=env, error=err)
+                             status=status, envelope=env, error=err, sha256=sha)
 
         if kind is None:
             if rel not in self._ghosts:
@@ -226,9 +228,9 @@ class Scanner:
             return
         self._seen[rel].done = True
         if err is None:
-            batch.ready.append(entry(EntryStatus.READY, env))
+            batch.ready.append(entry(EntryStatus.READY, env, sha=sha))
         else:
-            batch.invalid.append(entry(EntryStatus.INVALID, err=err))
+            batch.invalid.append(entry(EntryStatus.INVALID, err=err, sha=sha))
 
     def _look(self, path: Path, st: os.stat_result, area: str, stage: str | None,
               kind: EnvelopeKind) -> tuple[EnvelopeModel | None, FcopError | None, str | None]:

@@ -24,6 +24,7 @@ class Origin(StrEnum):
     INGESTED = "ingested"  # an agent or person wrote it and the kernel took it in
     REFUSED = "refused"  # read, but its command was rejected (a reason file sits beside it)
     QUARANTINED = "quarantined"
+    KEPT = "kept"  # malformed, but history: found by the import and left where it was (never quarantined)
 
 
 folder_files = sa.Table(
@@ -66,6 +67,17 @@ class FileTracker:
                 folder_files.c.origin.in_([Origin.PROJECTED.value, Origin.INGESTED.value])
             ).order_by(folder_files.c.updated_at.desc())).scalars().all()
         return next((rel for rel in rels if PurePosixPath(rel).name.startswith(f"{task_id}-")), None)
+
+    def record_many(self, rows: list[tuple[str, str, str | None, Origin, str | None]]) -> None:
+        """(rel, sha256, task_id, origin, note) rows in one transaction: an import records thousands."""
+        if not rows:
+            return
+        now = utc_now_iso()
+        with self.db.write() as uow:
+            uow.conn.execute(folder_files.delete().where(folder_files.c.rel.in_([r[0] for r in rows])))
+            uow.conn.execute(folder_files.insert(), [
+                {"rel": rel, "sha256": sha, "task_id": task_id, "origin": origin.value, "note": note,
+                 "updated_at": now} for rel, sha, task_id, origin, note in rows])
 
     def record(self, rel: str, sha256: str, task_id: str | None, origin: Origin, note: str | None = None,
                *, moved_from: str | None = None) -> None:
