@@ -92,6 +92,23 @@ def _references(fm: dict[str, Any], key: str = "references") -> tuple[str, ...]:
     return tuple(dict.fromkeys(normalize_reference(r) for r in _text_list(fm, key)))
 
 
+# Fields early agents used instead of `references:` to name the TASK a REPORT answers, in the order we trust them.
+REPORT_TASK_FIELDS = ("task_id", "ref_task", "task_ref", "related_task", "in_reply_to")
+
+
+def _report_references(fm: dict[str, Any]) -> tuple[tuple[str, ...], bool]:
+    """The report's references, and whether its task was named outside `references:` (fcop rejects that; we
+    attach it with a warning). A field that is not text is ignored rather than refusing the whole report."""
+    references = _references(fm)
+    if any(TASK_ID_RE.match(r) for r in references):
+        return references, False
+    for key in REPORT_TASK_FIELDS:
+        value = fm.get(key)
+        if isinstance(value, str) and TASK_ID_RE.match(ref := normalize_reference(value)):
+            return (ref, *references), True
+    return references, False
+
+
 def _choice(fm: dict[str, Any], key: str, allowed: dict[str, str] | frozenset[str], default: str) -> str:
     value = _text(fm, key)
     if value is None:
@@ -228,10 +245,12 @@ def parse_envelope(filename: str, data: bytes, *, max_bytes: int = DEFAULT_MAX_B
             warnings=(*warnings, *_warnings(name, fm, sender, recipient)))
     elif name.kind is EnvelopeKind.REPORT:
         sender, recipient = _role(fm, "sender"), _role(fm, "recipient")
-        references = _references(fm)
+        references, named_elsewhere = _report_references(fm)
         if not references:
             raise FcopError(FcopReason.MISSING_REQUIRED_FIELD,
                             "a REPORT needs 'references' naming its TASK (TASK-YYYYMMDD-NNN)")
+        if named_elsewhere:
+            warnings.append(FcopWarning.TASK_NAMED_OUTSIDE_REFERENCES)
         model = ReportEnvelope(
             **common, sender=sender, recipient=recipient, priority=_priority(fm), references=references,
             status=_choice(fm, "status", REPORT_STATUSES, "done"), supersedes=_references(fm, "supersedes"),
