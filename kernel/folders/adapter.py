@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from kernel.commands import TaskCommandKernel
 from kernel.fcop import Scanner, open_workspace
+from kernel.folders.importer import Importer, ImportReport
 from kernel.folders.ingest import Ingest, IngestIncomplete, IngestStats
 from kernel.folders.projection import PROJECT_EFFECT, Projection
 from kernel.folders.tracking import FileTracker
@@ -23,14 +25,22 @@ class FolderAdapter:
                              submit_on_done_report=submit_on_done_report)
         self.projection = Projection(kernel, self.fcop, self.tracker)
         self.relay = OutboxRelay(kernel.db, {PROJECT_EFFECT: self.projection})
+        self.importer = Importer(kernel, self.fcop, self.tracker,
+                                 Path(os.path.relpath(self.fcop.root, workspace_root)).as_posix())
+        self.last_import: ImportReport | None = None
         self.last_ingest = IngestStats()
 
     def ingest_pass(self) -> int:
-        """Files taken in; raises IngestIncomplete (after the whole pass) if any file failed."""
+        """Files taken in (the first pass imports the workspace's history first); raises IngestIncomplete
+        (after the whole pass) if any file failed."""
+        imported = 0
+        if self.last_import is None and not self.importer.imported():
+            self.last_import = self.importer.run()
+            imported = sum(self.last_import.tasks.values()) + sum(self.last_import.records.values())
         self.last_ingest = self.ingest.run()
         if self.last_ingest.failed:
             raise IngestIncomplete(self.last_ingest)
-        return self.last_ingest.progress
+        return self.last_ingest.progress + imported
 
     def project_pass(self) -> int:
         return self.relay.run_pending()

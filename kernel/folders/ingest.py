@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import stat
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from kernel.commands import TaskCommandKernel
 from kernel.fcop import (
     FcopError,
     FcopReason,
+    FcopWarning,
     FcopWorkspace,
     ReportEnvelope,
     ReviewEnvelope,
@@ -44,13 +45,14 @@ from kernel.fcop import (
     quarantine,
     safeio,
 )
-from kernel.fcop.filenames import reason_note_name
+from kernel.fcop.filenames import EnvelopeKind, reason_note_name
+from kernel.fcop.numbering import max_sequence
 from kernel.fcop.quarantine import sweep_notes
 from kernel.fcop.safeio import rewrite
 from kernel.folders.tracking import FileTracker, Origin
 from kernel.logging import get_logger
 from kernel.model.commands import CommandResult
-from kernel.model.principal import LOCAL_OWNER, Principal
+from kernel.model.principal import Principal
 
 log = get_logger(__name__)
 FILE_AGENT = "fcop-file"
@@ -95,6 +97,18 @@ def file_key(entry: ScanEntry, sha256: str, step: str = "") -> str:
     return f"file:{entry.rel}:{sha256[:16]}{':' + step if step else ''}"
 
 
+def write_reason(path: Path, title: str, reason: str) -> None:
+    """Write (or replace) the file's one note; a note that cannot be written is reported, never fatal."""
+    code, _, message = reason.partition(": ")
+    text = (f"---\nreason: {code}\nfile: {path.name}\n---\n\n# {title}: {code}\n\n{message or reason}\n\n"
+            "The file itself is unchanged. Fix the cause and write a new file to retry.\n")
+    note = path.with_name(reason_note_name(path.name))
+    try:
+        rewrite(note, text.encode("utf-8"), expect_sha256=None)  # ours: replaced, never a link followed
+    except FcopError as exc:
+        safeio.report(exc, "reason_note", file=str(path))
+
+
 class Ingest:
     def __init__(self, kernel: TaskCommandKernel, fcop: FcopWorkspace, tracker: FileTracker, scanner: Scanner,
                  *, submit_on_done_report: bool = True) -> None:
@@ -110,9 +124,12 @@ class Ingest:
         batch = self.scanner.scan()
         self._sweep_notes(batch.stale_notes)
         for entry in batch.invalid:
-            self._contained(entry, stats, self._quarantine)
-        # tasks first, so reports and reviews in the same batch find their task
-        for entry in sorted(batch.ready, key=lambda e: (not isinstance(e.envelope, TaskEnvelope), e.rel)):
+            kept = self.tracker.get(entry.rel)
+            if kept is None or kept.origin is not Origin.KEPT or kept.sha256 != entry.sha256:  # history stays
+                self._contained(entry, stats, self._quarantine)
+        # tasks first (of several with one id, the first by name), so reports and reviews find their task
+        for entry in sorted(batch.ready, key=lambda e: (not isinstance(e.envelope, TaskEnvelope),
+                                                        e.path.name.encode(), e.rel.encode())):
             self._contained(entry, stats, self._take)
         self.failing = dict(stats.failed)
         return stats
@@ -155,31 +172,56 @@ class Ingest:
         stage = entry.stage or ("inbox" if entry.area == "tasks" else "archive" if entry.area in ARCHIVE_AREAS
                                 else None)
         if doc is None:
-            self._new_task(entry, env, stage, stats)
+            if stage not in (None, "inbox"):  # after the import, history is closed: new tasks start in the inbox
+                self._refuse(entry, env.sha256, None, f"{FcopReason.UNKNOWN_TASK_OUTSIDE_INBOX.value}: {env.id} "
+                             f"is unknown to the kernel and appeared in {stage}/; write new tasks into the inbox",
+                             stats)
+                return
+            self._new_task(entry, env, stats)
+            return
+        if not self._own_file(entry, env, doc):
+            same = (env.sender, env.recipient, (env.subject or env.id).strip()) == (
+                doc["sender"], doc["recipient"], doc["subject"])
+            reason = FcopReason.DUPLICATE_TASK_ID if same else FcopReason.TASK_ID_TAKEN
+            why = (f"{env.id} is already a task ({doc['sender']} to {doc['recipient']}: {doc['subject']!r}) with "
+                   f"its own file; this file is not applied and never written into. Use a free number, e.g. "
+                   f"{self._next_free(env.id)}")
+            if entry.path.name == f"{env.id}-{doc['sender']}-to-{doc['recipient']}.md":
+                # it holds the name the kernel writes its own file under: out of the way, bytes untouched
+                self._quarantine(replace(entry, error=FcopError(reason, why, entry.path)), stats)
+                return
+            self._refuse(entry, env.sha256, None, f"{reason.value}: {why}", stats)
             return
         if stage is None or stage == doc["state"] or entry.area == "tasks":
             self.tracker.record(entry.rel, env.sha256, env.id, Origin.INGESTED)
             return
         self._agent_move(entry, env, doc, stage, stats)
 
-    def _new_task(self, entry: ScanEntry, env: TaskEnvelope, stage: str | None, stats: IngestStats) -> None:
+    def _own_file(self, entry: ScanEntry, env: TaskEnvelope, doc: dict[str, Any]) -> bool:
+        """Is this the task's own file (the one the kernel took in or wrote, or that file moved by an agent)?
+        Another file with the task's id is never adopted, whatever its route."""
+        own = self.tracker.task_file(env.id)
+        if own is None or own == entry.rel:  # no file yet: the projection writes the kernel's own
+            return own == entry.rel
+        tracked = self.tracker.get(own)
+        return tracked is not None and tracked.sha256 == env.sha256 and not safeio.lexists(self.fcop.root / own)
+
+    def _next_free(self, task_id: str) -> str:
+        _, day, _ = task_id.split("-")
+        return f"TASK-{day}-{max_sequence(self.fcop, EnvelopeKind.TASK, day) + 1:03d}"
+
+    def _new_task(self, entry: ScanEntry, env: TaskEnvelope, stats: IngestStats) -> None:
         base = {"sender": env.sender, "recipient": env.recipient, "subject": env.subject or env.id,
                 "body": env.body.strip(), "priority": env.priority.value, "references": list(env.references)}
         if env.parent and self.kernel.task(env.parent) is not None:
             base["parent"] = env.parent
         if env.risk_level:
             base["risk_level"] = env.risk_level
-        command: dict[str, Any] = {"task_id": env.id, "idempotency_key": file_key(entry, env.sha256)}
+        command: dict[str, Any] = {"type": "create_task", "task_id": env.id, "payload": base,
+                                   "idempotency_key": file_key(entry, env.sha256)}
         if env.thread_key:
             command["thread_key"] = env.thread_key
-        if stage in (None, "inbox"):
-            result = self._submit({**command, "type": "create_task", "payload": base},
-                                  Principal(env.sender, FILE_AGENT), stats)
-        else:
-            rounds = max(1, sum(1 for t in env.transitions if t.to == "active"))
-            result = self._submit({**command, "type": "adopt_task",
-                                   "payload": {**base, "state": stage, "round": rounds, "source": entry.rel}},
-                                  LOCAL_OWNER, stats)
+        result = self._submit(command, Principal(env.sender, FILE_AGENT), stats)
         self._settle(entry, env.sha256, env.id, result, stats)
 
     def _agent_move(self, entry: ScanEntry, env: TaskEnvelope, doc: dict[str, Any], stage: str,
@@ -202,7 +244,7 @@ class Ingest:
                              else f"illegal_transition: {doc['state']} -> {stage} is not a lifecycle edge")
         back = self.fcop.stage_dir(doc["state"]) / entry.path.name
         move_no_overwrite(entry.path, back)
-        self._write_reason(back, f"Moved back to `{doc['state']}/`", reason)
+        write_reason(back, f"Moved back to `{doc['state']}/`", reason)
         rel = self.fcop.relative(back)
         self.tracker.record(rel, env.sha256, env.id, Origin.INGESTED, note=reason, moved_from=entry.rel)
         stats.moved_back += 1
@@ -215,6 +257,9 @@ class Ingest:
             self._refuse(entry, env.sha256, task_id, f"task_not_found: the report references no known task "
                                                      f"({', '.join(env.references) or 'no references'})", stats)
             return
+        if FcopWarning.TASK_NAMED_OUTSIDE_REFERENCES in env.warnings:
+            log.warning("fcop.report_task_outside_references", rel=entry.rel, task_id=task_id,
+                        warning=FcopWarning.TASK_NAMED_OUTSIDE_REFERENCES.value)
         who = Principal(env.sender, FILE_AGENT)
         driver_reports = env.sender == doc["authority"]["driver"]
         if doc["state"] == "inbox" and driver_reports:  # G2 agents never claim: a report implies the work began
@@ -233,6 +278,9 @@ class Ingest:
     def _review(self, entry: ScanEntry, env: ReviewEnvelope, stats: IngestStats) -> None:
         doc = self.kernel.task(env.subject_task_id) if env.subject_task_id else None
         decision = env.decision
+        if env.subject_task_id is None:  # a review of a document or a change: evidence, like an ISSUE
+            self.tracker.record(entry.rel, env.sha256, None, Origin.INGESTED, note="evidence")
+            return
         if doc is None or decision not in ("approved", "rejected", "needs_changes"):
             why = ("task_not_found: the review's subject is no known task" if doc is None
                    else f"review decision {decision!r} asks for no lifecycle change")
@@ -270,22 +318,10 @@ class Ingest:
 
     def _refuse(self, entry: ScanEntry, sha256: str, task_id: str | None, reason: str, stats: IngestStats) -> None:
         """A well-formed file whose command the kernel refused: it stays, with the reason beside it."""
-        self._write_reason(entry.path, "Not applied", reason)
+        write_reason(entry.path, "Not applied", reason)
         self.tracker.record(entry.rel, sha256, task_id, Origin.REFUSED, note=reason)
         stats.refused += 1
         stats.notes.append(f"{entry.rel}: {reason}")
-
-    @staticmethod
-    def _write_reason(path: Path, title: str, reason: str) -> None:
-        """Write (or replace) the file's one note; a note that cannot be written is reported, never fatal."""
-        code, _, message = reason.partition(": ")
-        text = (f"---\nreason: {code}\nfile: {path.name}\n---\n\n# {title}: {code}\n\n{message or reason}\n\n"
-                "The file itself is unchanged. Fix the cause and write a new file to retry.\n")
-        note = path.with_name(reason_note_name(path.name))
-        try:
-            rewrite(note, text.encode("utf-8"), expect_sha256=None)  # ours: replaced, never a link followed
-        except FcopError as exc:
-            safeio.report(exc, "reason_note", file=str(path))
 
     @staticmethod
     def _clear_note(path: Path) -> None:
