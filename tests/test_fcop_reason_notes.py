@@ -46,6 +46,7 @@ def notes(ws: Path) -> list[str]:
 def ws(tmp_path: Path) -> Path:
     root = tmp_path / "ws"
     assert taskkernel("init", str(root), cwd=tmp_path).returncode == 0
+    up(root)  # the first pass imports the (empty) workspace; files written after it are live input
     return root
 
 

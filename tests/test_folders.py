@@ -120,10 +120,11 @@ def test_a_report_file_is_evidence_and_a_done_report_submits(tmp_path: Path) -> 
 
 def test_a_malformed_file_is_quarantined_with_its_bytes_and_a_reason(tmp_path: Path) -> None:
     ws = make_workspace(tmp_path / "ws", {})
+    c = coordinator(ws)
+    c.run_once()  # the import: a malformed file already there is history and is kept where it is
     bad = ws.root / "fcop" / "_lifecycle" / "inbox" / "TASK-20261130-009-ADMIN-to-PM.md"
     raw = b"---\nprotocol: fcop\nversion: [1\nsender: ADMIN\n---\nbroken yaml\n"
     bad.write_bytes(raw)
-    c = coordinator(ws)
     c.run_once()
     q = ws.root / "fcop" / "_quarantine"
     assert (q / bad.name).read_bytes() == raw

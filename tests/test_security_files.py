@@ -262,6 +262,11 @@ def test_authorized_write_file_never_writes_through_a_planted_link(tmp_path: Pat
     assert ("write_file", "symlink_refused", str(work / "sub")) in reported, up.stderr
 
 
+def imported(ws_root: Path, cwd: Path) -> None:
+    """The first pass imports the workspace as history; what is planted after it is live input."""
+    assert taskkernel("up", str(ws_root), "--once", cwd=cwd).returncode == 0
+
+
 def plant_folder(ws_root: Path, rel: str, target: Path) -> Path:
     link = ws_root / "fcop" / rel
     if link.is_dir():
@@ -279,6 +284,7 @@ def test_up_refuses_linked_quarantine_stage_views_and_reports_and_keeps_working(
     before = {rel: snapshot(v) for rel, v in victims.items()}
     ws = make_workspace(tmp_path / "ws", {"OPS": {"runner": "command", "max_attempts": 1,   # the task stays active
                                                   "argv": [sys.executable, "-c", "raise SystemExit(3)"]}})
+    imported(ws.root, tmp_path)
     links = {rel: plant_folder(ws.root, rel, v) for rel, v in victims.items()}
     bad = task_file(ws.root, "TASK-20261130-002-ADMIN-to-OPS.md")
     bad.write_bytes(b"---\nprotocol: [unclosed\n---\n")              # malformed: ingest wants to quarantine it
@@ -309,6 +315,7 @@ def test_up_refuses_linked_locks_and_ledger(tmp_path: Path) -> None:
     victims = {rel: victim(tmp_path / "outside" / rel.strip(".")) for rel in (".locks", "ledger")}
     before = {rel: snapshot(v) for rel, v in victims.items()}
     ws = make_workspace(tmp_path / "ws", {"OPS": {"runner": "scripted"}})
+    imported(ws.root, tmp_path)
     links = {rel: plant_folder(ws.root, rel, v) for rel, v in victims.items()}
     task_file(ws.root, "TASK-20261130-001-ADMIN-to-OPS.md", recipient="OPS", subject="Restart it")
     up = taskkernel("up", str(ws.root), "--once", cwd=tmp_path)

@@ -12,6 +12,7 @@ from kernel.folders.ingest import Ingest, IngestIncomplete, IngestStats
 from kernel.folders.projection import PROJECT_EFFECT, Projection
 from kernel.folders.tracking import FileTracker
 from kernel.outbox import OutboxRelay
+from kernel.workspace import STATE_DIR
 
 
 class FolderAdapter:
@@ -26,7 +27,8 @@ class FolderAdapter:
         self.projection = Projection(kernel, self.fcop, self.tracker)
         self.relay = OutboxRelay(kernel.db, {PROJECT_EFFECT: self.projection})
         self.importer = Importer(kernel, self.fcop, self.tracker,
-                                 Path(os.path.relpath(self.fcop.root, workspace_root)).as_posix())
+                                 Path(os.path.relpath(self.fcop.root, workspace_root)).as_posix(),
+                                 Path(workspace_root) / STATE_DIR / "import.lock")
         self.last_import: ImportReport | None = None
         self.last_ingest = IngestStats()
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -91,8 +92,9 @@ class _Task:
 
 class Importer:
     def __init__(self, kernel: TaskCommandKernel, fcop: FcopWorkspace, tracker: FileTracker, root_key: str,
-                 *, batch_size: int = BATCH) -> None:
+                 lock_file: Path, *, batch_size: int = BATCH) -> None:
         self.kernel = kernel
+        self.lock_file = lock_file  # outside the FCoP root: a link planted in it cannot stop the import
         self.fcop = fcop
         self.tracker = tracker
         self.root_key = root_key
@@ -106,7 +108,7 @@ class Importer:
 
     def run(self, *, dry_run: bool = False) -> ImportReport:
         """Import everything the workspace holds (under the import lock: two coordinators import once)."""
-        with locked(self.fcop.lock_dir / "import.lock"):
+        with locked(self.lock_file):
             if not dry_run and self.imported():
                 return ImportReport()
             report = _Run(self, dry_run).run()
