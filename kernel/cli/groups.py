@@ -6,7 +6,7 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
-    from kernel.cli import demo, gate, goal, kernel_cmds, schedule, session, up, usage, verify
+    from kernel.cli import demo, fcop_cmds, gate, goal, kernel_cmds, schedule, session, up, usage, verify
 
     kernel_cmds.register(app)
     app.command("demo")(demo.demo)
@@ -17,3 +17,4 @@ def register(app: typer.Typer) -> None:
     app.add_typer(session.app, name="session")
     app.add_typer(gate.app, name="gate")
     app.add_typer(schedule.app, name="schedule")
+    app.add_typer(fcop_cmds.app, name="fcop")

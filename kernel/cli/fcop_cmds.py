@@ -1,0 +1,41 @@
+"""`taskkernel fcop …`: commands that change the FCoP folders as a whole (docs/import-and-migrate.md)."""
+
+from __future__ import annotations
+
+import typer
+from rich.markup import escape
+
+from kernel.cli.common import Exit, emit, fail, get_ctx, reject, stderr
+from kernel.folders import migrate as migration
+
+app = typer.Typer(no_args_is_help=True, help="Convert FCoP workspaces.")
+
+
+@app.command("migrate")
+def migrate(ctx: typer.Context,
+            to: str = typer.Option(..., "--to", metavar="GENERATION", help="Target generation: g3."),
+            dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan as JSON and write nothing.")
+            ) -> None:
+    """Convert the workspace's G2 FCoP root to G3 in one atomic swap; the old root is kept as a backup. Stop
+    `taskkernel up` first. Only an unscoped ADMIN credential may migrate."""
+    if to.lower() != "g3":
+        fail(Exit.USAGE, f"--to {to!r}: taskkernel migrates G2 workspaces to g3 only")
+    c = get_ctx(ctx)
+    ws = c.workspace()
+    c.require_admin("migrating the FCoP workspace")
+    db = c.database()
+    try:
+        plan = migration.plan(ws.root, ws.state_dir, migration.known_states(db), migration.tracked_origins(db))
+        if dry_run:
+            emit({"status": "ok", "dry_run": True, **plan.as_json()})
+            stderr.print(f"dry run: {len(plan.moves)} file(s) would move in {escape(str(plan.root))}, "
+                         f"{plan.as_json()['unchanged']} stay; the old root would be kept at "
+                         f"{escape(str(plan.backup))}; nothing written")
+            return
+        result = migration.apply(plan, db)
+    except migration.MigrateRefused as exc:
+        reject(exc.reason, exc.message, **exc.extra)
+    emit({"status": "ok", "dry_run": False, **plan.as_json(), "moved": len(plan.moves), "tracked": result.tracked,
+          "swap": result.swap, "backup": str(result.backup)})
+    stderr.print(f"[green]migrated[/green] {escape(str(plan.root))} to G3: {len(plan.moves)} file(s) moved, "
+                 f"{result.tracked} record(s) followed them; the old root is kept at {escape(str(result.backup))}")
