@@ -1,6 +1,11 @@
 """Folder drift: does every task have exactly one TASK file, in the stage the event log says, and does every
 TASK file belong to a task the log knows?
 
+A task's own file carries its id and its route (sender, recipient); in G3 its subject is the kernel's too (the
+projection keeps it so; a G2 file is history and is never rewritten). Another file with the id — a
+duplicate or a spoof the ingest refused — is not the task's and is not drift, unless the adapter recorded
+it as the task's file (`task_file_mismatch`).
+
 Lag is not drift. A task whose projection effect is still queued in the outbox has not been placed yet. A
 TASK file of a task the log does not know is drift only when the folder adapter has already handled that
 task: ``folder_files`` records a file it took in or wrote for that task id, or this very path as taken in
@@ -20,13 +25,15 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from kernel.fcop import FcopError, FcopWorkspace, parse_filename, safeio
+from kernel.fcop import FcopError, FcopFilename, FcopWorkspace, Generation, parse_filename, read_envelope, safeio
 from kernel.fcop.detect import STAGES
 from kernel.folders.projection import PROJECT_EFFECT, Projection
 from kernel.folders.tracking import Origin, folder_files
 from kernel.store.schema import events, outbox, tasks
 
 HANDLED = (Origin.PROJECTED.value, Origin.INGESTED.value)
+REFUSED = (Origin.REFUSED.value, Origin.QUARANTINED.value, Origin.KEPT.value)  # intruders and kept history
+G2_TASK_DIRS = ("tasks", "log/tasks", "history")
 
 
 @dataclass(frozen=True)
@@ -34,14 +41,14 @@ class FolderDrift:
     task_id: str
     position: int  # the task's last event position (an unknown task: where the log ends, plus one)
     detail: str
-    reason: str = "folder_drift"  # folder_drift (repairable), folder_duplicate, unknown_task_file
+    reason: str = "folder_drift"  # folder_drift (repairable), folder_duplicate, unknown_task_file, task_file_mismatch
 
 
-def task_files(fcop: FcopWorkspace) -> dict[str, list[Path]]:
-    """TASK files per id, read through the safe layer: a symlinked stage folder is not looked into
-    (the scan reports it), and a link in a stage is not a TASK file."""
-    found: dict[str, list[Path]] = {}
-    for directory in [fcop.stage_dir(s) for s in STAGES] + [fcop.root / "tasks"]:
+def task_files(fcop: FcopWorkspace) -> dict[str, list[tuple[Path, FcopFilename]]]:
+    """TASK files per id (with their parsed names), read through the safe layer: a symlinked stage folder is
+    not looked into (the scan reports it), and a link in a stage is not a TASK file."""
+    found: dict[str, list[tuple[Path, FcopFilename]]] = {}
+    for directory in [fcop.stage_dir(s) for s in STAGES] + [fcop.root / d for d in G2_TASK_DIRS]:
         try:
             entries = safeio.list_dir(directory)
         except (FcopError, OSError):  # missing, or a refused link
@@ -49,7 +56,7 @@ def task_files(fcop: FcopWorkspace) -> dict[str, list[Path]]:
         for entry, st in entries:
             name = parse_filename(entry) if entry.startswith("TASK-") and entry.endswith(".md") else None
             if name is not None and stat.S_ISREG(st.st_mode):
-                found.setdefault(name.id, []).append(directory / entry)
+                found.setdefault(name.id, []).append((directory / entry, name))
     return found
 
 
@@ -61,33 +68,62 @@ def check_folders(projection: Projection) -> list[FolderDrift]:
         rows = conn.execute(sa.select(tasks.c.task_id, tasks.c.doc, tasks.c.last_pos)).all()
         queued = {json.loads(p)["task_id"] for p in conn.execute(sa.select(outbox.c.payload).where(
             outbox.c.effect == PROJECT_EFFECT, outbox.c.status.in_(("pending", "claimed")))).scalars()}
-        handled = conn.execute(sa.select(folder_files.c.rel, folder_files.c.task_id).where(
-            folder_files.c.origin.in_(HANDLED))).all()
+        records = {r.rel: (r.task_id, r.origin) for r in conn.execute(
+            sa.select(folder_files.c.rel, folder_files.c.task_id, folder_files.c.origin))}
         head = conn.execute(sa.select(sa.func.max(events.c.global_pos))).scalar() or 0
     files = task_files(fcop)
+    g2 = fcop.generation is Generation.G2
     drifts: list[FolderDrift] = []
     for task_id, doc_text, pos in rows:
         if task_id in queued:
             continue
-        state = json.loads(doc_text)["state"]
-        paths = files.get(task_id, [])
-        if not paths:
+        doc = json.loads(doc_text)
+        candidates = files.get(task_id, [])
+        own = [(p, n) for p, n in candidates if (n.sender, n.recipient) == (doc["sender"], doc["recipient"])
+               and records.get(fcop.relative(p), (None, ""))[1] not in REFUSED]
+        for path, name in candidates:  # a file of this id with another route may only be a refused intruder
+            rel = fcop.relative(path)
+            if (path, name) not in own and records.get(rel, (None, ""))[1] in HANDLED:
+                drifts.append(FolderDrift(task_id, pos, f"{rel} names {task_id} with another route than the "
+                                                        "task's and is recorded as its file", "task_file_mismatch"))
+        if not own:
             drifts.append(FolderDrift(task_id, pos, "no TASK file in any stage"))
-        elif len(paths) > 1:
+            continue
+        if len(own) > 1:
             drifts.append(FolderDrift(task_id, pos, "TASK file in several places: " +
-                                      ", ".join(fcop.relative(p) for p in paths), "folder_duplicate"))
-        elif paths[0].parent.name != state and not (state == "inbox" and paths[0].parent.name == "tasks"):
-            drifts.append(FolderDrift(task_id, pos, f"TASK file is in {paths[0].parent.name}/, the kernel says "
-                                                    f"{state}"))
+                                      ", ".join(fcop.relative(p) for p, _ in own), "folder_duplicate"))
+            continue
+        path = own[0][0]
+        where = path.parent.name
+        if not g2 and where != doc["state"] and not (doc["state"] == "inbox" and where == "tasks"):
+            drifts.append(FolderDrift(task_id, pos, f"TASK file is in {where}/, the kernel says {doc['state']}"))
+        if not g2 and (subject := _subject(path)) is not None and not _same_subject(subject, doc["subject"]):
+            drifts.append(FolderDrift(task_id, pos, f"{fcop.relative(path)} has subject {subject!r}, the kernel "
+                                                    f"{doc['subject']!r}", "task_file_mismatch"))
     known = {row[0] for row in rows}
-    handled_rels, handled_tasks = {rel for rel, _ in handled}, {task for _, task in handled}
-    for task_id, paths in sorted(files.items()):
-        taken = [fcop.relative(p) for p in paths if task_id in handled_tasks or fcop.relative(p) in handled_rels]
+    handled_tasks = {task for task, origin in records.values() if origin in HANDLED}
+    for task_id, found in sorted(files.items()):
+        taken = [fcop.relative(p) for p, _ in found
+                 if task_id in handled_tasks or records.get(fcop.relative(p), (None, ""))[1] in HANDLED]
         if task_id not in known and taken:
             drifts.append(FolderDrift(task_id, head + 1, f"TASK file of a task the log does not know: "
                                       f"{', '.join(taken)} (the folder adapter already took in or wrote it)",
                                       "unknown_task_file"))
     return drifts
+
+
+def _subject(path: Path) -> str | None:
+    """The file's subject as a reader sees it (None when it cannot be read: the scan reports that)."""
+    try:
+        env = read_envelope(path)
+    except (FcopError, OSError):
+        return None
+    return (getattr(env, "subject", None) or env.id).strip()
+
+
+def _same_subject(on_disk: str, kernel: str) -> bool:
+    """Equal, or the kernel holds the import's shortened form (a subject beyond 500 characters)."""
+    return on_disk == kernel or (kernel.endswith("…") and on_disk.startswith(kernel[:-1]))
 
 
 def repair_folders(projection: Projection, drifts: list[FolderDrift]) -> int:
