@@ -121,6 +121,10 @@ class Scanner:
         self._ghosts: set[str] = set()
         self._refused: set[str] = set()
 
+    def absorb(self, other: Scanner) -> None:
+        """Take over what ``other`` handed out (the import's full scan), so those files are not read again."""
+        self._seen.update({rel: seen for rel, seen in other._seen.items() if seen.done})
+
     def forget(self, rel: str) -> None:
         """Drop what is known about ``rel`` so the next scan looks at it afresh."""
         self._seen.pop(rel, None)

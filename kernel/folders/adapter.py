@@ -37,7 +37,7 @@ class FolderAdapter:
         (after the whole pass) if any file failed."""
         imported = 0
         if self.last_import is None and not self.importer.imported():
-            self.last_import = self.importer.run()
+            self.last_import = self.importer.run(live=self.scanner)
             imported = sum(self.last_import.tasks.values()) + sum(self.last_import.records.values())
         self.last_ingest = self.ingest.run()
         if self.last_ingest.failed:

@@ -106,12 +106,16 @@ class Importer:
             return conn.execute(sa.select(folder_imports.c.root).where(
                 folder_imports.c.root == self.root_key)).first() is not None
 
-    def run(self, *, dry_run: bool = False) -> ImportReport:
-        """Import everything the workspace holds (under the import lock: two coordinators import once)."""
+    def run(self, *, dry_run: bool = False, live: Scanner | None = None) -> ImportReport:
+        """Import everything the workspace holds (under the import lock: two coordinators import once).
+        ``live``: the live ingest's scanner, told which files the import read so it does not read them again."""
         with locked(self.lock_file):
             if not dry_run and self.imported():
                 return ImportReport()
-            report = _Run(self, dry_run).run()
+            scanner = Scanner(self.fcop, settle_s=0, grace_s=0)
+            report = _Run(self, dry_run).run(scanner)
+            if live is not None and not dry_run:
+                live.absorb(scanner)
             if not dry_run:
                 with self.kernel.db.write() as uow:
                     uow.conn.execute(folder_imports.insert().values(
@@ -137,8 +141,8 @@ class _Run:
                                                                             folder_files.c.sha256))}
             self.docs = {tid: json.loads(doc) for tid, doc in conn.execute(sa.select(tasks.c.task_id, tasks.c.doc))}
 
-    def run(self) -> ImportReport:
-        batch = Scanner(self.i.fcop, settle_s=0, grace_s=0).scan()
+    def run(self, scanner: Scanner) -> ImportReport:
+        batch = scanner.scan()
         for entry in batch.invalid:
             if self._new(entry):
                 reason = entry.error.reason.value if entry.error else FcopReason.MALFORMED_FRONT_MATTER.value
