@@ -55,6 +55,7 @@ class FcopWarning(StrEnum):
     ROUTING_MISMATCH = "routing_mismatch"      # front matter sender/recipient differ from the filename
     TYPE_MISMATCH = "type_mismatch"            # a `type:` key that contradicts the filename prefix
     BOM_STRIPPED = "bom_stripped"
+    LEGACY_ENCODING = "legacy_encoding"        # not UTF-8 but GB18030/GBK: read by the import as history
     AUTHORITY_WORD = "authority_word"          # BOSS, CEO, ... legal but suspicious role codes
     TASK_NAMED_OUTSIDE_REFERENCES = "task_named_outside_references"  # a REPORT names its task by ref_task:,
     # in_reply_to: or task_id: (fcop itself rejects it); we attach it to that task

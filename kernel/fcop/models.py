@@ -33,7 +33,9 @@ PROTOCOL_ALIASES = frozenset({"fcop", "agent_bridge", "agent-bridge", "file-coor
 REPORT_STATUSES = frozenset({"done", "blocked", "in_progress", "aborted", "accepted"})
 ISSUE_STATUSES = frozenset({"open", "closed", "resolved"})
 SEVERITY_ALIASES = {"low": "low", "medium": "medium", "med": "medium", "high": "high",
-                    "critical": "critical", "crit": "critical"}
+                    "critical": "critical", "crit": "critical",
+                    # field ISSUEs rate severity like priorities
+                    "p0": "critical", "p1": "high", "p2": "medium", "p3": "low"}
 REVIEW_DECISIONS = frozenset({"approved", "rejected", "needs_changes", "abstained", "needs_human"})
 RISK_LEVELS = frozenset({"low", "medium", "high", "irreversible"})
 

@@ -42,6 +42,7 @@ from kernel.fcop.safeio import read_bytes
 from kernel.model.ids import id_range_problem
 
 DEFAULT_MAX_BYTES = 1024 * 1024
+LEGACY_ENCODING = "gb18030"
 
 _COMMON_KEYS = {"protocol", "version", "type"}
 _KNOWN_KEYS: dict[EnvelopeKind, set[str]] = {
@@ -93,7 +94,7 @@ def _references(fm: dict[str, Any], key: str = "references") -> tuple[str, ...]:
 
 
 # Fields early agents used instead of `references:` to name the TASK a REPORT answers, in the order we trust them.
-REPORT_TASK_FIELDS = ("task_id", "ref_task", "task_ref", "related_task", "in_reply_to")
+REPORT_TASK_FIELDS = ("task_id", "ref_task", "task_ref", "related_task", "in_reply_to", "parent", "related")
 
 
 def _report_references(fm: dict[str, Any]) -> tuple[tuple[str, ...], bool]:
@@ -104,8 +105,9 @@ def _report_references(fm: dict[str, Any]) -> tuple[tuple[str, ...], bool]:
         return references, False
     for key in REPORT_TASK_FIELDS:
         value = fm.get(key)
-        if isinstance(value, str) and TASK_ID_RE.match(ref := normalize_reference(value)):
-            return (ref, *references), True
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, str) and TASK_ID_RE.match(ref := normalize_reference(item)):
+                return (ref, *references), True
     return references, False
 
 
@@ -210,8 +212,19 @@ def read_envelope(path: Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Envelope
     return parse_envelope(path.name, data, max_bytes=max_bytes)
 
 
-def parse_envelope(filename: str, data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> EnvelopeModel:
-    """Parse one file's bytes, named ``filename`` (a basename), into its envelope model."""
+def _legacy_text(data: bytes) -> str:
+    """History only, never live input: GB18030 (a superset of GBK), which early agents wrote, else UTF-8 with
+    the damaged sequences replaced by U+FFFD (field files mix both). The file's bytes stay as they are."""
+    try:
+        return data.decode(LEGACY_ENCODING)
+    except UnicodeDecodeError:
+        return data.decode("utf-8", errors="replace")
+
+
+def parse_envelope(filename: str, data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES,
+                   legacy_encoding: bool = False) -> EnvelopeModel:
+    """Parse one file's bytes, named ``filename`` (a basename), into its envelope model. ``legacy_encoding``
+    (the import): a file that is not UTF-8 but is GB18030 is read, with the warning ``legacy_encoding``."""
     name = parse_filename(filename)
     if name is None:
         claimed = envelope_prefix(filename)
@@ -219,7 +232,13 @@ def parse_envelope(filename: str, data: bytes, *, max_bytes: int = DEFAULT_MAX_B
         raise FcopError(FcopReason.BAD_FILENAME, f"{filename!r} is not {what} of the FCoP grammar (§3)")
     if problem := id_range_problem(name.date, name.sequence):  # it would overflow the kernel's id counter
         raise FcopError(FcopReason.INVALID_TASK_ID, f"{filename[:120]!r}: {problem}")
-    text, bom = decode(data, max_bytes)
+    legacy = False
+    try:
+        text, bom = decode(data, max_bytes)
+    except FcopError as exc:
+        if not legacy_encoding or exc.reason is not FcopReason.INVALID_ENCODING:
+            raise
+        text, bom, legacy = _legacy_text(data), False, True
     parts = frontmatter.split(text)
     if parts is None:
         raise FcopError(FcopReason.MISSING_FRONT_MATTER, "file does not start with a '---' fenced YAML block")
@@ -233,6 +252,8 @@ def parse_envelope(filename: str, data: bytes, *, max_bytes: int = DEFAULT_MAX_B
         "size": len(data), "extra": {k: v for k, v in fm.items() if k not in _KNOWN_KEYS[name.kind]},
     }
     warnings = [FcopWarning.BOM_STRIPPED] if bom else []
+    if legacy:
+        warnings.append(FcopWarning.LEGACY_ENCODING)
     model: EnvelopeModel
     if name.kind is EnvelopeKind.TASK:
         sender, recipient = _role(fm, "sender"), _role(fm, "recipient")

@@ -111,12 +111,14 @@ class Scanner:
     """Stateful scanner of one workspace; call :meth:`scan` repeatedly (after watch events and periodically)."""
 
     def __init__(self, ws: FcopWorkspace, *, settle_s: float = 1.0, grace_s: float = 5.0,
-                 max_bytes: int = DEFAULT_MAX_BYTES, clock: Callable[[], float] = time.time) -> None:
+                 max_bytes: int = DEFAULT_MAX_BYTES, clock: Callable[[], float] = time.time,
+                 legacy_encoding: bool = False) -> None:
         self.ws = ws
         self.settle_s = settle_s
         self.grace_s = grace_s
         self.max_bytes = max_bytes
         self.clock = clock
+        self.legacy_encoding = legacy_encoding  # the import reads GBK history; live input must be UTF-8
         self._seen: dict[str, _Seen] = {}
         self._ghosts: set[str] = set()
         self._refused: set[str] = set()
@@ -253,7 +255,8 @@ class Scanner:
             return None, exc, None
         sha = sha256_hex(data)
         try:
-            return parse_envelope(path.name, data, max_bytes=self.max_bytes), None, sha
+            return (parse_envelope(path.name, data, max_bytes=self.max_bytes, legacy_encoding=self.legacy_encoding),
+                    None, sha)
         except FcopError as exc:
             exc.path = path
             return None, exc, sha

@@ -112,7 +112,7 @@ class Importer:
         with locked(self.lock_file):
             if not dry_run and self.imported():
                 return ImportReport()
-            scanner = Scanner(self.fcop, settle_s=0, grace_s=0)
+            scanner = Scanner(self.fcop, settle_s=0, grace_s=0, legacy_encoding=True)
             report = _Run(self, dry_run).run(scanner)
             if live is not None and not dry_run:
                 live.absorb(scanner)
