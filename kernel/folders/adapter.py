@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from kernel.commands import TaskCommandKernel
@@ -26,9 +25,7 @@ class FolderAdapter:
                              submit_on_done_report=submit_on_done_report)
         self.projection = Projection(kernel, self.fcop, self.tracker)
         self.relay = OutboxRelay(kernel.db, {PROJECT_EFFECT: self.projection})
-        self.importer = Importer(kernel, self.fcop, self.tracker,
-                                 Path(os.path.relpath(self.fcop.root, workspace_root)).as_posix(),
-                                 Path(workspace_root) / STATE_DIR / "import.lock")
+        self.importer = Importer.for_workspace(kernel, self.fcop, self.tracker, workspace_root, STATE_DIR)
         self.last_import: ImportReport | None = None
         self.last_ingest = IngestStats()
 

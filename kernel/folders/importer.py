@@ -21,6 +21,7 @@ recorded in `folder_files`, so a later pass (or a re-run after a crash) never ta
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,6 +101,13 @@ class Importer:
         self.root_key = root_key
         self.batch_size = batch_size
         kernel.db.create_schema(import_metadata)
+
+    @classmethod
+    def for_workspace(cls, kernel: TaskCommandKernel, fcop: FcopWorkspace, tracker: FileTracker,
+                      workspace_root: Path, state_dir: str) -> Importer:
+        """One import per FCoP root (keyed by its path in the workspace); the lock sits in the state folder."""
+        root_key = Path(os.path.relpath(fcop.root, workspace_root)).as_posix()
+        return cls(kernel, fcop, tracker, root_key, Path(workspace_root) / state_dir / "import.lock")
 
     def imported(self) -> bool:
         with self.kernel.db.read() as conn:
