@@ -57,15 +57,20 @@ def _names(directory: Path, depth: int = 0) -> list[str]:
     return names
 
 
-def max_sequence(ws: FcopWorkspace, kind: EnvelopeKind, date: str) -> int:
-    """Highest NNN of ``kind`` on ``date`` anywhere in the workspace (0 if none)."""
+def sequences_in_use(ws: FcopWorkspace, kind: EnvelopeKind, date: str) -> set[int]:
+    """Every NNN of ``kind`` on ``date`` present as a file anywhere the kind may live (quarantine included)."""
     pattern = re.compile(rf"^\.?{kind.value}-{date}-(\d{{3,}})(?:-|\.|$)")
-    best = 0
+    found = set()
     for directory in [*ws.envelope_dirs(kind), ws.quarantine_dir]:
         for name in _names(directory):
             if (m := pattern.match(name)) and (n := int(m[1])) <= MAX_SEQUENCE:
-                best = max(best, n)
-    return best
+                found.add(n)
+    return found
+
+
+def max_sequence(ws: FcopWorkspace, kind: EnvelopeKind, date: str) -> int:
+    """Highest NNN of ``kind`` on ``date`` anywhere in the workspace (0 if none)."""
+    return max(sequences_in_use(ws, kind, date), default=0)
 
 
 def allocate_and_publish(ws: FcopWorkspace, kind: EnvelopeKind, directory: Path,
