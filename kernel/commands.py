@@ -32,6 +32,7 @@ from kernel.model.commands import (
     ReportPayload,
     canonical_thread_key,
 )
+from kernel.model.limits import too_large_message
 from kernel.model.principal import ADMIN, Principal
 from kernel.model.task import (
     AUTHORITY_FOR,
@@ -165,8 +166,12 @@ class TaskCommandKernel:
                                  "to the coordinator's adapters; choose another key", raw)
             return cmd
         except ValidationError as exc:
-            bad_id = any(e["type"] == TASK_ID_ERROR for e in exc.errors())
-            return _rejected(R.INVALID_TASK_ID if bad_id else R.INVALID_COMMAND, _describe(exc), raw)
+            errors = exc.errors()
+            if any(e["type"] == TASK_ID_ERROR for e in errors):
+                return _rejected(R.INVALID_TASK_ID, _describe(exc), raw)
+            too_large = too_large_message(errors)  # content the folder projection could not write
+            return _rejected(R.PAYLOAD_TOO_LARGE if too_large else R.INVALID_COMMAND, too_large or _describe(exc),
+                             raw)
         except (TypeError, ValueError) as exc:
             return _rejected(R.INVALID_COMMAND, str(exc), raw)
 

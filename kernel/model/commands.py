@@ -1,7 +1,8 @@
 """Command wire format (`taskkernel submit`, MCP and file adapters) as pydantic models.
 
 Shape validation is check 1 of the kernel: anything that fails here is ``invalid_command``, except
-a task id out of its grammar or range, which is ``invalid_task_id`` (errors of type TASK_ID_ERROR).
+a task id out of its grammar or range, which is ``invalid_task_id`` (errors of type TASK_ID_ERROR), and
+content the folder projection could not write, which is ``payload_too_large`` (kernel.model.limits).
 Numbers are strict: an integer field takes only an integer (not ``true``, ``"1"`` or ``1.0``) within
 ±2**53, a float field only a finite number, and free-form JSON (payload, transport) is checked the
 same way, so what is stored reads back exactly (docs/events.md).
@@ -20,6 +21,7 @@ from pydantic_core import PydanticCustomError
 from kernel.canonical import JSON_SAFE_INT, check_json
 from kernel.model.ids import TASK_ID_RE as TASK_ID_RE  # re-exported: the grammar other modules match
 from kernel.model.ids import task_id_problem
+from kernel.model.limits import Body, Reason, References, ThreadKey
 
 TASK_ID_ERROR = "invalid_task_id"  # the pydantic error type of a bad task id
 Count = Annotated[int, Field(strict=True, ge=0, le=JSON_SAFE_INT)]  # no bool, "1" or 1.0; exact in JSON
@@ -126,11 +128,11 @@ class CreateTaskPayload(_Strict):
     sender: str
     recipient: str
     subject: str = Field(min_length=1, max_length=500)
-    body: str = ""
+    body: Body = ""
     priority: Priority = Priority.P2
     parent: str | None = None
     risk_level: RiskLevel = RiskLevel.LOW
-    references: list[str] = Field(default_factory=list)
+    references: References = Field(default_factory=list)
     cost_tier: CostTier | None = None  # default: the root's (a root defaults to standard)
     budget: TaskBudget | None = None
     # Explicit authority fields override the main-line/branch defaults.
@@ -171,8 +173,8 @@ class AttachRecordPayload(_Strict):
     source: str = Field(min_length=1, max_length=1000)  # the file, relative to the FCoP root
     author: str
     status: str | None = Field(default=None, max_length=100)  # report status, review decision, issue status
-    body: str = ""
-    references: list[str] = Field(default_factory=list)
+    body: Body = ""
+    references: References = Field(default_factory=list)
 
     _author = field_validator("author")(_role)
 
@@ -182,22 +184,22 @@ class EmptyPayload(_Strict):
 
 
 class ReasonPayload(_Strict):
-    reason: str = Field(min_length=1, max_length=5000)
+    reason: Reason
 
 
 class ReportPayload(_Strict):
     status: ReportStatus
-    body: str = ""
-    references: list[str] = Field(default_factory=list)
+    body: Body = ""
+    references: References = Field(default_factory=list)
     report_id: str | None = Field(default=None, min_length=1, max_length=200)
 
 
 class AmendPayload(_Strict):
     subject: str | None = Field(default=None, min_length=1, max_length=500)
-    body: str | None = None
+    body: Body | None = None
     priority: Priority | None = None
     risk_level: RiskLevel | None = None
-    references: list[str] | None = None
+    references: References | None = None
 
     @model_validator(mode="after")
     def _something(self) -> AmendPayload:
@@ -255,7 +257,7 @@ class Command(BaseModel):
 
     type: CommandType
     task_id: str | None = None
-    thread_key: str | None = None
+    thread_key: ThreadKey | None = None
     root: str | None = None
     expected_revision: Count | None = None
     round: Count | None = None
