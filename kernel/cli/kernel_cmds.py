@@ -11,17 +11,19 @@ from typing import Any
 
 import sqlalchemy as sa
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from kernel.cli.common import Exit, emit, fail, get_ctx, stderr
 from kernel.cli.wiring import build_kernel
 from kernel.credentials import issue_token
+from kernel.fcop import FcopError
 from kernel.model.principal import LOCAL_OWNER
 from kernel.private import write_private
 from kernel.reasons import KernelError, ReasonCode
 from kernel.store.events import RecordedEvent
 from kernel.store.schema import tasks as tasks_table
-from kernel.workspace import TEAM_PRESETS, init_workspace
+from kernel.workspace import DEFAULT_TEAM, TEAM_PRESETS, init_workspace
 
 task_app = typer.Typer(no_args_is_help=True, help="Inspect tasks.")
 token_app = typer.Typer(no_args_is_help=True, help="Credentials.")
@@ -36,23 +38,37 @@ def register(app: typer.Typer) -> None:
 
 
 def init(ctx: typer.Context, directory: Path = typer.Argument(Path("."), help="Workspace root."),
-         team: str = typer.Option("dev-team", "--team", help=f"Team preset: {', '.join(TEAM_PRESETS)}.")) -> None:
-    """Create the workspace: .taskkernel/kernel.db, taskkernel.toml and the FCoP folders."""
-    if team not in TEAM_PRESETS:
+         team: str = typer.Option(None, "--team", show_default=False,
+                                  help=f"Team preset: {', '.join(TEAM_PRESETS)} (default for a new FCoP "
+                                       f"workspace: {DEFAULT_TEAM}).")) -> None:
+    """Create the workspace: .taskkernel/kernel.db, taskkernel.toml and, in a project without any, the FCoP
+    folders. An existing FCoP workspace (fcop/ or docs/agents/) is left exactly as it is."""
+    if team is not None and team not in TEAM_PRESETS:
         fail(Exit.USAGE, f"unknown team preset {team!r}; choose one of {', '.join(TEAM_PRESETS)}")
+    c = get_ctx(ctx)
     try:
-        c = get_ctx(ctx)
-        ws = init_workspace(directory, team, c.db_url or os.environ.get("TASKKERNEL_DB"))
+        done = init_workspace(directory, team, c.db_url or os.environ.get("TASKKERNEL_DB"))
+    except FcopError as exc:  # both fcop/ and docs/agents/: nothing was written
+        fail(Exit.REJECTED, f"{exc.reason.value}: {exc}", reason=exc.reason.value)
+    except ValueError as exc:  # --team against the team already named; an unreadable toml, fcop.json or [team]
+        fail(Exit.USAGE, str(exc))
     except OSError as exc:
         fail(Exit.INTERNAL, f"cannot create the workspace at {directory}: {exc}")
+    ws, t = done.workspace, done.team
     c.workspace_path = str(ws.root)
     c.database()
     if ws.require_token and not ws.owner_token_path.exists():
         owner_token = issue_token(c.database(), LOCAL_OWNER.role, LOCAL_OWNER.agent)
         with contextlib.suppress(FileExistsError):  # a concurrent init wrote it first: theirs stands
             write_private(ws.owner_token_path, (owner_token + "\n").encode("ascii"))
-    emit({"status": "ok", "workspace": str(ws.root), "database": c.database().url, "team": team})
-    stderr.print(f"[green]workspace ready[/green] at {ws.root} (team {team})")
+    emit({"status": "ok", "workspace": str(ws.root), "database": c.database().url, "fcop_root": str(done.fcop_root),
+          "fcop_created": done.laid_out, "team": t.name, "leader": t.leader, "roles": t.roles,
+          "team_source": t.source})
+    where = "laid out" if done.laid_out else "found (left as it is)"
+    stderr.print(f"[green]workspace ready[/green] at {ws.root}; FCoP folder {done.fcop_root} {where}")
+    stderr.print(f"team {t.name} from {t.source}: leader {t.leader}, roles {', '.join(t.roles)}")
+    if done.note:
+        stderr.print(f"[yellow]note:[/yellow] {escape(done.note)}")
 
 
 @token_app.command("issue")
