@@ -115,12 +115,16 @@ def task_stream(task_id: str) -> str:
 
 class TaskCommandKernel:
     def __init__(self, db: Database, roles: RolePolicy, *, effect_rules: Sequence[EffectRule] = (),
-                 guards: Sequence[Guard] = (), store: EventStore | None = None) -> None:
+                 guards: Sequence[Guard] = (), store: EventStore | None = None,
+                 numbers_in_use: Callable[[str], set[int]] | None = None) -> None:
         self.db = db
         self.roles = roles
         self.store = store or EventStore(task_upcasters())
         self.effect_rules = list(effect_rules)
         self.guards = list(guards)
+        # Task numbers of a UTC day (YYYYMMDD) taken by files the kernel does not hold (a TASK file not yet
+        # ingested, refused or kept): the allocator skips them, so the kernel never hands out a number in use.
+        self.numbers_in_use = numbers_in_use
 
     # -- public API ------------------------------------------------------------------------
     def submit(self, command: Mapping[str, Any] | Command, principal: Principal | None, *,
@@ -445,10 +449,11 @@ class TaskCommandKernel:
 
     def _allocate_task_id(self, uow: UnitOfWork, now_iso: str) -> str:
         day = now_iso[:10].replace("-", "")  # UTC date
+        in_use = self.numbers_in_use(day) if self.numbers_in_use else set()
         while True:
             n = _bump_counter(uow, f"task:{day}")
             task_id = f"TASK-{day}-{n:03d}"
-            if not uow.sql(_TASK_EXISTS, (task_id,)).fetchone():
+            if n not in in_use and not uow.sql(_TASK_EXISTS, (task_id,)).fetchone():
                 return task_id
 
     @staticmethod

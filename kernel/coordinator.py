@@ -19,7 +19,8 @@ from typing import Any
 
 from kernel.automations import Automations
 from kernel.commands import EffectRule, TaskCommandKernel
-from kernel.fcop import safeio
+from kernel.fcop import EnvelopeKind, FcopError, open_workspace, safeio
+from kernel.fcop.numbering import sequences_in_use
 from kernel.folders.adapter import FolderAdapter
 from kernel.folders.projection import PROJECT_RULE
 from kernel.logging import get_logger
@@ -53,8 +54,21 @@ def build_kernel(db: Database, workspace: Workspace | None) -> TaskCommandKernel
     gate = GateGuard(log, store, default_session=gate_cfg.get("session", "admin"),
                      protected_by_risk={**DEFAULT_PROTECTED, **gate_cfg.get("protected", {})},
                      protected_by_role=gate_cfg.get("roles", {}))
+    folders = workspace is not None and workspace.config.get("folders", {}).get("enabled", True)
     return TaskCommandKernel(db, roles, effect_rules=STANDARD_EFFECTS, store=store,
-                             guards=[HumanGrantGuard(log), gate])
+                             guards=[HumanGrantGuard(log), gate],
+                             numbers_in_use=_task_numbers_on_disk(workspace.root) if folders and workspace else None)
+
+
+def _task_numbers_on_disk(root: Path) -> Callable[[str], set[int]]:
+    """The day's TASK numbers present as files in the workspace's FCoP folders, any stage, any state."""
+    def numbers(day: str) -> set[int]:
+        try:
+            fcop = open_workspace(root, allow_mixed=True)
+        except FcopError:  # no readable workspace (G4, ambiguous): nothing on disk the kernel would write into
+            return set()
+        return sequences_in_use(fcop, EnvelopeKind.TASK, day)
+    return numbers
 
 
 @dataclass(frozen=True)
