@@ -65,10 +65,13 @@ class Dispatcher:
 
     # -- one pass of each stage -------------------------------------------------------------
     def dispatch_new(self) -> int:
-        """Claim every inbox task addressed to a role that has a runner."""
+        """Claim every inbox task addressed to a role that has a runner (only those are read: a pass costs
+        the work there is, not the size of the inbox)."""
+        if not self.specs:
+            return 0
         with self.db.read() as conn:
-            rows = conn.execute(sa.select(tasks.c.task_id, tasks.c.recipient).where(tasks.c.state == "inbox")
-                                .order_by(tasks.c.task_id)).all()
+            rows = conn.execute(sa.select(tasks.c.task_id, tasks.c.recipient).where(
+                tasks.c.state == "inbox", tasks.c.recipient.in_(list(self.specs))).order_by(tasks.c.task_id)).all()
         claimed = 0
         for task_id, recipient in rows:
             spec = self.specs.get(recipient)
