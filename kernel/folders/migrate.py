@@ -214,11 +214,11 @@ def _area(rel: str) -> str:
 
 def _task_move(root: Path, rel: str, name: str, st: os.stat_result, area: str, states: dict[str, str],
                origins: dict[str, str]) -> Move:
-    """A TASK file goes to the stage the kernel holds its task in (unless the kernel refused or quarantined this
-    very file: another file is that task's), else to inbox (from tasks/) or archive (from log/tasks/)."""
+    """A TASK file goes to the stage the kernel holds its task in, unless the adapter recorded this very file as
+    something other than the task's (refused, kept, quarantined); else to inbox (tasks/) or archive (log/tasks/)."""
     parsed = parse_filename(name)
     state = states.get(parsed.id) if parsed else None
-    if state in STAGES and origins.get(rel) not in (Origin.REFUSED.value, Origin.QUARANTINED.value):
+    if state in STAGES and origins.get(rel) in (None, Origin.INGESTED.value, Origin.PROJECTED.value):
         stage, stage_from = str(state), "kernel"
     else:
         stage, stage_from = TASK_AREAS[area], f"{area}/"
@@ -241,7 +241,7 @@ def _check_collisions(p: Plan) -> None:
     for rel in p.files:
         landing.setdefault(p.target(rel), []).append(rel)
     kept_dirs = {d for d in p.dirs if not _in_g2_area(d)}
-    clashes = sorted((dst, srcs) for dst, srcs in landing.items() if len(srcs) > 1 or dst in kept_dirs)
+    clashes = sorted((dst, sorted(srcs)) for dst, srcs in landing.items() if len(srcs) > 1 or dst in kept_dirs)
     if clashes:
         raise MigrateRefused(FcopReason.TARGET_EXISTS.value, f"{len(clashes)} destination(s) would hold two "
                              "files; rename or remove one of each pair, then migrate again",
@@ -260,14 +260,13 @@ class Result:
 def apply(p: Plan, db: Database) -> Result:
     """Build the G3 root beside the old one, check the old one is unchanged, swap them and move the records."""
     staged = p.root.parent / f".{p.root.name}.migrate-{secrets.token_hex(4)}"
-    try:
-        _mkdir_new(p.backup_base)  # never an existing backup
-        ensure_dir(p.backup.parent)
-        _mkdir_new(staged)
-    except FcopError as exc:
-        raise MigrateRefused(exc.reason.value, exc.message, path=str(exc.path)) from exc
+    made: list[Path] = []  # what we created, removed again unless the swap published it
     published = False
     try:
+        for folder in (p.backup_base, staged):  # never an existing backup or temp folder
+            _mkdir_new(folder)
+            made.append(folder)
+        ensure_dir(p.backup.parent)
         _build(p, staged)
         changed = _changes(p)
         if changed:
@@ -282,7 +281,8 @@ def apply(p: Plan, db: Database) -> Result:
         raise MigrateRefused(exc.reason.value, exc.message, path=str(exc.path) if exc.path else None) from exc
     finally:
         if not published:
-            shutil.rmtree(staged, ignore_errors=True)  # our own links and files; the live tree is untouched
+            for folder in made:  # our links, files and empty folders; the live tree is untouched
+                shutil.rmtree(folder, ignore_errors=True)
     return Result(_stash(p.root.parent / old_name, p.backup), how, tracked)
 
 
