@@ -4,7 +4,8 @@ Key order follows fcop's serialisers (known keys in protocol order, then
 unknown keys sorted, then ``transitions``), so fcop's v3 reader parses and
 round-trips what we write. New TASKs get their creation event
 ``{from: null, to: inbox}``; later moves append one event each (Rule E/F),
-keeping the body bytes and the existing front-matter text. Every write goes through
+keeping the body bytes and the existing front-matter text; an amendment rewrites the
+front matter it changes (and the body) together with its event. Every write goes through
 ``safeio``: no symlinked folder or file is ever written through.
 """
 
@@ -37,6 +38,10 @@ from kernel.fcop.models import (
 from kernel.fcop.numbering import Published, allocate_and_publish
 from kernel.fcop.parse import DEFAULT_MAX_BYTES, decode
 from kernel.fcop.safeio import ensure_dir, read_bytes, rewrite, sha256_hex
+
+# Called with a new file's path and bytes just before it is published (under the numbering lock), so a
+# caller can record it first: whoever finds the file then already knows it (see numbering).
+BeforePublish = Callable[[Path, bytes], None]
 
 _TASK_ORDER = ("protocol", "version", "sender", "recipient", "priority", "thread_key", "parent", "subject",
                "references")
@@ -92,7 +97,8 @@ class TaskDraft:
     tool: str = "create_task"
 
 
-def render_task(draft: TaskDraft, at: str | None = None) -> bytes:
+def render_task(draft: TaskDraft, at: str | None = None, *, creation: Transition | None = None) -> bytes:
+    """A new TASK's bytes; its one event is ``creation``, else ``{from: null, to: inbox}`` by draft.by."""
     _reserved_keys(draft.extra, (*_TASK_ORDER, "transitions"))
     fields = {"protocol": "fcop", "version": 1, "sender": _check_role(draft.sender, "sender"),
               "recipient": _check_role(draft.recipient, "recipient"), "priority": _priority(draft.priority),
@@ -100,7 +106,7 @@ def render_task(draft: TaskDraft, at: str | None = None) -> bytes:
               "parent": normalize_reference(draft.parent) if draft.parent else None,
               "references": [normalize_reference(r) for r in draft.references], **draft.extra}
     mapping = _ordered(fields, _TASK_ORDER)
-    event = Transition(at=at or _event_time(), to="inbox", by=draft.by or draft.sender, tool=draft.tool)
+    event = creation or Transition(at=at or _event_time(), to="inbox", by=draft.by or draft.sender, tool=draft.tool)
     mapping["transitions"] = [event.to_mapping()]
     return frontmatter.render(mapping, draft.body).encode("utf-8")
 
@@ -111,11 +117,18 @@ def _event_time() -> str:
 
 
 def _publish(ws: FcopWorkspace, kind: EnvelopeKind, directory: Path, name: Callable[[int, str], FcopFilename],
-             render: Callable[[FcopFilename], bytes], date: str | None) -> Published:
+             render: Callable[[FcopFilename], bytes], date: str | None,
+             before_publish: BeforePublish | None = None) -> Published:
     """Number and publish a new file in ``directory``, made first through the safe layer (a symlinked
     folder is refused before numbering touches it)."""
     ensure_dir(directory)
-    return allocate_and_publish(ws, kind, directory, name, render, date=date)
+
+    def rendered(fn: FcopFilename) -> bytes:
+        data = render(fn)
+        if before_publish is not None:
+            before_publish(directory / fn.render(), data)
+        return data
+    return allocate_and_publish(ws, kind, directory, name, rendered, date=date)
 
 
 def write_task(ws: FcopWorkspace, draft: TaskDraft, *, date: str | None = None) -> Published:
@@ -129,7 +142,7 @@ def write_task(ws: FcopWorkspace, draft: TaskDraft, *, date: str | None = None) 
 def write_report(ws: FcopWorkspace, *, sender: str, recipient: str, task_id: str, body: str,
                  status: str = "done", priority: str = "P2", supersedes: str | None = None,
                  slug: str | None = None, extra: Mapping[str, Any] | None = None,
-                 date: str | None = None) -> Published:
+                 date: str | None = None, before_publish: BeforePublish | None = None) -> Published:
     """A REPORT answering ``task_id`` (linked only by ``references``, as fcop's ``write_report`` does)."""
     extra = dict(extra or {})
     _reserved_keys(extra, (*_TASK_ORDER, "status", "supersedes"))
@@ -144,7 +157,8 @@ def write_report(ws: FcopWorkspace, *, sender: str, recipient: str, task_id: str
     def name(seq: int, day: str) -> FcopFilename:
         return FcopFilename(kind=EnvelopeKind.REPORT, date=day, sequence=seq, sender=sender, recipient=recipient,
                             slug=slug)
-    return _publish(ws, EnvelopeKind.REPORT, ws.bucket_dir(EnvelopeKind.REPORT), name, lambda _: data, date)
+    return _publish(ws, EnvelopeKind.REPORT, ws.bucket_dir(EnvelopeKind.REPORT), name, lambda _: data, date,
+                    before_publish)
 
 
 def write_issue(ws: FcopWorkspace, *, reporter: str, summary: str, body: str, severity: str = "medium",
@@ -167,8 +181,10 @@ def write_issue(ws: FcopWorkspace, *, reporter: str, summary: str, body: str, se
 def write_review(ws: FcopWorkspace, *, reviewer: str, subject_ref: str, decision: str, body: str = "",
                  subject_type: str = "task", rationale: str | None = None,
                  required_changes: Iterable[str] = (), extra: Mapping[str, Any] | None = None,
-                 date: str | None = None) -> Published:
-    """A REVIEW verdict in ``reviews/`` named ``REVIEW-…-REVIEWER-on-<subject>.md`` (its stem is its id)."""
+                 date: str | None = None, decided_at: str | None = None,
+                 before_publish: BeforePublish | None = None) -> Published:
+    """A REVIEW verdict in ``reviews/`` named ``REVIEW-…-REVIEWER-on-<subject>.md`` (its stem is its id);
+    ``decided_at`` defaults to now."""
     extra = dict(extra or {})
     _reserved_keys(extra, _REVIEW_ORDER)
     if decision not in REVIEW_DECISIONS:
@@ -186,9 +202,9 @@ def write_review(ws: FcopWorkspace, *, reviewer: str, subject_ref: str, decision
         fields = {"protocol": "fcop", "version": 1, "type": "REVIEW", "sender": reviewer, "review_id": fn.stem,
                   "subject_type": subject_type, "subject_ref": subject_ref, "reviewer_role": reviewer,
                   "decision": decision, "rationale": rationale, "required_changes": changes,
-                  "decided_at": utc_now_iso().replace("Z", "+00:00"), **extra}
+                  "decided_at": decided_at or _event_time(), **extra}
         return frontmatter.render(_ordered(fields, _REVIEW_ORDER), body).encode("utf-8")
-    return _publish(ws, EnvelopeKind.REVIEW, ws.bucket_dir(EnvelopeKind.REVIEW), name, render, date)
+    return _publish(ws, EnvelopeKind.REVIEW, ws.bucket_dir(EnvelopeKind.REVIEW), name, render, date, before_publish)
 
 
 def append_transition(path: Path, event: Transition, *, expect_sha256: str | None = None) -> str:
@@ -204,3 +220,41 @@ def append_transition(path: Path, event: Transition, *, expect_sha256: str | Non
     text, _bom = decode(data)
     new = frontmatter.append_list_item(text, "transitions", event.to_mapping()).encode("utf-8")
     return rewrite(path, new, expect_sha256=sha256_hex(data))
+
+
+def amend_task(path: Path, changes: Mapping[str, Any], event: Transition, *, expect_sha256: str | None = None) -> str:
+    """Bring a TASK's front matter in line with an amendment (subject, priority, risk_level, references and,
+    when given, the body) and append its event, in one rewrite; returns the new sha256.
+
+    Other keys keep their values and order (a key new to the file goes before ``transitions``); the YAML
+    block is re-dumped, so comments in it are not kept. Run it under the task's lock.
+    """
+    data, _ = read_bytes(path, DEFAULT_MAX_BYTES)
+    if expect_sha256 is not None and sha256_hex(data) != expect_sha256:
+        raise FcopError(FcopReason.CONTENT_CHANGED, "the file changed since it was read", path)
+    text, _bom = decode(data)
+    parts = frontmatter.split(text)
+    if parts is None:
+        raise FcopError(FcopReason.MISSING_FRONT_MATTER, "file has no front matter to amend", path)
+    mapping = frontmatter.load_mapping(parts.yaml)
+    transitions = mapping.pop("transitions", None) or []
+    if not isinstance(transitions, list):
+        raise FcopError(FcopReason.INVALID_FIELD_TYPE, "'transitions' is not a list", path)
+    values = {"subject": changes.get("subject"), "risk_level": changes.get("risk_level"),
+              "priority": _priority(changes["priority"]) if "priority" in changes else None,
+              "references": [normalize_reference(r) for r in changes.get("references") or ()] or None}
+    for key, value in values.items():
+        if key in changes:
+            if value is None:  # emptied (references: [])
+                mapping.pop(key, None)
+            else:
+                mapping[key] = value
+    mapping["transitions"] = [*transitions, event.to_mapping()]
+    rest = parts.rest
+    if "body" in changes:
+        fence = rest[: len(rest) - len(parts.body)]
+        fence += "" if fence.endswith("\n") else parts.newline
+        body = str(changes["body"]).replace("\r\n", "\n").replace("\n", parts.newline)
+        rest = fence + parts.newline + body + ("" if body.endswith(parts.newline) else parts.newline)
+    new = parts.head + frontmatter.dump_mapping(mapping).replace("\n", parts.newline) + rest
+    return rewrite(path, new.encode("utf-8"), expect_sha256=sha256_hex(data))
