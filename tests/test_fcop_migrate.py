@@ -28,6 +28,7 @@ from fcop.core.filename import (  # noqa: E402
 )
 from fcop.lifecycle.detect import detect_topology, find_workspace_root  # noqa: E402
 from fcop.lifecycle.events import MIGRATION_TOOL_NAME, read_events  # noqa: E402
+from fcop.lifecycle.state import Stage  # noqa: E402
 from fcop.lifecycle.transitions import validate_transition  # noqa: E402
 
 STAGES = ("inbox", "active", "review", "done", "archive")
@@ -128,21 +129,28 @@ def kernel_view(project: Path) -> tuple[dict[str, str], int]:
 
 
 def transition_problems(root: Path) -> list[str]:
-    """Events in TASK files that are neither an fcop edge nor fcop's migration baseline."""
+    """Events in TASK files that are neither an fcop edge nor fcop's migration baseline, events after the
+    baseline that do not start where the one before ended, and chains that end elsewhere than the file's stage."""
     problems = []
     for path in root.glob("_lifecycle/*/TASK-*"):
         try:
             events = read_events(path.read_text(encoding="utf-8"))
         except UnicodeDecodeError:
             continue
-        for e in events:
-            if e.tool != MIGRATION_TOOL_NAME:
+        base = next((i for i, e in enumerate(events) if e.tool == MIGRATION_TOOL_NAME), None)
+        for i, e in enumerate(events):
+            if i == base:
+                if (e.from_stage, e.by) != (None, "migration"):
+                    problems.append(f"{path.name}: baseline {e}")
+            elif e.tool != MIGRATION_TOOL_NAME:
                 try:
                     validate_transition(e.from_stage, e.to_stage, tool=e.tool)
                 except Exception as exc:  # noqa: BLE001
                     problems.append(f"{path.name}: {exc}")
-            elif (e.from_stage, e.by, e.to_stage.value) != (None, "migration", path.parent.name):
-                problems.append(f"{path.name}: baseline {e}")
+            if base is not None and i > base and e.from_stage != events[i - 1].to_stage:
+                problems.append(f"{path.name}: event {i} starts at {e.from_stage}, not {events[i - 1].to_stage}")
+        if events and events[-1].to_stage.value != path.parent.name:
+            problems.append(f"{path.name}: the chain ends at {events[-1].to_stage.value}, not {path.parent.name}")
     return problems
 
 
@@ -278,10 +286,10 @@ def small_g2(tmp_path: Path) -> Path:
     return project
 
 
-def submit(project: Path, kind: str, task_id: str) -> None:
+def submit(project: Path, kind: str, task_id: str, **payload: Any) -> None:
     doc = run("task", "show", task_id, cwd=project).json
     command = {"type": kind, "task_id": task_id, "thread_key": doc["thread_key"], "expected_revision": doc["revision"],
-               "round": doc["round"], "idempotency_key": f"test:{kind}:{task_id}", "payload": {}}
+               "round": doc["round"], "idempotency_key": f"test:{kind}:{task_id}", "payload": payload}
     r = run("submit", cwd=project, stdin=json.dumps(command))
     assert r.code == 0, r.out
 
@@ -331,6 +339,14 @@ def test_each_task_goes_where_the_kernel_holds_it_and_every_record_follows_its_f
     assert kernel_view(project) == states and records(project) == tracked, "nothing taken in again"
     assert (root / "reports" / note).is_file(), "the note still describes its file"
     assert run("verify", cwd=project).code == 0
+
+    submit(project, "submit_report", "TASK-20260501-001", status="done", body="Done.")  # the work goes on in G3
+    submit(project, "submit", "TASK-20260501-001")
+    assert run("up", "--once", cwd=project).code == 0
+    moved = root / "_lifecycle" / "review" / "TASK-20260501-001-ADMIN-to-PM.md"
+    assert [(e.from_stage, e.to_stage.value) for e in read_events(moved.read_text())][-2:] == [
+        (None, "active"), (Stage.ACTIVE, "review")], "the baseline stands for the claim: nothing replayed before it"
+    assert transition_problems(root) == [] and run("verify", cwd=project).code == 0
 
 
 # -- refusals: the tree stays as it was -------------------------------------------------------------------------

@@ -51,6 +51,7 @@ from kernel.fcop.safeio import (
     sha256_hex,
     write_new,
 )
+from kernel.folders.projection import EVENT_KEY
 from kernel.folders.tracking import Origin, folder_files, folders_metadata
 from kernel.store.db import Database
 from kernel.store.schema import tasks
@@ -119,10 +120,11 @@ class Plan:
                 "unchanged": len(self.files) - len(moves)}
 
 
-def known_states(db: Database) -> dict[str, str]:
-    """task id -> its state in the read model (the stage its TASK file belongs in)."""
+def known_states(db: Database) -> dict[str, tuple[str, int]]:
+    """task id -> (its state in the read model: the stage its TASK file belongs in, its last event's position)."""
     with db.read() as conn:
-        return {row.task_id: row.state for row in conn.execute(sa.select(tasks.c.task_id, tasks.c.state))}
+        return {row.task_id: (row.state, row.last_pos)
+                for row in conn.execute(sa.select(tasks.c.task_id, tasks.c.state, tasks.c.last_pos))}
 
 
 def tracked_origins(db: Database) -> dict[str, str]:
@@ -133,7 +135,7 @@ def tracked_origins(db: Database) -> dict[str, str]:
         return {row.rel: row.origin for row in conn.execute(sa.select(folder_files.c.rel, folder_files.c.origin))}
 
 
-def plan(project: Path, state_dir: Path, states: dict[str, str], origins: dict[str, str]) -> Plan:
+def plan(project: Path, state_dir: Path, states: dict[str, tuple[str, int]], origins: dict[str, str]) -> Plan:
     """Where every file of the project's G2 root goes; reads the tree, writes nothing."""
     try:
         root = find_workspace_root(project)
@@ -212,24 +214,29 @@ def _area(rel: str) -> str:
     return f"log/{parts[1]}" if len(parts) > 2 else "log"
 
 
-def _task_move(root: Path, rel: str, name: str, st: os.stat_result, area: str, states: dict[str, str],
-               origins: dict[str, str]) -> Move:
+def _task_move(root: Path, rel: str, name: str, st: os.stat_result, area: str,
+               states: dict[str, tuple[str, int]], origins: dict[str, str]) -> Move:
     """A TASK file goes to the stage the kernel holds its task in, unless the adapter recorded this very file as
-    something other than the task's (refused, kept, quarantined); else to inbox (tasks/) or archive (log/tasks/)."""
+    something other than the task's (refused, kept, quarantined); else to inbox (tasks/) or archive (log/tasks/).
+
+    The baseline of a task the kernel knows carries ``kernel_event`` = its last event's position: the file now
+    says everything up to there, so the projection appends only what comes after (it replays a task's events
+    from the last ``kernel_event`` its file carries)."""
     parsed = parse_filename(name)
-    state = states.get(parsed.id) if parsed else None
+    state, last_pos = states.get(parsed.id, (None, 0)) if parsed else (None, 0)
+    event: dict[str, Any] = {"from": None, "by": BASELINE_BY, "tool": BASELINE_TOOL,
+                             "at": datetime.fromtimestamp(st.st_mtime, tz=UTC).isoformat()}
     if state in STAGES and origins.get(rel) in (None, Origin.INGESTED.value, Origin.PROJECTED.value):
         stage, stage_from = str(state), "kernel"
+        event[EVENT_KEY] = last_pos
     else:
         stage, stage_from = TASK_AREAS[area], f"{area}/"
     dst = f"{LIFECYCLE_DIR}/{stage}/{name}"
-    at = datetime.fromtimestamp(st.st_mtime, tz=UTC).isoformat()
-    event = Transition.model_validate({"at": at, "from": None, "to": stage, "by": BASELINE_BY,
-                                       "tool": BASELINE_TOOL})
+    baseline = Transition.model_validate({**event, "to": stage})
     try:
         data, _ = read_bytes(root / rel, DEFAULT_MAX_BYTES)
         text, _bom = decode(data)
-        stamped = frontmatter.append_list_item(text, "transitions", event.to_mapping()).encode("utf-8")
+        stamped = frontmatter.append_list_item(text, "transitions", baseline.to_mapping()).encode("utf-8")
     except FcopError as exc:
         return Move(rel, dst, "task", stage, stage_from, unstamped=exc.reason.value)
     return Move(rel, dst, "task", stage, stage_from, data=stamped)
