@@ -265,10 +265,11 @@ class Result:
 
 
 def apply(p: Plan, db: Database) -> Result:
-    """Build the G3 root beside the old one, check the old one is unchanged, swap them and move the records."""
+    """Build the G3 root beside the old one, check the old one is unchanged, then swap them inside the transaction
+    that moves the records (a failed commit swaps them back)."""
     staged = p.root.parent / f".{p.root.name}.migrate-{secrets.token_hex(4)}"
     made: list[Path] = []  # what we created, removed again unless the swap published it
-    published = False
+    swapped: tuple[str, str] | None = None  # (how, the name the old root has now) while the swap stands
     try:
         for folder in (p.backup_base, staged):  # never an existing backup or temp folder
             _mkdir_new(folder)
@@ -282,15 +283,36 @@ def apply(p: Plan, db: Database) -> Result:
                                  changed=changed[:20])
         db.create_schema(folders_metadata)
         with parent_fd(staged) as (dir_fd, staged_name):
-            how, old_name, tracked = _swap_in(p, db, dir_fd, p.root.name, staged_name)
-        published = True
+            try:
+                with db.write() as uow:
+                    tracked = _retrack(uow.conn, p)
+                    swapped = _swap(dir_fd, p.root.name, staged_name)
+            except BaseException:
+                if swapped is not None:
+                    _unswap(dir_fd, p.root.name, staged_name, swapped)  # if this fails, nothing is removed below
+                    swapped = None
+                raise
     except FcopError as exc:
         raise MigrateRefused(exc.reason.value, exc.message, path=str(exc.path) if exc.path else None) from exc
     finally:
-        if not published:
+        if swapped is None:
             for folder in made:  # our links, files and empty folders; the live tree is untouched
                 shutil.rmtree(folder, ignore_errors=True)
-    return Result(_stash(p.root.parent / old_name, p.backup), how, tracked)
+    return Result(_stash(p.root.parent / swapped[1], p.backup), swapped[0], tracked)
+
+
+def _retrack(conn: sa.Connection, p: Plan) -> int:
+    """Give every record of a moving file its new path (and a stamped file its new digest); returns how many."""
+    dsts = [m.dst for m in p.moves.values()]
+    for i in range(0, len(dsts), 500):  # a stale record at a destination (its file long gone) gives way
+        conn.execute(folder_files.delete().where(folder_files.c.rel.in_(dsts[i:i + 500])))
+    tracked = 0
+    for move in p.moves.values():
+        values: dict[str, Any] = {"rel": move.dst}
+        if move.data is not None:
+            values["sha256"] = sha256_hex(move.data)
+        tracked += conn.execute(folder_files.update().where(folder_files.c.rel == move.src).values(**values)).rowcount
+    return tracked
 
 
 def _mkdir_new(path: Path) -> None:
@@ -360,30 +382,6 @@ def _changes(p: Plan) -> list[str]:
     return sorted(changed | (dirs.keys() ^ p.dirs.keys()))
 
 
-def _swap_in(p: Plan, db: Database, dir_fd: int, live: str, staged: str) -> tuple[str, str, int]:
-    """Swap the roots inside the transaction that moves the records; a failed commit swaps them back.
-    Returns (how, the name the old root now has, records moved)."""
-    swapped: tuple[str, str] | None = None
-    tracked = 0
-    try:
-        with db.write() as uow:
-            dsts = [m.dst for m in p.moves.values()]
-            for i in range(0, len(dsts), 500):  # a stale record at a destination (its file long gone) gives way
-                uow.conn.execute(folder_files.delete().where(folder_files.c.rel.in_(dsts[i:i + 500])))
-            for move in p.moves.values():
-                values: dict[str, Any] = {"rel": move.dst}
-                if move.data is not None:
-                    values["sha256"] = sha256_hex(move.data)
-                tracked += uow.conn.execute(
-                    folder_files.update().where(folder_files.c.rel == move.src).values(**values)).rowcount
-            swapped = _swap(dir_fd, live, staged)
-    except BaseException:
-        if swapped is not None:
-            _unswap(dir_fd, live, staged, swapped)
-        raise
-    return (*swapped, tracked)
-
-
 def _renameat2_exchange(dir_fd: int, a: str, b: str) -> bool:
     """Exchange two names atomically; False where the system or file system cannot (then we rename twice)."""
     fn = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
@@ -404,7 +402,11 @@ def _swap(dir_fd: int, live: str, staged: str) -> tuple[str, str]:
         return "exchange", staged
     aside = f"{staged}.old"
     os.rename(live, aside, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # from here to the next rename: no root at all
-    os.rename(staged, live, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    try:
+        os.rename(staged, live, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except OSError:
+        os.rename(aside, live, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # the old root goes back
+        raise
     os.fsync(dir_fd)
     return "rename", aside
 
