@@ -4,6 +4,7 @@ their files (nothing is ingested twice), and a link, a non-owner or a wrong gene
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -12,10 +13,12 @@ import sqlite3
 import subprocess
 import threading
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from tests.cli_support import CLI, cli_env, run
 
@@ -422,6 +425,27 @@ def test_without_renameat2_two_renames_do_the_swap(tmp_path: Path, monkeypatch: 
     result = migration.apply(plan, db)
     assert result.swap == "rename" and topology(project) == "v3" and snapshot(result.backup) == tree
     assert not list(project.glob(".fcop.migrate-*"))
+
+
+def test_a_commit_that_fails_after_the_swap_swaps_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    project = small_g2(tmp_path)
+    assert run("up", "--once", cwd=project).code == 0
+    migration, db, plan = _plan(project)
+    before, tracked = project_state(project), records(project)
+    write = db.write
+
+    @contextlib.contextmanager
+    def write_then_fail_to_commit() -> Iterator[Any]:
+        with write() as uow:
+            yield uow
+            assert topology(project) == "v3", "swapped inside the transaction"
+            raise sa.exc.OperationalError("COMMIT", {}, Exception("disk I/O error"))
+
+    monkeypatch.setattr(db, "write", write_then_fail_to_commit)
+    with pytest.raises(sa.exc.OperationalError):
+        migration.apply(plan, db)
+    assert topology(project) == "v2" and project_state(project) == before and not leftovers(project)
+    assert records(project) == tracked, "the records were rolled back with the swap"
 
 
 def test_a_tree_that_changes_while_the_new_root_is_built_is_left_alone(tmp_path: Path,

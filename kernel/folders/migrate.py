@@ -287,6 +287,7 @@ def apply(p: Plan, db: Database) -> Result:
                 with db.write() as uow:
                     tracked = _retrack(uow.conn, p)
                     swapped = _swap(dir_fd, p.root.name, staged_name)
+                    os.fsync(dir_fd)
             except BaseException:
                 if swapped is not None:
                     _unswap(dir_fd, p.root.name, staged_name, swapped)  # if this fails, nothing is removed below
@@ -397,8 +398,9 @@ def _renameat2_exchange(dir_fd: int, a: str, b: str) -> bool:
 
 
 def _swap(dir_fd: int, live: str, staged: str) -> tuple[str, str]:
+    """Publish the staged root under the live name: (how, the name the old root has now). It returns as soon as
+    the names moved (the caller then knows what to undo), or raises with the old root back in place."""
     if _renameat2_exchange(dir_fd, live, staged):
-        os.fsync(dir_fd)
         return "exchange", staged
     aside = f"{staged}.old"
     os.rename(live, aside, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # from here to the next rename: no root at all
@@ -407,7 +409,6 @@ def _swap(dir_fd: int, live: str, staged: str) -> tuple[str, str]:
     except OSError:
         os.rename(aside, live, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # the old root goes back
         raise
-    os.fsync(dir_fd)
     return "rename", aside
 
 
