@@ -354,21 +354,26 @@ def test_each_task_goes_where_the_kernel_holds_it_and_every_record_follows_its_f
 
 # -- refusals: the tree stays as it was -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("plant", ["shared/link.md", "log/reports/elsewhere", "tasks/dangling.md"])
+@pytest.mark.parametrize("plant", ["shared/link.md", "log/reports/elsewhere", "tasks/dangling.md", "fcop.json", "."])
 def test_a_symlink_anywhere_refuses_the_migration(tmp_path: Path, plant: str) -> None:
     project = small_g2(tmp_path)
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "secret.md").write_text("not yours\n")
-    link = project / "fcop" / plant
-    link.symlink_to(outside if plant.endswith("elsewhere") else outside / "secret.md" if plant.startswith("shared")
-                    else tmp_path / "missing.md")
-    before = project_state(project)
+    link = (project / "fcop" / plant)
+    if plant == ".":  # the root itself
+        shutil.move(project / "fcop", outside / "fcop")
+        target = outside / "fcop"
+    else:
+        link.unlink(missing_ok=True)
+        target = {"log/reports/elsewhere": outside, "tasks/dangling.md": tmp_path / "missing.md"}.get(
+            plant, outside / "secret.md")
+    link.symlink_to(target)
+    before, beyond = project_state(project), snapshot(outside)
     for extra in (("--dry-run",), ()):
         r = migrate(project, *extra)
         assert (r.code, r.json["reason"]) == (2, "symlink_refused"), r.out
-        assert project_state(project) == before and not leftovers(project)
-    assert (outside / "secret.md").read_text() == "not yours\n"
+        assert project_state(project) == before and snapshot(outside) == beyond and not leftovers(project)
 
 
 def test_refusals_leave_the_tree_as_it_was(tmp_path: Path) -> None:

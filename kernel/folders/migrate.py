@@ -142,14 +142,15 @@ def plan(project: Path, state_dir: Path, states: dict[str, tuple[str, int]], ori
         if root == project:
             raise MigrateRefused("unsupported_layout", f"the FCoP root is the project folder {project} itself; "
                                  "migrate converts fcop/ or docs/agents/ beside .taskkernel/")
+        confine(project)
+        entry = dict(list_dir(root.parent)).get(root.name)
+        dirs, files = _walk(root) if entry else ({}, {})  # first: a link is refused before anything is read
         fcop = open_workspace(project)
-        if fcop.generation is not Generation.G2:
+        if entry is None or fcop.generation is not Generation.G2:
             reason = "already_g3" if fcop.generation is Generation.G3 else "not_g2"
             raise MigrateRefused(reason, f"{root} is {fcop.generation.value.upper()}, not G2 "
                                  "(tasks/ or log/): nothing to migrate", generation=fcop.generation.value)
-        confine(project)
-        root_mode = stat.S_IMODE(dict(list_dir(root.parent))[root.name].st_mode)
-        dirs, files = _walk(root)
+        root_mode = stat.S_IMODE(entry.st_mode)
     except FcopError as exc:
         raise MigrateRefused(exc.reason.value, exc.message, path=str(exc.path) if exc.path else None) from exc
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
