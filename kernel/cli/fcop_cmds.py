@@ -8,7 +8,7 @@ from rich.markup import escape
 from kernel.cli.common import Exit, emit, fail, get_ctx, reject, stderr
 from kernel.folders import migrate as migration
 
-app = typer.Typer(no_args_is_help=True, help="Convert FCoP workspaces.")
+app = typer.Typer(no_args_is_help=True, help="Whole-workspace FCoP operations (docs/import-and-migrate.md).")
 
 
 @app.command("migrate")
