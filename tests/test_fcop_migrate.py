@@ -228,8 +228,9 @@ def test_a_field_workspace_migrated_before_the_kernel_read_it_is_taken_in_once(t
 
 def test_fcop_never_sees_a_mixed_or_missing_root_while_migrate_runs(tmp_path: Path) -> None:
     """The root is G2 or G3 at every instant. fcop's detect_topology resolves fcop/ anew for each folder it looks
-    at, so the one call during which the exchange happens may mix the two trees (a reader's own race, which no
-    writer can prevent): calls during which fcop/ stayed the same folder must all say v2, then v3."""
+    at, so the one call during which the exchange happens may mix the two trees and say mixed or empty (a reader's
+    own race, which no writer can prevent): calls during which fcop/ stayed the same folder must all say v2, then
+    v3 (with a single exchange, the same folder before and after a call means it did not change during it)."""
     project = field_project(tmp_path, "fcop-d3e870a")
     root = project / "fcop"
     seen: list[tuple[str, bool]] = []  # (topology, fcop/ was the same folder before and after the call)
