@@ -4,19 +4,21 @@ fcop's own migrator is not enough: it puts every open task in the inbox whatever
 files behind (so ``log/`` stays and fcop reads the result as "mixed"), and moves file by file (mixed in
 between). Here:
 
-* the complete G3 root is built in a sibling temp folder (``.<root>.migrate-<stamp>``, which no reader takes
+* the complete G3 root is built in a sibling temp folder (``.<root>.migrate-<random>``, which no reader takes
   for a workspace): files whose bytes do not change are hard-linked, TASK files are new files with fcop's
   baseline transition (``from: null`` to their stage, by ``migration``, tool ``fcop_migrate_v3``, at the file's
-  mtime) appended;
+  mtime, and for a task the kernel knows ``kernel_event`` = its last event) appended;
 * the old tree is listed again: if anything changed meanwhile (a coordinator still running), nothing happens;
 * the two folders are exchanged with one ``renameat2(RENAME_EXCHANGE)``, inside the database transaction that
-  moves every ``folder_files`` record to its file's new path (a failed commit exchanges them back), so a
-  reader sees the G2 root or the G3 root and never a mix;
+  moves every ``folder_files`` record to its file's new path (a failed commit exchanges them back), so the
+  root is the whole G2 tree or the whole G3 tree at every instant (without renameat2: two renames, and for
+  their moment no root at all);
 * the old root, untouched, becomes the backup ``.taskkernel/migrate-backup-<UTC>/<root>/``.
 
 Every file operation goes through ``kernel.fcop.safeio`` (checked descriptors, no symlink ever followed); a
 symlink or special file anywhere in the tree refuses the whole migration before anything is written. The only
-other operation is ``shutil.rmtree`` of our own temp folder after a failure (it never follows links either).
+other operations are ``shutil.rmtree`` of our own temp and backup folders after a failure (it never follows
+links either) and the renames of the swap, on a descriptor safeio opened.
 """
 
 from __future__ import annotations
