@@ -124,8 +124,9 @@ class Ingest:
         batch = self.scanner.scan()
         self._sweep_notes(batch.stale_notes)
         for entry in batch.invalid:
-            kept = self.tracker.get(entry.rel)
-            if kept is None or kept.origin is not Origin.KEPT or kept.sha256 != entry.sha256:  # history stays
+            known = self.tracker.get(entry.rel)
+            # history stays: a file the import kept, or read leniently (a GBK task), is old news while unchanged
+            if known is None or known.origin is Origin.QUARANTINED or known.sha256 != entry.sha256:
                 self._contained(entry, stats, self._quarantine)
         # tasks first (of several with one id, the first by name), so reports and reviews find their task
         for entry in sorted(batch.ready, key=lambda e: (not isinstance(e.envelope, TaskEnvelope),
