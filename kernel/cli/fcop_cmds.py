@@ -6,9 +6,11 @@ import typer
 from rich.markup import escape
 
 from kernel.cli.common import Exit, emit, fail, get_ctx, reject, stderr
+from kernel.cli.fcop_import import fcop_import
 from kernel.folders import migrate as migration
 
 app = typer.Typer(no_args_is_help=True, help="Whole-workspace FCoP operations (docs/import-and-migrate.md).")
+app.command("import")(fcop_import)
 
 
 @app.command("migrate")
