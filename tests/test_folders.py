@@ -55,12 +55,15 @@ def move(lifecycle: Path, src: str, dst: str) -> None:
 
 def test_a_task_file_flows_through_the_scripted_team(tmp_path: Path) -> None:
     ws = make_workspace(tmp_path / "ws", {"PM": SCRIPTED, "DEV": SCRIPTED, "QA": SCRIPTED})
-    task_file(ws.root, "TASK-20261130-001-ADMIN-to-PM.md", subject="Ship it")
     c = coordinator(ws)
+    c.run_once()  # the import (nothing yet): the file below is live input
+    task_file(ws.root, "TASK-20261130-001-ADMIN-to-PM.md", subject="Ship it")
     c.run_once()
     review = ws.root / "fcop" / "_lifecycle" / "review" / "TASK-20261130-001-ADMIN-to-PM.md"
     env = read_envelope(review)
-    assert [t.to for t in env.transitions] == ["inbox", "active", "review"]  # type: ignore[union-attr]
+    # one entry per lifecycle event, fcop's tool names, each starting where the previous ended
+    assert [(t.from_stage, t.to, t.tool) for t in env.transitions] == [  # type: ignore[union-attr]
+        (None, "inbox", "create_task"), ("inbox", "active", "claim_task"), ("active", "review", "submit_task")]
     assert c.kernel.task("TASK-20261130-001")["state"] == "review"
     done = sorted(p.name for p in (ws.root / "fcop" / "_lifecycle" / "done").iterdir())
     assert done == ["TASK-20261130-002-PM-to-DEV.md", "TASK-20261130-003-PM-to-QA.md"]
@@ -173,9 +176,12 @@ def test_tetris_g2_workspace_ingests_to_expected_tasks_reports_and_states(tmp_pa
     first = c.kernel.task("TASK-20260429-001")
     approve = {"type": "approve", "task_id": first["task_id"], "thread_key": first["thread_key"],
                "expected_revision": first["revision"], "round": first["round"], "idempotency_key": "ok"}
+    before = {p: p.read_bytes() for p in root.rglob("*.md") if "ledger" not in p.parts}
     assert c.kernel.submit(approve, LOCAL_OWNER).status == "accepted"
     c.run_once()
-    assert (ws.root / "fcop" / "_lifecycle" / "done" / "TASK-20260429-001-ADMIN-to-ME.md").is_file()
+    # G2 stays G2: the decision is a REVIEW file; no existing file moves or changes, no _lifecycle/ appears
+    assert {p: p.read_bytes() for p in before} == before and not (root / "_lifecycle").exists()
+    assert [p.name for p in (root / "reviews").iterdir() if p.name.startswith("REVIEW-")], "the approval is on disk"
 
 
 def test_files_the_kernel_writes_are_read_by_fcops_v3_reader(tmp_path: Path) -> None:

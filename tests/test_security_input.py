@@ -45,6 +45,7 @@ def event_count(ws: Path) -> int:
 
 def test_poison_task_ids_are_quarantined_and_the_next_file_is_still_ingested(any_url: str, tmp_path: Path) -> None:
     ws = make_workspace(tmp_path / "ws", {}, database=any_url).root
+    assert cli_json("up", "--once", cwd=ws)[0] == 0  # the import: what is written after it is live input
     for name in (*POISON, VALID):
         task_file(ws, name)
     code, out = cli_json("up", "--once", cwd=ws)

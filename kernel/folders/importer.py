@@ -130,6 +130,12 @@ class Importer:
                         root=self.root_key, generation=self.fcop.generation.value, imported_at=utc_now_iso(),
                         summary=json.dumps({k: v for k, v in report.wire().items() if k not in ("refused", "kept",
                                                                                               "warnings")})))
+            for w in report.warnings:  # `up` runs the import: the owner reads these in its log
+                log.warning("fcop.import_warning", file=w["file"], warning=w["warning"], message=w["message"])
+            for r in report.refused:
+                log.warning("fcop.import_refused", file=r["file"], reason=r["reason"], message=r["message"])
+            for k in report.kept:
+                log.warning("fcop.import_kept", file=k["file"], reason=k["reason"])
             log.info("fcop_import", **{k: v for k, v in report.wire().items() if k in ("tasks", "records",
                                                                                     "evidence", "batches")},
                      refused=len(report.refused), kept=len(report.kept))

@@ -36,6 +36,7 @@ from kernel.fcop import (
     FcopReason,
     FcopWarning,
     FcopWorkspace,
+    Generation,
     ReportEnvelope,
     ReviewEnvelope,
     ScanEntry,
@@ -180,15 +181,15 @@ class Ingest:
                 return
             self._new_task(entry, env, stats)
             return
-        if not self._own_file(entry, env, doc):
+        own = self.tracker.task_file(env.id)
+        if not self._own_file(entry, env, own):
             same = (env.sender, env.recipient, (env.subject or env.id).strip()) == (
                 doc["sender"], doc["recipient"], doc["subject"])
             reason = FcopReason.DUPLICATE_TASK_ID if same else FcopReason.TASK_ID_TAKEN
             why = (f"{env.id} is already a task ({doc['sender']} to {doc['recipient']}: {doc['subject']!r}) with "
                    f"its own file; this file is not applied and never written into. Use a free number, e.g. "
                    f"{self._next_free(env.id)}")
-            if entry.path.name == f"{env.id}-{doc['sender']}-to-{doc['recipient']}.md":
-                # it holds the name the kernel writes its own file under: out of the way, bytes untouched
+            if self._blocks_own_file(entry, env, doc, own):  # out of the way, bytes untouched
                 self._quarantine(replace(entry, error=FcopError(reason, why, entry.path)), stats)
                 return
             self._refuse(entry, env.sha256, None, f"{reason.value}: {why}", stats)
@@ -198,10 +199,17 @@ class Ingest:
             return
         self._agent_move(entry, env, doc, stage, stats)
 
-    def _own_file(self, entry: ScanEntry, env: TaskEnvelope, doc: dict[str, Any]) -> bool:
+    def _blocks_own_file(self, entry: ScanEntry, env: TaskEnvelope, doc: dict[str, Any], own: str | None) -> bool:
+        """Does this file hold the name the kernel's own file needs: the one it will write (no own file yet),
+        or, in G3, the one its own file moves under (a stage folder it will enter)?"""
+        canonical = f"{env.id}-{doc['sender']}-to-{doc['recipient']}.md"
+        if own is None:
+            return entry.path.name == canonical
+        return self.fcop.generation is not Generation.G2 and entry.path.name == Path(own).name
+
+    def _own_file(self, entry: ScanEntry, env: TaskEnvelope, own: str | None) -> bool:
         """Is this the task's own file (the one the kernel took in or wrote, or that file moved by an agent)?
         Another file with the task's id is never adopted, whatever its route."""
-        own = self.tracker.task_file(env.id)
         if own is None or own == entry.rel:  # no file yet: the projection writes the kernel's own
             return own == entry.rel
         tracked = self.tracker.get(own)
