@@ -267,6 +267,22 @@ def test_an_entry_the_files_author_wrote_is_not_written_again(tmp_path: Path) ->
         ("active", "review", "PM", "submit_task")]
 
 
+def test_an_adopted_tasks_lost_file_is_written_anew_from_fcops_migration_baseline(tmp_path: Path) -> None:
+    ws = make_workspace(tmp_path / "ws", {})
+    name = "TASK-20261130-001-ADMIN-to-PM.md"
+    done = ws.root / "fcop" / "_lifecycle" / "done" / name
+    done.write_text("---\nprotocol: fcop\nversion: 1\nsender: ADMIN\nrecipient: PM\nsubject: Old work\n---\n"
+                    "Done long ago.\n", encoding="utf-8")
+    c = coordinator(ws)
+    c.run_once()  # the import adopts it as done: nothing is appended to history
+    assert c.kernel.history("TASK-20261130-001")[0].type == "task_adopted" and chain(done) == []
+    done.unlink()
+    say(c, LOCAL_OWNER, "archive", "TASK-20261130-001", reason="shipped")
+    c.run_once()
+    assert chain(lifecycle(c) / "archive" / name) == [(None, "done", "ADMIN", "fcop_migrate_v3"),
+                                                    ("done", "archive", "ADMIN", "archive_task")]
+
+
 def _g2_workspace(root: Path) -> Workspace:
     ws = make_workspace(root, {})
     fcop = ws.root / "fcop"
