@@ -140,17 +140,19 @@ def write_task(ws: FcopWorkspace, draft: TaskDraft, *, date: str | None = None) 
 
 
 def write_report(ws: FcopWorkspace, *, sender: str, recipient: str, task_id: str, body: str,
-                 status: str = "done", priority: str = "P2", supersedes: str | None = None,
+                 status: str = "done", priority: str = "P2", references: Iterable[str] = (),
+                 supersedes: str | None = None,
                  slug: str | None = None, extra: Mapping[str, Any] | None = None,
                  date: str | None = None, before_publish: BeforePublish | None = None) -> Published:
-    """A REPORT answering ``task_id`` (linked only by ``references``, as fcop's ``write_report`` does)."""
+    """A REPORT answering ``task_id`` (linked only by ``references``, as fcop's ``write_report`` does: the task
+    first, then the report's own references, e.g. artifacts)."""
     extra = dict(extra or {})
     _reserved_keys(extra, (*_TASK_ORDER, "status", "supersedes"))
     if status not in REPORT_STATUSES:
         raise FcopError(FcopReason.INVALID_FIELD_VALUE, f"report status {status!r} not in {sorted(REPORT_STATUSES)}")
     fields = {"protocol": "fcop", "version": 1, "sender": _check_role(sender, "sender"),
               "recipient": _check_role(recipient, "recipient"), "priority": _priority(priority),
-              "references": [normalize_reference(task_id)], "status": status,
+              "references": list(dict.fromkeys([normalize_reference(task_id), *references])), "status": status,
               "supersedes": normalize_reference(supersedes) if supersedes else None, **extra}
     data = frontmatter.render(_ordered(fields, _TASK_ORDER), body).encode("utf-8")
 

@@ -134,7 +134,7 @@ def repair_folders(projection: Projection, drifts: list[FolderDrift]) -> int:
         if d.reason != "folder_drift":
             continue
         with contextlib.suppress(FcopError):
-            if projection.place(d.task_id, by="kernel:verify", tool="repair") is not None:
+            if projection.place(d.task_id) is not None:
                 repaired += 1
     projection.refresh_ledger()
     return repaired

@@ -182,7 +182,7 @@ class Ingest:
             self._new_task(entry, env, stats)
             return
         own = self.tracker.task_file(env.id)
-        if not self._own_file(entry, env, own):
+        if not self._own_file(entry, env, doc, own):
             same = (env.sender, env.recipient, (env.subject or env.id).strip()) == (
                 doc["sender"], doc["recipient"], doc["subject"])
             reason = FcopReason.DUPLICATE_TASK_ID if same else FcopReason.TASK_ID_TAKEN
@@ -207,13 +207,14 @@ class Ingest:
             return entry.path.name == canonical
         return self.fcop.generation is not Generation.G2 and entry.path.name == Path(own).name
 
-    def _own_file(self, entry: ScanEntry, env: TaskEnvelope, own: str | None) -> bool:
-        """Is this the task's own file (the one the kernel took in or wrote, or that file moved by an agent)?
-        Another file with the task's id is never adopted, whatever its route."""
+    def _own_file(self, entry: ScanEntry, env: TaskEnvelope, doc: dict[str, Any], own: str | None) -> bool:
+        """Is this the task's own file: the one the kernel took in or wrote, or that file moved by an agent (its
+        recorded place is empty now and this file has the task's route; an agent's fcop tool may have appended
+        its transition on the way)? Another file with the task's id is never adopted, whatever its route."""
         if own is None or own == entry.rel:  # no file yet: the projection writes the kernel's own
             return own == entry.rel
-        tracked = self.tracker.get(own)
-        return tracked is not None and tracked.sha256 == env.sha256 and not safeio.lexists(self.fcop.root / own)
+        return (env.sender, env.recipient) == (doc["sender"], doc["recipient"]) and \
+            not safeio.lexists(self.fcop.root / own)
 
     def _next_free(self, task_id: str) -> str:
         _, day, _ = task_id.split("-")

@@ -72,7 +72,11 @@ TOOL_OF_EVENT = {
 BASELINE_TOOL = "fcop_migrate_v3"  # fcop's own {from: null} baseline: an adopted task's file written anew
 EVENT_KEY = "kernel_event"  # extra key of an entry (and of a REPORT/REVIEW): the event's global position
 RECORD_EVENTS = frozenset({"report_submitted", "task_approved", "task_rejected"})
-PROJECT_RULE = EffectRule(PROJECT_EFFECT, frozenset({*TOOL_OF_EVENT, "task_adopted", *RECORD_EVENTS}))
+# task_adopted is not projected: the import adopts a task from its file, which is already where its history
+# put it (a later event, or `verify --repair`, rewrites a lost one). An import of thousands costs no effect.
+PROJECT_RULE = EffectRule(PROJECT_EFFECT, frozenset({*TOOL_OF_EVENT, *RECORD_EVENTS}))
+# Tools the projection wrote before entries carried kernel_event: such a file carries one entry per event.
+LEGACY_TOOLS = frozenset({*TOOL_OF_EVENT, "create_task", "task_adopted", "taskkernel", "repair"})
 MAX_FILE_BYTES = 4 * 2**20
 OWN_ORIGINS = (Origin.PROJECTED.value, Origin.INGESTED.value)
 _FLAT_TASK_DIRS = ("tasks", "log/tasks")  # G2 (read only: a file found there is never moved)
@@ -149,10 +153,9 @@ class Projection:
             self.write_record(payload["task_id"], event)
         self.place(payload["task_id"])
 
-    def place(self, task_id: str, **_legacy: str) -> Path | None:
+    def place(self, task_id: str) -> Path | None:
         """Bring the task's own file in line with its events; returns where it is (None if the task is unknown,
-        or has no file to write in a G2 workspace). ``_legacy``: ``by``/``tool`` from callers written before
-        entries carried their own event's role and tool; unused.
+        or has no file to write in a G2 workspace).
 
         A refusal (a symlinked stage or lock folder, a changed file, a name another file holds) is logged and
         raised: the effect is retried later and the file stays where it is."""
@@ -180,7 +183,7 @@ class Projection:
             return current.path if current else None
 
     def _replay(self, own: Path | None, steps: list[_Step]) -> _File | None:
-        current, carried, tail = (None, 0, []) if own is None else _carried(own)
+        current, carried, tail = (None, 0, []) if own is None else _carried(own, steps)
         pending = [s for s in steps if s.event.global_pos > carried]
         recorded = _recorded_by_author(pending, tail)
         for step in pending:
@@ -281,6 +284,7 @@ class Projection:
                 return write_report(self.fcop, sender=role, recipient=doc["sender"], task_id=task_id,
                                     body=body if body.endswith("\n") or not body else body + "\n",
                                     status=event.data["status"], priority=doc["priority"], extra=extra,
+                                    references=[str(r) for r in event.data.get("references") or ()],
                                     before_publish=claim).path
             reason = None if event.type == "task_approved" else str(event.data.get("reason") or "rejected")
             return write_review(self.fcop, reviewer=role, subject_ref=task_id,
@@ -336,9 +340,10 @@ def _names(name: str, task_id: str, route: tuple[str, str]) -> bool:
         and (parsed.sender, parsed.recipient) == route
 
 
-def _carried(path: Path) -> tuple[_File, int, list[tuple[str | None, str]]]:
+def _carried(path: Path, steps: list[_Step]) -> tuple[_File, int, list[tuple[str | None, str]]]:
     """The file as read, the last event it carries (0: none) and the (from, to) of the entries others wrote
-    after it."""
+    after it. A file the projection wrote before entries carried ``kernel_event`` (every entry one of our old
+    tools) carries one entry per event: its first events are taken as carried, not written again."""
     env = read_envelope(path, max_bytes=MAX_FILE_BYTES)
     if not isinstance(env, TaskEnvelope):
         raise FcopError(FcopReason.INVALID_FIELD_VALUE, "not a TASK file", path)
@@ -347,6 +352,8 @@ def _carried(path: Path) -> tuple[_File, int, list[tuple[str | None, str]]]:
         mark = (t.model_extra or {}).get(EVENT_KEY)
         if isinstance(mark, int) and not isinstance(mark, bool):
             last, carried = i, max(carried, mark)
+    if last < 0 and env.transitions and steps and all(t.tool in LEGACY_TOOLS for t in env.transitions):
+        return _File(path, env.sha256), steps[min(len(env.transitions), len(steps)) - 1].event.global_pos, []
     return _File(path, env.sha256), carried, [(t.from_stage, t.to) for t in env.transitions[last + 1:]]
 
 
