@@ -78,6 +78,18 @@ def tree(project: Path) -> dict[str, str]:
     return out
 
 
+def snapshot(root: Path) -> dict[str, str]:
+    """Every entry under ``root`` byte for byte: a file's sha256, ``dir`` for a folder, ``link:<target>``."""
+    out = {}
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = Path(folder, name)
+            rel = path.relative_to(root).as_posix()
+            out[rel] = (f"link:{os.readlink(path)}" if path.is_symlink() else "dir" if path.is_dir()
+                        else hashlib.sha256(path.read_bytes()).hexdigest())
+    return out
+
+
 def topology(project: Path) -> str:
     return detect_topology(project).topology.value
 

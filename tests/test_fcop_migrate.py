@@ -34,6 +34,8 @@ from fcop.lifecycle.events import MIGRATION_TOOL_NAME, read_events  # noqa: E402
 from fcop.lifecycle.state import Stage  # noqa: E402
 from fcop.lifecycle.transitions import validate_transition  # noqa: E402
 
+from tests.fcop_oracle import snapshot  # noqa: E402
+
 STAGES = ("inbox", "active", "review", "done", "archive")
 FIELD = ("fcop-d3e870a", "docs-agents-0411ffc", "docs-agents-353783a")
 
@@ -83,18 +85,6 @@ def fcop_sees(project: Path) -> dict[str, set[str]]:
 
 def topology(project: Path) -> str:
     return detect_topology(project).topology.value
-
-
-def snapshot(root: Path) -> dict[str, str]:
-    """The tree byte for byte: rel -> sha256 of a file, ``dir`` for a folder, ``link:<target>`` for a link."""
-    out = {}
-    for folder, dirs, files in os.walk(root):
-        for name in dirs + files:
-            path = Path(folder, name)
-            rel = path.relative_to(root).as_posix()
-            out[rel] = (f"link:{os.readlink(path)}" if path.is_symlink() else "dir" if path.is_dir()
-                        else hashlib.sha256(path.read_bytes()).hexdigest())
-    return out
 
 
 def project_state(project: Path) -> dict[str, str]:

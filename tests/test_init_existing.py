@@ -7,7 +7,6 @@ without a workspace still gets the G3 layout.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -19,6 +18,7 @@ import pytest
 from fcop.compatibility.v3.project import Project
 
 from tests.cli_support import Run, run, taskkernel
+from tests.fcop_oracle import snapshot
 
 FIELD = {"fcop-d3e870a": "fcop", "docs-agents-0411ffc": "docs/agents", "docs-agents-353783a": "docs/agents",
          "repro/r1-g2-archive": "fcop", "repro/r2-dup-id": "fcop"}  # project -> its FCoP root
@@ -41,18 +41,6 @@ def copy_project(name: str, dest: Path) -> Path:
     for path in [dest, *dest.rglob("*")]:
         path.chmod(path.stat().st_mode | 0o200)
     return dest
-
-
-def tree(root: Path) -> dict[str, str]:
-    """Every entry under ``root``: a file's sha256, "dir" for a folder, the target of a symlink."""
-    out = {}
-    for where, dirs, files in os.walk(root):
-        for name in dirs + files:
-            path = Path(where, name)
-            rel = path.relative_to(root).as_posix()
-            out[rel] = (f"-> {os.readlink(path)}" if path.is_symlink() else "dir" if path.is_dir()
-                        else hashlib.sha256(path.read_bytes()).hexdigest())
-    return out
 
 
 def topology(project: Path) -> str:
@@ -78,10 +66,10 @@ def test_init_leaves_a_field_workspace_as_it_is(tmp_path: Path, name: str, keep_
     if not keep_config:
         (fcop_root / "fcop.json").unlink(missing_ok=True)
     has_config = (fcop_root / "fcop.json").exists()
-    before, entries = tree(fcop_root), set(os.listdir(root))
+    before, entries = snapshot(fcop_root), set(os.listdir(root))
     r = init(root)
     assert r.code == 0, r.out + r.err
-    assert tree(fcop_root) == before, "nothing inside the FCoP root is added, changed or removed"
+    assert snapshot(fcop_root) == before, "nothing inside the FCoP root is added, changed or removed"
     assert set(os.listdir(root)) - entries == OUTSIDE, "no fcop/ beside docs/agents/, nothing else"
     assert topology(root) == "v2"
     out, config = r.json, tomllib.loads((root / "taskkernel.toml").read_text(encoding="utf-8"))
@@ -96,7 +84,7 @@ def test_init_leaves_a_field_workspace_as_it_is(tmp_path: Path, name: str, keep_
         assert f"from files: leader {leader}, roles {', '.join(roles)}" in r.err
     v = run("verify", cwd=root)
     assert v.code == 0, v.out + v.err
-    assert tree(fcop_root) == before
+    assert snapshot(fcop_root) == before
 
 
 def test_a_docs_agents_workspace_runs_under_up(tmp_path: Path) -> None:
@@ -161,12 +149,12 @@ def test_an_empty_project_still_gets_the_g3_layout(tmp_path: Path) -> None:
     for stage in ("inbox", "active", "review", "done", "archive"):
         assert (root / "fcop" / "_lifecycle" / stage).is_dir()
     assert json.loads((root / "fcop" / "fcop.json").read_text(encoding="utf-8"))["leader"] == "PM"
-    before = tree(root / "fcop")
+    before = snapshot(root / "fcop")
     again = init(root)
     assert (again.code, again.json["fcop_created"], again.json["team_source"]) == (0, False, "fcop.json")
     other = init(root, "--team", "solo")
     assert other.code == 64 and "fcop.json" in other.json["message"], other.out
-    assert tree(root / "fcop") == before
+    assert snapshot(root / "fcop") == before
 
 
 def test_an_empty_docs_agents_folder_gets_the_layout_and_no_fcop_beside_it(tmp_path: Path) -> None:
