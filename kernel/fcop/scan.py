@@ -91,11 +91,14 @@ class ScanBatch:
 
 @dataclass
 class _Seen:
-    key: tuple[int, int, int]
+    key: StatKey
     first_seen: float
     sha256: str | None
     ok: bool
     done: bool
+
+
+StatKey = tuple[int, int, int, int]  # size, mtime_ns, inode, ctime_ns
 
 
 def _area(rel_parts: tuple[str, ...]) -> tuple[str, str | None]:
@@ -126,6 +129,23 @@ class Scanner:
     def absorb(self, other: Scanner) -> None:
         """Take over what ``other`` handed out (the import's full scan), so those files are not read again."""
         self._seen.update({rel: seen for rel, seen in other._seen.items() if seen.done})
+
+    def settled(self, older_than: float) -> dict[str, tuple[StatKey, str]]:
+        """Files handed out (and not forgotten since), last changed before ``older_than`` (a clock time): what
+        a later process may trust without reading them again, as rel -> (stat key, sha256)."""
+        limit = int(older_than * 1e9)
+        return {rel: (s.key, s.sha256) for rel, s in self._seen.items()
+                if s.done and s.sha256 and s.key[1] < limit and s.key[3] < limit}
+
+    def trust(self, known: dict[str, tuple[StatKey, str]]) -> None:
+        """Files an earlier process handled: one whose stat key is unchanged is not read again (a changed one
+        is looked at afresh)."""
+        now = self.clock()
+        for rel, (key, sha) in known.items():
+            self._seen.setdefault(rel, _Seen(key=key, first_seen=now, sha256=sha, ok=True, done=True))
+
+    def known(self) -> set[str]:
+        return set(self._seen)
 
     def forget(self, rel: str) -> None:
         """Drop what is known about ``rel`` so the next scan looks at it afresh."""
@@ -203,7 +223,7 @@ class Scanner:
                 log.warning("fcop.ghost_file", path=rel, warning=FcopWarning.GHOST_FILE.value)
                 batch.ghosts.append(entry(EntryStatus.GHOST))
             return
-        key = (st.st_size, st.st_mtime_ns, st.st_ino)
+        key = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)  # ctime: a write cannot set it back
         prev = self._seen.get(rel)
         if prev is not None and prev.key == key and prev.done:
             return

@@ -169,6 +169,8 @@ class _Run:
         for task in found.values():
             task.state = self._state(task, by_task.get(task.env.id, []))
         self._adopt(found)
+        for start in range(0, len(found), self.i.batch_size):  # what the adoptions made: read once, in chunks
+            self._refresh(list(found)[start:start + self.i.batch_size])
         self._attach(records)
         if not self.report.dry_run:
             for start in range(0, len(self.rows), self.i.batch_size):

@@ -25,6 +25,7 @@ with the next file; `IngestIncomplete` then tells the coordinator the stage did 
 from __future__ import annotations
 
 import stat
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -50,6 +51,7 @@ from kernel.fcop.filenames import EnvelopeKind, reason_note_name
 from kernel.fcop.numbering import max_sequence
 from kernel.fcop.quarantine import sweep_notes
 from kernel.fcop.safeio import rewrite
+from kernel.fcop.scan import StatKey
 from kernel.folders.tracking import FileTracker, Origin
 from kernel.logging import get_logger
 from kernel.model.commands import CommandResult
@@ -119,9 +121,13 @@ class Ingest:
         self.scanner = scanner
         self.submit_on_done_report = submit_on_done_report
         self.failing: dict[str, str] = {}  # the previous pass's failures: a traceback is logged once, not every pass
+        self.trusted: dict[str, tuple[StatKey, str]] | None = None  # what folder_stats says, as last saved
 
     def run(self) -> IngestStats:
         stats = IngestStats()
+        if self.trusted is None:  # a new process: files an earlier one handled, unchanged, are not read again
+            self.trusted = self.tracker.stats()
+            self.scanner.trust(self.trusted)
         batch = self.scanner.scan()
         self._sweep_notes(batch.stale_notes)
         for entry in batch.invalid:
@@ -134,7 +140,20 @@ class Ingest:
                                                         e.path.name.encode(), e.rel.encode())):
             self._contained(entry, stats, self._take)
         self.failing = dict(stats.failed)
+        self._save_settled()
         return stats
+
+    def _save_settled(self) -> None:
+        """Remember what this pass handled (only changes): a pass costs what changed, not what exists. A file
+        changed in the last seconds is left out (a coarse clock could hide a rewrite in the same tick)."""
+        assert self.trusted is not None
+        settled = self.scanner.settled(older_than=time.time() - 2.0)
+        changed = {rel: v for rel, v in settled.items() if self.trusted.get(rel) != v}
+        removed = {rel for rel in self.trusted if rel not in settled and rel not in self.scanner.known()}
+        self.tracker.save_stats(changed, removed)
+        self.trusted.update(changed)
+        for rel in removed:
+            del self.trusted[rel]
 
     def _contained(self, entry: ScanEntry, stats: IngestStats,
                    step: Callable[[ScanEntry, IngestStats], None]) -> None:
@@ -361,6 +380,7 @@ class Ingest:
             q = quarantine(self.fcop, entry.path, reason, str(err) if err is not None else "unreadable envelope")
         except FcopError as exc:
             log.warning("quarantine_failed", rel=entry.rel, reason=exc.reason.value)
+            self.scanner.forget(entry.rel)  # tried again next pass, never trusted as handled
             return
         self.scanner.forget(entry.rel)
         stats.quarantined += 1

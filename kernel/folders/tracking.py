@@ -14,6 +14,7 @@ from pathlib import PurePosixPath
 import sqlalchemy as sa
 
 from kernel.canonical import utc_now_iso
+from kernel.fcop.scan import StatKey
 from kernel.store.db import Database
 
 folders_metadata = sa.MetaData()
@@ -37,6 +38,16 @@ folder_files = sa.Table(
     sa.Column("note", sa.Text),
     sa.Column("updated_at", sa.Text, nullable=False),
     sa.Index("ix_folder_files_task", "task_id"),
+)
+
+
+# What the live scanner had handled when a process stopped: a file whose stat is unchanged is not read again.
+folder_stats = sa.Table(
+    "folder_stats",
+    folders_metadata,
+    sa.Column("rel", sa.Text, primary_key=True),
+    sa.Column("stat", sa.Text, nullable=False),  # "size:mtime_ns:inode:ctime_ns"
+    sa.Column("sha256", sa.Text, nullable=False),
 )
 
 
@@ -68,6 +79,23 @@ class FileTracker:
             ).order_by(folder_files.c.updated_at.desc())).scalars().all()
         return next((rel for rel in rels if PurePosixPath(rel).name.startswith(f"{task_id}-")), None)
 
+    def stats(self) -> dict[str, tuple[StatKey, str]]:
+        with self.db.read() as conn:
+            rows = conn.execute(sa.select(folder_stats.c.rel, folder_stats.c.stat, folder_stats.c.sha256)).all()
+        return {rel: (_key(stat), sha) for rel, stat, sha in rows}
+
+    def save_stats(self, changed: dict[str, tuple[StatKey, str]], removed: set[str]) -> None:
+        """One transaction per pass, and only for what changed since the last one."""
+        if not changed and not removed:
+            return
+        gone = [*removed, *changed]
+        with self.db.write() as uow:
+            for start in range(0, len(gone), 500):
+                uow.conn.execute(folder_stats.delete().where(folder_stats.c.rel.in_(gone[start:start + 500])))
+            if changed:
+                uow.conn.execute(folder_stats.insert(), [{"rel": rel, "stat": ":".join(map(str, key)), "sha256": sha}
+                                                         for rel, (key, sha) in changed.items()])
+
     def record_many(self, rows: list[tuple[str, str, str | None, Origin, str | None]]) -> None:
         """(rel, sha256, task_id, origin, note) rows in one transaction: an import records thousands."""
         if not rows:
@@ -87,3 +115,8 @@ class FileTracker:
             uow.conn.execute(folder_files.delete().where(folder_files.c.rel == rel))
             uow.conn.execute(folder_files.insert().values(rel=rel, sha256=sha256, task_id=task_id,
                                                           origin=origin.value, note=note, updated_at=utc_now_iso()))
+
+
+def _key(text: str) -> StatKey:
+    size, mtime, ino, ctime = (int(x) for x in text.split(":"))
+    return size, mtime, ino, ctime
