@@ -8,6 +8,7 @@ from rich.markup import escape
 from kernel.cli.common import Exit, emit, fail, get_ctx, reject, stderr
 from kernel.cli.fcop_import import fcop_import
 from kernel.folders import migrate as migration
+from kernel.folders.importer import is_imported, root_key_of
 
 app = typer.Typer(no_args_is_help=True, help="Whole-workspace FCoP operations (docs/import-and-migrate.md).")
 app.command("import")(fcop_import)
@@ -28,6 +29,11 @@ def migrate(ctx: typer.Context,
     db = c.database()
     try:
         plan = migration.plan(ws.root, ws.state_dir, migration.known_states(db), migration.tracked_origins(db))
+        if not is_imported(db, root_key_of(plan.root, ws.root)):
+            raise migration.MigrateRefused(
+                "not_imported", "the workspace's history is not in the kernel yet: without it an open task's stage "
+                "would be guessed (every one to the inbox). Run `taskkernel fcop import` (or `taskkernel up "
+                "--once`) first, then migrate.")
         if dry_run:
             emit({"status": "ok", "dry_run": True, **plan.as_json()})
             stderr.print(f"dry run: {len(plan.moves)} file(s) would move in {escape(str(plan.root))}, "

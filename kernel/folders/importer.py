@@ -44,11 +44,13 @@ from kernel.fcop import (
 )
 from kernel.fcop.filenames import TASK_ID_RE, normalize_reference
 from kernel.fcop.safeio import locked
-from kernel.folders.ingest import ARCHIVE_AREAS, REPORT_STATUS, file_key, write_reason
+from kernel.folders.ingest import ARCHIVE_AREAS, REPORT_STATUS, file_key, taken_refusal, write_reason
 from kernel.folders.tracking import FileTracker, Origin, folder_files
 from kernel.logging import get_logger
 from kernel.model.commands import CommandResult, RiskLevel
+from kernel.model.limits import MAX_BODY_BYTES, MAX_REFERENCE_BYTES, MAX_REFERENCES, MAX_THREAD_KEY_BYTES
 from kernel.model.principal import LOCAL_OWNER
+from kernel.store.db import Database
 from kernel.store.schema import tasks
 
 log = get_logger(__name__)
@@ -64,6 +66,18 @@ BATCH = 500
 MAX_SUBJECT = 500
 RISKS = frozenset(r.value for r in RiskLevel)
 FileRow = tuple[str, str, str | None, Origin, str | None]
+
+
+def root_key_of(fcop_root: Path, workspace_root: Path) -> str:
+    return Path(os.path.relpath(fcop_root, workspace_root)).as_posix()
+
+
+def is_imported(db: Database, root_key: str) -> bool:
+    """Has the FCoP root at ``root_key`` (its path in the workspace) been imported?"""
+    db.create_schema(import_metadata)
+    with db.read() as conn:
+        return conn.execute(sa.select(folder_imports.c.root).where(folder_imports.c.root == root_key)).first() \
+            is not None
 
 
 @dataclass
@@ -106,13 +120,11 @@ class Importer:
     def for_workspace(cls, kernel: TaskCommandKernel, fcop: FcopWorkspace, tracker: FileTracker,
                       workspace_root: Path, state_dir: str) -> Importer:
         """One import per FCoP root (keyed by its path in the workspace); the lock sits in the state folder."""
-        root_key = Path(os.path.relpath(fcop.root, workspace_root)).as_posix()
-        return cls(kernel, fcop, tracker, root_key, Path(workspace_root) / state_dir / "import.lock")
+        return cls(kernel, fcop, tracker, root_key_of(fcop.root, workspace_root),
+                   Path(workspace_root) / state_dir / "import.lock")
 
     def imported(self) -> bool:
-        with self.kernel.db.read() as conn:
-            return conn.execute(sa.select(folder_imports.c.root).where(
-                folder_imports.c.root == self.root_key)).first() is not None
+        return is_imported(self.kernel.db, self.root_key)
 
     def run(self, *, dry_run: bool = False, live: Scanner | None = None) -> ImportReport:
         """Import everything the workspace holds (under the import lock: two coordinators import once).
@@ -154,6 +166,7 @@ class _Run:
             self.tracked = {r.rel: r.sha256 for r in conn.execute(sa.select(folder_files.c.rel,
                                                                             folder_files.c.sha256))}
             self.docs = {tid: json.loads(doc) for tid, doc in conn.execute(sa.select(tasks.c.task_id, tasks.c.doc))}
+        self.known = frozenset(self.docs)
 
     def run(self, scanner: Scanner) -> ImportReport:
         batch = scanner.scan()
@@ -163,6 +176,10 @@ class _Run:
                 self.report.kept.append({"file": entry.rel, "reason": reason})
                 self.rows.append((entry.rel, entry.sha256 or "", None, Origin.KEPT, reason))
         entries = [e for e in batch.ready if self._new(e)]
+        for e in entries:
+            if FcopWarning.LEGACY_ENCODING in e.envelope.warnings:  # type: ignore[union-attr]
+                self._warn(e, FcopWarning.LEGACY_ENCODING.value, "not UTF-8: read as GB18030, or with damaged "
+                           "bytes replaced (U+FFFD) in the kernel's copy; the file keeps its bytes")
         found = self._tasks([e for e in entries if isinstance(e.envelope, TaskEnvelope)])
         records = [e for e in entries if not isinstance(e.envelope, TaskEnvelope)]
         by_task = self._reports_by_task(records)
@@ -172,10 +189,16 @@ class _Run:
         for start in range(0, len(found), self.i.batch_size):  # what the adoptions made: read once, in chunks
             self._refresh(list(found)[start:start + self.i.batch_size])
         self._attach(records)
+        self._flush()
+        return self.report
+
+    def _flush(self) -> None:
+        """Record the files handled so far, right after their commands committed: an import interrupted
+        later replays those commands (same keys) instead of taking their files for intruders."""
         if not self.report.dry_run:
             for start in range(0, len(self.rows), self.i.batch_size):
                 self.i.tracker.record_many(self.rows[start:start + self.i.batch_size])
-        return self.report
+        self.rows = []
 
     def _new(self, entry: ScanEntry) -> bool:
         return self.tracked.get(entry.rel) != entry.sha256
@@ -189,13 +212,7 @@ class _Run:
         found: dict[str, _Task] = {}
         for task_id, group in groups.items():
             group.sort(key=lambda e: (e.path.name.encode(), e.rel.encode()))
-            doc = self.docs.get(task_id)
-            if doc is not None:  # known: its own file was taken before; every other file is an intruder
-                for e in group:
-                    self._refuse(e, FcopReason.TASK_ID_TAKEN if not _same_task(e.envelope, doc)
-                                 else FcopReason.DUPLICATE_TASK_ID, _taken_message(task_id, doc))
-                continue
-            winner, *others = group
+            winner, *others = group  # a known id too: the kernel replays an interrupted import's adoption
             assert isinstance(winner.envelope, TaskEnvelope)
             found[task_id] = _Task(winner, winner.envelope)
             for e in others:
@@ -270,9 +287,14 @@ class _Run:
                     if self.report.dry_run:
                         self.docs[task.env.id] = {"task_id": task.env.id, "thread_key": "", "revision": 1,
                                                   "round": _round(task)}
+                elif result.reason == "task_exists" and self._refresh([task.env.id]):
+                    failed.add(task.env.id)  # the kernel holds this id with another file: never adopted
+                    reason, why = taken_refusal(self.i.fcop, task.env, self.docs[task.env.id])
+                    self._refuse(task.entry, reason, why)
                 else:
                     failed.add(task.env.id)
                     self._refuse(task.entry, result.reason or "invalid_command", result.message)
+            self._flush()
 
     def _adopt_command(self, task: _Task) -> dict[str, Any]:
         env = task.env
@@ -290,10 +312,30 @@ class _Run:
             self._warn(task.entry, "unknown_risk_level", f"risk_level {env.risk_level!r} is not one of "
                                                           f"{', '.join(sorted(RISKS))}; imported as low")
         command = {"type": "adopt_task", "task_id": env.id, "idempotency_key": file_key(task.entry, env.sha256),
-                   "payload": payload}
-        if env.thread_key:
+                   "payload": self._fit(task.entry, payload)}
+        if env.thread_key and len(env.thread_key.encode()) <= MAX_THREAD_KEY_BYTES:
             command["thread_key"] = env.thread_key
+        elif env.thread_key:
+            self._warn(task.entry, "history_shortened", f"thread_key is over {MAX_THREAD_KEY_BYTES} bytes; the "
+                                                         "task keeps its own id as its thread")
         return command
+
+    def _fit(self, e: ScanEntry, payload: dict[str, Any]) -> dict[str, Any]:
+        """History is never refused for its size: what is beyond the kernel's limits (docs/reason-codes.md) is
+        shortened in the kernel's copy, with a warning; the file keeps every byte and is the record's source."""
+        cut = []
+        body = payload.get("body", "")
+        if len(body.encode()) > MAX_BODY_BYTES:
+            payload["body"] = body.encode()[:MAX_BODY_BYTES - 3].decode("utf-8", "ignore") + "…"
+            cut.append(f"body to {MAX_BODY_BYTES} bytes")
+        refs = payload.get("references", [])
+        kept = [r for r in refs if len(r.encode()) <= MAX_REFERENCE_BYTES][:MAX_REFERENCES]
+        if kept != refs:
+            payload["references"] = kept
+            cut.append(f"references to {len(kept)} of {len(refs)}")
+        if cut:
+            self._warn(e, "history_shortened", f"the kernel's copy keeps {', '.join(cut)}; the file is whole")
+        return payload
 
     def _attach(self, records: list[ScanEntry]) -> None:
         """Each REPORT/REVIEW/ISSUE about a known task is attached to it, in file order; the rest is evidence."""
@@ -329,6 +371,7 @@ class _Run:
                         stale.append((e, target))  # behind a refused record of its task: again, re-read
                     else:
                         self._refuse(e, result.reason or "invalid_command", result.message)
+                self._flush()
             pending = stale
 
     def _refresh(self, task_ids: list[str]) -> bool:
@@ -353,12 +396,15 @@ class _Run:
             payload.update(kind="issue", author=env.reporter, status=env.status, references=list(env.references))
         return {"type": "attach_record", "task_id": doc["task_id"], "thread_key": doc["thread_key"],
                 "expected_revision": doc["revision"], "round": doc["round"],
-                "idempotency_key": file_key(e, env.sha256, "attach"), "payload": payload}  # type: ignore[union-attr]
+                "idempotency_key": file_key(e, env.sha256, "attach"),  # type: ignore[union-attr]
+                "payload": self._fit(e, payload)}
 
     def _submit(self, commands: list[dict[str, Any]]) -> list[CommandResult]:
         """One transaction per batch; a batch whose transaction fails is retried command by command."""
-        if self.report.dry_run:
-            return [CommandResult(status="accepted", task_id=c["task_id"]) for c in commands]
+        if self.report.dry_run:  # what the kernel would say, as far as it can be told without storing
+            return [CommandResult(status="rejected", reason="task_exists", task_id=c["task_id"])
+                    if c["type"] == "adopt_task" and c["task_id"] in self.known
+                    else CommandResult(status="accepted", task_id=c["task_id"]) for c in commands]
         results: list[CommandResult] = []
         for start in range(0, len(commands), self.i.batch_size):
             chunk = commands[start:start + self.i.batch_size]
@@ -403,12 +449,3 @@ def _record_task(env: Any) -> str | None:
         return env.subject_task_id
     refs = [normalize_reference(r) for r in getattr(env, "references", ())]
     return next((r for r in refs if TASK_ID_RE.match(r)), None)
-
-
-def _same_task(env: Any, doc: dict[str, Any]) -> bool:
-    return (env.sender, env.recipient) == (doc.get("sender"), doc.get("recipient"))
-
-
-def _taken_message(task_id: str, doc: dict[str, Any]) -> str:
-    return (f"{task_id} is already a task in the kernel ({doc.get('sender')} to {doc.get('recipient')}: "
-            f"{doc.get('subject')!r}); write your task under a free number")

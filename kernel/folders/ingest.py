@@ -100,6 +100,18 @@ def file_key(entry: ScanEntry, sha256: str, step: str = "") -> str:
     return f"file:{entry.rel}:{sha256[:16]}{':' + step if step else ''}"
 
 
+def taken_refusal(fcop: FcopWorkspace, env: TaskEnvelope, doc: dict[str, Any]) -> tuple[FcopReason, str]:
+    """Why a TASK file that is not the task's own is refused: the same route and subject is a duplicate, anything
+    else takes an id the kernel holds; the message suggests the next free number."""
+    same = (env.sender, env.recipient, (env.subject or env.id).strip()) == (doc["sender"], doc["recipient"],
+                                                                            doc["subject"])
+    _, day, _ = env.id.split("-")
+    free = f"TASK-{day}-{max(max_sequence(fcop, EnvelopeKind.TASK, day), int(doc['task_id'].split('-')[2])) + 1:03d}"
+    return (FcopReason.DUPLICATE_TASK_ID if same else FcopReason.TASK_ID_TAKEN,
+            f"{env.id} is already a task ({doc['sender']} to {doc['recipient']}: {doc['subject']!r}) with its own "
+            f"file; this file is not applied and never written into. Use a free number, e.g. {free}")
+
+
 def write_reason(path: Path, title: str, reason: str) -> None:
     """Write (or replace) the file's one note; a note that cannot be written is reported, never fatal."""
     code, _, message = reason.partition(": ")
@@ -202,12 +214,7 @@ class Ingest:
             return
         own = self.tracker.task_file(env.id)
         if not self._own_file(entry, env, doc, own):
-            same = (env.sender, env.recipient, (env.subject or env.id).strip()) == (
-                doc["sender"], doc["recipient"], doc["subject"])
-            reason = FcopReason.DUPLICATE_TASK_ID if same else FcopReason.TASK_ID_TAKEN
-            why = (f"{env.id} is already a task ({doc['sender']} to {doc['recipient']}: {doc['subject']!r}) with "
-                   f"its own file; this file is not applied and never written into. Use a free number, e.g. "
-                   f"{self._next_free(env.id)}")
+            reason, why = taken_refusal(self.fcop, env, doc)
             if self._blocks_own_file(entry, env, doc, own):  # out of the way, bytes untouched
                 self._quarantine(replace(entry, error=FcopError(reason, why, entry.path)), stats)
                 return
@@ -234,10 +241,6 @@ class Ingest:
             return own == entry.rel
         return (env.sender, env.recipient) == (doc["sender"], doc["recipient"]) and \
             not safeio.lexists(self.fcop.root / own)
-
-    def _next_free(self, task_id: str) -> str:
-        _, day, _ = task_id.split("-")
-        return f"TASK-{day}-{max_sequence(self.fcop, EnvelopeKind.TASK, day) + 1:03d}"
 
     def _new_task(self, entry: ScanEntry, env: TaskEnvelope, stats: IngestStats) -> None:
         base = {"sender": env.sender, "recipient": env.recipient, "subject": env.subject or env.id,

@@ -1,0 +1,124 @@
+"""`taskkernel fcop import`: findings of the review of the import (issue 10), each as a regression test.
+
+An import interrupted between batches is finished by the next one (its own files are never refused); history
+beyond the kernel's payload limits is shortened in the kernel's copy, never dropped; files read with a legacy
+encoding say so; a file that takes an id the kernel holds is told the next free id.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kernel.cli.common import CliContext
+from kernel.coordinator import build_kernel
+from kernel.fcop import open_workspace
+from kernel.folders.importer import Importer
+from kernel.folders.tracking import FileTracker
+from kernel.workspace import STATE_DIR, Workspace
+from tests.cli_support import run
+
+
+def task(path: Path, *, sender: str = "ADMIN", recipient: str = "DEV", subject: str = "Work", body: str = "x",
+         extra: str = "") -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"---\nprotocol: fcop\nversion: 1\nsender: {sender}\nrecipient: {recipient}\nsubject: {subject}\n"
+                    f"{extra}---\n{body}\n", encoding="utf-8")
+
+
+def report(path: Path, task_id: str, extra: str = "") -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"---\nprotocol: fcop\nversion: 1\nsender: DEV\nrecipient: ADMIN\nstatus: done\n"
+                    f"references:\n- {task_id}\n{extra}---\ndone\n", encoding="utf-8")
+
+
+@pytest.fixture
+def g3(tmp_path: Path) -> Path:
+    project = tmp_path / "proj"
+    assert run("init", str(project), cwd=tmp_path).code == 0
+    return project
+
+
+def show(project: Path, task_id: str) -> dict:
+    r = run("task", "show", task_id, cwd=project)
+    assert r.code == 0, r.out
+    return r.json
+
+
+def test_an_import_interrupted_between_batches_is_finished_by_the_next(g3: Path, monkeypatch) -> None:
+    lc = g3 / "fcop" / "_lifecycle"
+    for n in range(1, 6):
+        task(lc / "archive" / f"TASK-20260101-00{n}-ADMIN-to-DEV.md", subject=f"Old {n}")
+        report(g3 / "fcop" / "reports" / f"REPORT-20260101-00{n}-DEV-to-ADMIN.md", f"TASK-20260101-00{n}")
+    ws = Workspace.load(g3)
+    db = CliContext(workspace_path=str(g3)).database()
+    kernel = build_kernel(db, ws)
+    tracker = FileTracker(db)
+    importer = Importer.for_workspace(kernel, open_workspace(g3), tracker, g3, STATE_DIR)
+    importer.batch_size = 2
+    calls = {"n": 0}
+    record = tracker.record_many
+
+    def crash_after_the_first(rows):  # noqa: ANN001, ANN202 - the process dies after its first batch is recorded
+        calls["n"] += 1
+        if calls["n"] > 1:
+            raise KeyboardInterrupt("killed")
+        record(rows)
+
+    monkeypatch.setattr(tracker, "record_many", crash_after_the_first)
+    with pytest.raises(KeyboardInterrupt):
+        importer.run()
+    monkeypatch.undo()
+    again = run("fcop", "import", cwd=g3)
+    assert again.code == 0 and again.json["refused"] == [], again.json
+    assert not list(lc.rglob("_reason.*")), "no file of the first attempt was taken for an intruder"
+    for n in range(1, 6):
+        doc = show(g3, f"TASK-20260101-00{n}")
+        assert doc["state"] == "archive" and [r["record_id"] for r in doc["records"]] == [f"REPORT-20260101-00{n}"]
+    assert run("up", "--once", cwd=g3).code == 0
+    assert run("verify", cwd=g3).code == 0
+
+
+def test_history_beyond_the_payload_limits_is_shortened_never_dropped(g3: Path) -> None:
+    lc = g3 / "fcop" / "_lifecycle"
+    refs = "references:\n" + "".join(f"- https://example.org/{i}\n" for i in range(40))
+    task(lc / "done" / "TASK-20260101-001-ADMIN-to-DEV.md", extra=refs)
+    big = lc / "archive" / "TASK-20260101-002-ADMIN-to-DEV.md"
+    task(big, body="y" * 600_000)
+    report(g3 / "fcop" / "reports" / "REPORT-20260101-001-DEV-to-ADMIN.md", "TASK-20260101-001",
+           extra="".join(f"- https://example.org/r{i}\n" for i in range(40)))
+    before = big.read_bytes()
+    r = run("fcop", "import", cwd=g3)
+    assert r.code == 0 and r.json["refused"] == [] and r.json["tasks"] == 2, r.json
+    assert {w["warning"] for w in r.json["warnings"]} == {"history_shortened"}
+    assert len(show(g3, "TASK-20260101-001")["references"]) == 32
+    assert len(show(g3, "TASK-20260101-002")["body"].encode()) <= 512 * 1024
+    assert show(g3, "TASK-20260101-001")["records"][0]["record_id"] == "REPORT-20260101-001"
+    assert big.read_bytes() == before, "the file keeps every byte"
+
+
+def test_a_file_read_with_a_legacy_encoding_says_so(g3: Path) -> None:
+    path = g3 / "fcop" / "_lifecycle" / "archive" / "TASK-20260101-001-ADMIN-to-DEV.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes("---\nprotocol: fcop\nversion: 1\nsender: ADMIN\nrecipient: DEV\nsubject: 协议\n---\n正文\n"
+                     .encode("gbk"))
+    r = run("fcop", "import", cwd=g3)
+    assert r.code == 0 and r.json["tasks"] == 1
+    assert [(w["file"], w["warning"]) for w in r.json["warnings"]] == [
+        ("_lifecycle/archive/TASK-20260101-001-ADMIN-to-DEV.md", "legacy_encoding")]
+    assert show(g3, "TASK-20260101-001")["subject"] == "协议"
+
+
+def test_an_id_the_kernel_holds_is_refused_with_the_next_free_id(g3: Path) -> None:
+    made = run("submit", cwd=g3, stdin=json.dumps({"type": "create_task", "idempotency_key": "k", "payload": {
+        "sender": "ADMIN", "recipient": "DEV", "subject": "Mine"}}))
+    task_id = made.json["task_id"]
+    _, day, seq = task_id.split("-")
+    task(g3 / "fcop" / "_lifecycle" / "archive" / f"{task_id}-ADMIN-to-QA.md", recipient="QA", subject="Theirs")
+    r = run("fcop", "import", cwd=g3)
+    [refused] = r.json["refused"]
+    assert refused["reason"] == "task_id_taken"
+    assert f"TASK-{day}-{int(seq) + 1:03d}" in refused["message"]
+    assert show(g3, task_id)["subject"] == "Mine"
