@@ -78,6 +78,7 @@ class EffectRule:
 Guard = Callable[[UnitOfWork, Command, dict[str, Any] | None, Principal], None]
 # A guard that lets a command through may leave evidence here; it is recorded in the command's event.
 EVIDENCE_KEY = "guard_evidence"
+NUMBERS_KEY = "task_numbers_on_disk"  # (UTC day, numbers taken by files), listed before the transaction
 
 # Hot-path statements run on the driver cursor (UnitOfWork.sql); the tables are defined in store/schema.py.
 _GET_RECEIPT = "SELECT semantic_digest, result FROM receipts WHERE idempotency_key = ?"
@@ -141,8 +142,19 @@ class TaskCommandKernel:
         batch is kept and the error propagates; the caller retries each command on its own.
         """
         parsed = [self._parse(c, external) for c, _ in items]
+        numbers = self._numbers_on_disk(parsed)  # listed before the write lock is taken, never under it
         with self.db.write() as uow:
+            if numbers is not None:
+                uow.cache[NUMBERS_KEY] = numbers
             return [self._judge(uow, p, principal) for p, (_, principal) in zip(parsed, items, strict=True)]
+
+    def _numbers_on_disk(self, parsed: Sequence[Command | CommandResult]) -> tuple[str, set[int]] | None:
+        """Today's task numbers taken by files, when a command of the batch will allocate an id."""
+        if self.numbers_in_use is None or not any(
+                isinstance(c, Command) and c.type is CommandType.CREATE_TASK and not c.task_id for c in parsed):
+            return None
+        day = utc_now_iso()[:10].replace("-", "")
+        return day, self.numbers_in_use(day)
 
     def task(self, task_id: str) -> dict[str, Any] | None:
         with self.db.read() as conn:
@@ -449,7 +461,9 @@ class TaskCommandKernel:
 
     def _allocate_task_id(self, uow: UnitOfWork, now_iso: str) -> str:
         day = now_iso[:10].replace("-", "")  # UTC date
-        in_use = self.numbers_in_use(day) if self.numbers_in_use else set()
+        listed_day, in_use = uow.cache.get(NUMBERS_KEY, (day, set()))
+        if listed_day != day and self.numbers_in_use is not None:  # the batch crossed midnight (UTC)
+            in_use = self.numbers_in_use(day)
         while True:
             n = _bump_counter(uow, f"task:{day}")
             task_id = f"TASK-{day}-{n:03d}"

@@ -38,6 +38,9 @@ class VerifyReport:
     head: dict[str, Any] | None = None  # the chain head the store records: {"position", "hash"}
     problems: list[dict[str, Any]] = field(default_factory=list)
     repaired: int = 0
+    # TASK files of ids the log does not know that are not drift (refused, kept, or waiting for ingest): listed
+    # so a person sees every file FCoP readers take for a task; {file, task_id, status}
+    unknown_task_files: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -73,7 +76,8 @@ class VerifyReport:
     def as_json(self) -> dict[str, Any]:
         return {"status": "ok" if self.ok else "broken", "reason": self.reason,
                 "first_broken_position": self.first_broken_position, "events": self.events, "tasks": self.tasks,
-                "chain": self.chain, "head": self.head, "problems": self.problems, "repaired": self.repaired}
+                "chain": self.chain, "head": self.head, "problems": self.problems, "repaired": self.repaired,
+                "unknown_task_files": self.unknown_task_files}
 
 
 def corrupt_report(detail: str) -> VerifyReport:

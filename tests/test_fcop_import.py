@@ -122,3 +122,16 @@ def test_an_id_the_kernel_holds_is_refused_with_the_next_free_id(g3: Path) -> No
     assert refused["reason"] == "task_id_taken"
     assert f"TASK-{day}-{int(seq) + 1:03d}" in refused["message"]
     assert show(g3, task_id)["subject"] == "Mine"
+
+
+def test_verify_lists_task_files_of_tasks_the_log_does_not_know(g3: Path) -> None:
+    assert run("up", "--once", cwd=g3).code == 0  # the import: what comes after is live
+    task(g3 / "fcop" / "_lifecycle" / "done" / "TASK-20260101-007-ADMIN-to-DEV.md", subject="Planted done")
+    task(g3 / "fcop" / "_lifecycle" / "inbox" / "TASK-20260101-008-ADMIN-to-DEV.md", subject="Not yet seen")
+    up = run("up", "--once", cwd=g3)
+    assert up.code == 0 and "unknown_task_outside_inbox" in up.err
+    (g3 / "fcop" / "_lifecycle" / "inbox" / "TASK-20260101-009-ADMIN-to-DEV.md").write_text("---\nbroken: [\n")
+    verify = run("verify", cwd=g3)
+    assert verify.code == 0, verify.out
+    assert {(f["task_id"], f["status"]) for f in verify.json["unknown_task_files"]} == {
+        ("TASK-20260101-007", "refused"), ("TASK-20260101-009", "waiting")}

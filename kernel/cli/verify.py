@@ -21,7 +21,7 @@ def _verify_folders(kernel: TaskCommandKernel, root: Path, report: VerifyReport,
     """The folders are a projection too: each task's TASK file must sit in the stage the log says, and each
     TASK file the adapter handled must belong to a task the log knows (docs/folders.md)."""
     from kernel.fcop import FcopError, open_workspace
-    from kernel.folders.check import check_folders, repair_folders
+    from kernel.folders.check import check_folders, repair_folders, unknown_task_files
     from kernel.folders.projection import Projection
     from kernel.folders.tracking import FileTracker
 
@@ -36,6 +36,7 @@ def _verify_folders(kernel: TaskCommandKernel, root: Path, report: VerifyReport,
         drifts = check_folders(projection)
     for d in drifts:
         report.add("folder", d.reason, d.position, d.detail, task_id=d.task_id)
+    report.unknown_task_files = unknown_task_files(projection)
 
 
 def verify(ctx: typer.Context, repair: bool = typer.Option(False, "--repair",

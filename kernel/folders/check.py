@@ -112,6 +112,22 @@ def check_folders(projection: Projection) -> list[FolderDrift]:
     return drifts
 
 
+def unknown_task_files(projection: Projection) -> list[dict[str, str]]:
+    """TASK files whose id the log does not know and that are not drift: their status is the adapter's record of
+    them (refused, kept, quarantined) or `waiting` (not taken in yet)."""
+    fcop = projection.fcop
+    with projection.kernel.db.read() as conn:
+        known = set(conn.execute(sa.select(tasks.c.task_id)).scalars())
+        records = dict(conn.execute(sa.select(folder_files.c.rel, folder_files.c.origin)).all())
+    out = []
+    for task_id, found in sorted(task_files(fcop).items()):
+        for path, _ in found if task_id not in known else ():
+            status = records.get(fcop.relative(path), "waiting")
+            if status not in HANDLED:
+                out.append({"file": fcop.relative(path), "task_id": task_id, "status": status})
+    return out
+
+
 def _subject(path: Path) -> str | None:
     """The file's subject as a reader sees it (None when it cannot be read: the scan reports that)."""
     try:

@@ -281,6 +281,7 @@ class Ingest:
         self.tracker.record(rel, env.sha256, env.id, Origin.INGESTED, note=reason, moved_from=entry.rel)
         stats.moved_back += 1
         stats.notes.append(f"{entry.rel}: moved back ({reason})")
+        log.warning("fcop.moved_back", rel=entry.rel, reason=reason.partition(":")[0], message=reason)
 
     def _report(self, entry: ScanEntry, env: ReportEnvelope, stats: IngestStats) -> None:
         task_id = env.task_id
@@ -354,6 +355,7 @@ class Ingest:
         self.tracker.record(entry.rel, sha256, task_id, Origin.REFUSED, note=reason)
         stats.refused += 1
         stats.notes.append(f"{entry.rel}: {reason}")
+        log.warning("fcop.not_applied", rel=entry.rel, reason=reason.partition(":")[0], message=reason)
 
     @staticmethod
     def _clear_note(path: Path) -> None:
@@ -388,4 +390,5 @@ class Ingest:
         self.scanner.forget(entry.rel)
         stats.quarantined += 1
         stats.notes.append(f"{entry.rel}: quarantined ({reason.value}) -> {q.path.name}")
+        log.warning("fcop.quarantined", rel=entry.rel, reason=reason.value, to=self.fcop.relative(q.path))
 
