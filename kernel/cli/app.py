@@ -5,9 +5,8 @@ from __future__ import annotations
 import sys
 
 import typer
-from rich.markup import escape
 
-from kernel.cli.common import CliContext, Exit, emit, stderr
+from kernel.cli.common import CliContext, Exit, emit, say
 from kernel.logging import configure_logging
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -40,13 +39,13 @@ def main(argv: list[str] | None = None) -> None:
         rv = app(args=argv, standalone_mode=False)
     except ChainKeyError as exc:  # a keyed store opened without (or with another) key: refuse, never write
         emit({"status": "rejected", "reason": exc.reason, "message": str(exc)})
-        stderr.print(f"[red]rejected[/red] {escape(str(exc))}")
+        say(("rejected", "red"), f" {exc}")
         sys.exit(int(Exit.REJECTED))
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.Abort:
         sys.exit(130)
     except typer.TyperException as exc:  # typer's usage errors carry click's exit code 2
-        stderr.print(f"[red]usage error:[/red] {exc.format_message()}")
+        say(("usage error:", "red"), f" {exc.format_message()}")
         sys.exit(int(Exit.USAGE) if exc.exit_code == 2 else exc.exit_code)
     sys.exit(rv if isinstance(rv, int) else 0)

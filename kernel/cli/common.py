@@ -11,7 +11,7 @@ from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
-from rich.markup import escape
+from rich.text import Text
 
 from kernel.credentials import authenticate
 from kernel.model.principal import LOCAL_OWNER, Principal
@@ -21,7 +21,7 @@ from kernel.store.db import Database, DatabaseCorrupt
 from kernel.store.schema import metadata as kernel_metadata
 from kernel.workspace import Workspace, WorkspaceNotFound
 
-stderr = Console(stderr=True)
+stderr = Console(stderr=True, markup=False, highlight=False)  # data is never read as markup
 
 
 class Exit(IntEnum):
@@ -34,6 +34,12 @@ class Exit(IntEnum):
     DATAERR = 65
 
 
+def say(*parts: str | tuple[str, str]) -> None:
+    """One line for people on stderr: plain strings exactly as they are (a subject with ``[/b]`` in it prints
+    as itself), ``(text, style)`` pairs styled."""
+    stderr.print(Text.assemble(*parts))
+
+
 def emit(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, ensure_ascii=False, default=str) + "\n")
     sys.stdout.flush()
@@ -42,14 +48,14 @@ def emit(obj: Any) -> None:
 def fail(code: Exit, message: str, **extra: Any) -> NoReturn:
     """Print a JSON error on stdout and a readable line on stderr, then exit with ``code``."""
     emit({"status": "error", "code": code.name.lower(), "message": message, **extra})
-    stderr.print(f"[red]error:[/red] {message}")
+    say(("error:", "red"), " ", message)
     raise typer.Exit(int(code))
 
 
 def reject(reason: str, message: str, **extra: Any) -> NoReturn:
     """A refusal the caller can act on: JSON with the reason code on stdout, exit 2."""
     emit({"status": "rejected", "reason": reason, "message": message, **extra})
-    stderr.print(f"[red]rejected[/red] {escape(reason)}: {escape(message)}")
+    say(("rejected", "red"), f" {reason}: {message}")
     raise typer.Exit(int(Exit.REJECTED))
 
 

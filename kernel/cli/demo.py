@@ -16,7 +16,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from kernel.cli.common import CliContext, Exit, emit, stderr
+from kernel.cli.common import CliContext, Exit, emit, say, stderr
 from kernel.coordinator import Coordinator
 from kernel.model.commands import CommandResult
 from kernel.model.principal import LOCAL_OWNER, Principal
@@ -71,11 +71,11 @@ class _Demo:
     def note(self, what: str, result: CommandResult | None = None, detail: str = "") -> None:
         if result is not None:
             colour = {"accepted": "green", "replayed": "cyan", "rejected": "red"}[result.status]
-            detail = f"[{colour}]{result.status}[/{colour}] {result.reason or ''} {result.message}"
             self.steps.append({"step": what, **result.wire()})
-        else:
-            self.steps.append({"step": what, "detail": detail})
-        stderr.print(f"  {what:<28} {detail}")
+            say(f"  {what:<28} ", (result.status, colour), f" {result.reason or ''} {result.message}")
+            return
+        self.steps.append({"step": what, "detail": detail})
+        say(f"  {what:<28} {detail}")
 
 
 def demo(directory: Path = typer.Option(None, "--dir", help="Workspace directory to use.")
@@ -124,11 +124,11 @@ def demo(directory: Path = typer.Option(None, "--dir", help="Workspace directory
     report = verify(c.db, c.kernel.store)
     _timeline(c)
     files = sorted(str(p.relative_to(ws.root)) for p in (ws.root / "fcop" / "_lifecycle").rglob("*.md"))
-    stderr.print("[bold]Where things are[/bold]")
+    say(("Where things are", "bold"))
     for line in [f"workspace   {ws.root}", f"database    {ws.database_url}", *[f"task file   {f}" for f in files],
                  *[f"artifact    {a}" for a in artifacts], f"ledger      {ws.root / 'fcop' / 'ledger'}"]:
         stderr.print(f"  {line}")
-    stderr.print(f"verify: {'[green]ok[/green]' if report.ok else '[red]broken[/red]'}")
+    say("verify: ", ("ok", "green") if report.ok else ("broken", "red"))
     final = c.kernel.task(root_id)
     emit({"status": "ok" if report.ok and final and final["state"] == "archive" else "failed",
           "workspace": str(ws.root), "root_task": final, "children": c.kernel.children(root_id),

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import typer
-from rich.markup import escape
 
-from kernel.cli.common import Exit, emit, fail, get_ctx, reject, stderr
+from kernel.cli.common import Exit, emit, fail, get_ctx, reject, say, stderr
 from kernel.cli.fcop_import import fcop_import
 from kernel.folders import migrate as migration
 from kernel.folders.importer import is_imported, root_key_of
@@ -36,14 +35,14 @@ def migrate(ctx: typer.Context,
                 "--once`) first, then migrate.")
         if dry_run:
             emit({"status": "ok", "dry_run": True, **plan.as_json()})
-            stderr.print(f"dry run: {len(plan.moves)} file(s) would move in {escape(str(plan.root))}, "
+            stderr.print(f"dry run: {len(plan.moves)} file(s) would move in {plan.root}, "
                          f"{plan.as_json()['unchanged']} stay; the old root would be kept at "
-                         f"{escape(str(plan.backup))}; nothing written")
+                         f"{plan.backup}; nothing written")
             return
         result = migration.apply(plan, db)
     except migration.MigrateRefused as exc:
         reject(exc.reason, exc.message, **exc.extra)
     emit({"status": "ok", "dry_run": False, **plan.as_json(), "moved": len(plan.moves), "tracked": result.tracked,
           "swap": result.swap, "backup": str(result.backup)})
-    stderr.print(f"[green]migrated[/green] {escape(str(plan.root))} to G3: {len(plan.moves)} file(s) moved, "
-                 f"{result.tracked} record(s) followed them; the old root is kept at {escape(str(result.backup))}")
+    say(("migrated", "green"), f" {plan.root} to G3: {len(plan.moves)} file(s) moved, "
+                 f"{result.tracked} record(s) followed them; the old root is kept at {result.backup}")

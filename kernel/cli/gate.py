@@ -12,6 +12,7 @@ from typing import Any
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from kernel.cli.common import Exit, emit, fail, stderr
 from kernel.gate import GateStatus, TraceIndex, Verdict, evaluate, review
@@ -24,11 +25,11 @@ app = typer.Typer(no_args_is_help=True, add_completion=False,
 _COLOUR = {GateStatus.PASS: "green", GateStatus.BLOCK: "red", GateStatus.INSUFFICIENT_EVIDENCE: "yellow"}
 
 
-def _summary(verdict: Verdict) -> str:
+def _summary(verdict: Verdict) -> Text:
     colour = _COLOUR[verdict.status]
     subject = verdict.action_id or verdict.proposal_id or "?"
-    head = f"[{colour}]{verdict.status.value}[/{colour}] {subject}"
-    return head + "".join(f"\n  {r.code.value} ({r.rule}): {r.detail}" for r in verdict.reasons)
+    return Text.assemble((verdict.status.value, colour), f" {subject}",
+                         *(f"\n  {r.code.value} ({r.rule}): {r.detail}" for r in verdict.reasons))
 
 
 def _load_json(path: Path) -> tuple[Any, str | None]:
@@ -101,6 +102,6 @@ def demo() -> None:
     for step, expected, verdict in run_demo():
         as_expected &= verdict.status.value == expected
         emit({"step": step, "expected": expected, "verdict": verdict.to_dict()})
-        stderr.print(f"{step}: " + _summary(verdict))
+        stderr.print(Text(f"{step}: ") + _summary(verdict))
     if not as_expected:
         fail(Exit.INTERNAL, "the demo verdicts differ from the expected ones")

@@ -11,10 +11,9 @@ from typing import Any
 
 import sqlalchemy as sa
 import typer
-from rich.markup import escape
 from rich.table import Table
 
-from kernel.cli.common import Exit, emit, fail, get_ctx, stderr
+from kernel.cli.common import Exit, emit, fail, get_ctx, say, stderr
 from kernel.cli.wiring import build_kernel
 from kernel.credentials import issue_token
 from kernel.fcop import FcopError
@@ -65,10 +64,10 @@ def init(ctx: typer.Context, directory: Path = typer.Argument(Path("."), help="W
           "fcop_created": done.laid_out, "team": t.name, "leader": t.leader, "roles": t.roles,
           "team_source": t.source})
     where = "laid out" if done.laid_out else "found (left as it is)"
-    stderr.print(f"[green]workspace ready[/green] at {ws.root}; FCoP folder {done.fcop_root} {where}")
+    say(("workspace ready", "green"), f" at {ws.root}; FCoP folder {done.fcop_root} {where}")
     stderr.print(f"team {t.name} from {t.source}: leader {t.leader}, roles {', '.join(t.roles)}")
     if done.note:
-        stderr.print(f"[yellow]note:[/yellow] {escape(done.note)}")
+        say(("note:", "yellow"), f" {done.note}")
 
 
 @token_app.command("issue")
@@ -106,7 +105,7 @@ def submit(ctx: typer.Context, source: str = typer.Argument("-", metavar="[FILE|
         result = kernel.submit(command, caller, external=True)
     emit(result.wire())
     colour = {"accepted": "green", "replayed": "cyan", "rejected": "red"}[result.status]
-    stderr.print(f"[{colour}]{result.status}[/{colour}] {result.reason or ''} {result.message}")
+    say((result.status, colour), f" {result.reason or ''} {result.message}")
     raise typer.Exit(int(Exit.REJECTED if result.status == "rejected" else Exit.OK))
 
 
@@ -129,8 +128,7 @@ def task_show(ctx: typer.Context, task_id: str) -> None:
                 **{k: v for k, v in ev.data.items() if k in ("from", "round", "reason", "report_id", "status")}}
                for ev in kernel.history(task_id)]
     emit({**doc, "history": history})
-    stderr.print(f"{doc['task_id']} [bold]{doc['state']}[/bold] rev {doc['revision']} round {doc['round']}: "
-                 f"{doc['subject']}")
+    say(f"{doc['task_id']} ", (doc["state"], "bold"), f" rev {doc['revision']} round {doc['round']}: {doc['subject']}")
 
 
 @task_app.command("list")

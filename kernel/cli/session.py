@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 
 import typer
 
-from kernel.cli.common import CliContext, Exit, emit, fail, get_ctx, stderr
+from kernel.cli.common import CliContext, Exit, emit, fail, get_ctx, say, stderr
 from kernel.private import read_secret
 from kernel.sessionlog import (
     LogFileError,
@@ -73,7 +73,7 @@ def _reject(exc: SessionLogError) -> NoReturn:
     if exc.reason is SessionReason.UNREADABLE_FILE:
         fail(Exit.DATAERR, exc.message, reason=exc.reason.value)
     emit({"status": "rejected", "reason": exc.reason.value, "message": exc.message})
-    stderr.print(f"[red]rejected[/red] {exc.reason.value}: {exc.message}")
+    say(("rejected", "red"), f" {exc.reason.value}: {exc.message}")
     raise typer.Exit(int(Exit.REJECTED))
 
 
@@ -181,7 +181,7 @@ def replay_cmd(
     result = replay(records, order=order, as_of=as_of, reducer=reducer)
     emit(result.to_json())
     if not result.known:
-        stderr.print(f"[yellow]unknown[/yellow] {result.reason}: {result.detail}")
+        say(("unknown", "yellow"), f" {result.reason}: {result.detail}")
         raise typer.Exit(int(Exit.REJECTED))
 
 
@@ -254,7 +254,7 @@ def resume(
         _reject(exc)
     emit(answer.model_dump(mode="json"))
     if answer.anchor is None:
-        stderr.print(f"[yellow]no safe anchor[/yellow] ({answer.cause}): nothing is resumed automatically")
+        say(("no safe anchor", "yellow"), f" ({answer.cause}): nothing is resumed automatically")
         raise typer.Exit(int(Exit.REJECTED))
 
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import sqlalchemy as sa
 import typer
 from rich.live import Live
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
-from kernel.cli.common import Exit, emit, fail, get_ctx, stderr
+from kernel.cli.common import Exit, emit, fail, get_ctx, say, stderr
 from kernel.coordinator import Coordinator, PassStats, StageFailure
 from kernel.fcop import FcopError
 from kernel.store.schema import tasks
@@ -48,7 +48,7 @@ def up(ctx: typer.Context, workspace: Path = typer.Argument(None, help="Workspac
         failed = _failed_stages([f for p in passes for f in p.failed])
         if failed:
             emit({"status": "degraded", "failed_stages": failed, **done})
-            stderr.print(f"[red]degraded[/red]: {len(failed)} stage failure(s); processed: {done}")
+            say(("degraded", "red"), f": {len(failed)} stage failure(s); processed: {done}")
             raise typer.Exit(int(Exit.INTERNAL))
         emit({"status": "ok", **done})
         stderr.print(f"processed: {done}")
@@ -66,7 +66,7 @@ def up(ctx: typer.Context, workspace: Path = typer.Argument(None, help="Workspac
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        stderr.print(f"[green]coordinator up[/green] for {ws.root} (Ctrl-C to stop)")
+        say(("coordinator up", "green"), f" for {ws.root} (Ctrl-C to stop)")
         if not sys.stderr.isatty():
             await coordinator.run(stop, on_pass=count)
             return
@@ -100,7 +100,8 @@ def _status(coordinator: Coordinator, totals: dict[str, int]) -> Table:
     table.add_row(*(str(states.get(s, 0)) for s in ("inbox", "active", "review", "done", "archive")))
     table.caption = " · ".join(f"{k} {v}" for k, v in totals.items())
     if coordinator.failing:
-        table.title = f"taskkernel up: {escape(str(coordinator.workspace.root))} [bold red](degraded)[/bold red]"
-        table.caption += "\n" + "\n".join(f"[red]failing[/red] {f.stage}: {escape(f.error)}: {escape(f.message)}"
-                                           for f in coordinator.failing.values())
+        table.title = Text.assemble(f"taskkernel up: {coordinator.workspace.root} ", ("(degraded)", "bold red"))
+        table.caption = Text("\n").join([Text(table.caption), *(
+            Text.assemble(("failing", "red"), f" {f.stage}: {f.error}: {f.message}")
+            for f in coordinator.failing.values())])
     return table

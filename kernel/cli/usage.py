@@ -51,4 +51,4 @@ def usage(ctx: typer.Context,
     for r in shown + [{"owner": "TOTAL", **total}]:
         table.add_row(str(r["owner"]), str(r["units"]), f"{r['wall_ms'] / 1000:.1f}", str(r["tokens_in"]),
                       str(r["tokens_out"]), f"{r['cost_usd']:.4f}")
-    Console(file=sys.stdout).print(table)
+    Console(file=sys.stdout, markup=False, highlight=False).print(table)  # data is never markup

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import sqlalchemy as sa
 import typer
-from rich.markup import escape
 
-from kernel.cli.common import Exit, emit, get_ctx, stderr
+from kernel.cli.common import Exit, emit, get_ctx, say
 from kernel.cli.wiring import build_kernel
 from kernel.commands import TaskCommandKernel
 from kernel.store.db import DatabaseCorrupt, is_corruption
@@ -59,15 +58,15 @@ def verify(ctx: typer.Context, repair: bool = typer.Option(False, "--repair",
         report = corrupt_report(str(exc.orig))
     emit(report.as_json())
     if report.ok:
-        stderr.print(f"[green]verified[/green] {report.events} events, {report.tasks} tasks ({report.chain} chain)"
-                     + (f", repaired {report.repaired}" if report.repaired else ""))
+        say(("verified", "green"), f" {report.events} events, {report.tasks} tasks ({report.chain} chain)"
+            + (f", repaired {report.repaired}" if report.repaired else ""))
         return
     first = next(p for p in report.problems if p["reason"] == report.reason)
-    stderr.print(f"[red]broken[/red] ({report.reason}) at position {first['position']}: {escape(first['detail'])}")
+    say(("broken", "red"), f" ({report.reason}) at position {first['position']}: {first['detail']}")
     if repair and report.chain_broken:
-        stderr.print("[red]refusing to repair[/red]: the chain is not proven, so the events cannot be trusted to "
-                     "rebuild anything from")
+        say(("refusing to repair", "red"), ": the chain is not proven, so the events cannot be trusted to rebuild "
+            "anything from")
     elif repair and report.repair_refused:
-        stderr.print("[red]refusing to repair[/red]: a receipt or a stored task remembers more than the log holds, "
-                     "so the log may have lost events; rebuilding from it would hide the loss (docs/durability.md)")
+        say(("refusing to repair", "red"), ": a receipt or a stored task remembers more than the log holds, so the "
+            "log may have lost events; rebuilding from it would hide the loss (docs/durability.md)")
     raise typer.Exit(int(Exit.REJECTED))

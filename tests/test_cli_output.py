@@ -1,0 +1,40 @@
+"""Data is printed as data (issue 11, item 1 — first step): a subject or message with rich markup in it, such as
+`[/b]` or `[roles.DEV]`, crashes no command and prints as itself."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.cli_support import run
+
+SUBJECT = "Fix [/b] then [red]x[/red] in [roles.DEV]"
+
+
+def test_markup_in_a_subject_prints_as_itself_in_every_command(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    assert run("init", str(ws), cwd=tmp_path).code == 0
+    made = run("submit", cwd=ws, stdin=json.dumps({"type": "create_task", "idempotency_key": "k", "payload": {
+        "sender": "ADMIN", "recipient": "PM", "subject": SUBJECT}}))
+    assert made.code == 0, made.err
+    task_id = made.json["task_id"]
+    show = run("task", "show", task_id, cwd=ws)
+    assert show.code == 0 and show.json["subject"] == SUBJECT and SUBJECT in show.err, show.err
+    listed = run("task", "list", cwd=ws)
+    assert listed.code == 0 and "Traceback" not in listed.err and "[/b]" in listed.err, listed.err
+    again = run("submit", cwd=ws, stdin=json.dumps({"type": "create_task", "idempotency_key": "k", "payload": {
+        "sender": "ADMIN", "recipient": "PM", "subject": "[bold]other[/bold]"}}))
+    assert again.code == 2 and "idempotency_conflict" in again.err, again.err
+    up = run("up", "--once", cwd=ws)
+    assert up.code == 0 and "Traceback" not in up.err
+    assert run("verify", cwd=ws).code == 0
+
+
+def test_a_message_with_brackets_keeps_them(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    assert run("init", str(ws), cwd=tmp_path).code == 0
+    (ws / "fcop" / "fcop.json").unlink()
+    with open(ws / "taskkernel.toml", "a", encoding="utf-8") as fh:
+        fh.write('\n[team]\nleader = "lower"\nroles = ["lower"]\n')
+    r = run("task", "show", "TASK-20260101-001", cwd=ws)
+    assert r.code == 64 and "[team] in taskkernel.toml" in r.err, r.err
