@@ -38,3 +38,13 @@ def test_a_message_with_brackets_keeps_them(tmp_path: Path) -> None:
         fh.write('\n[team]\nleader = "lower"\nroles = ["lower"]\n')
     r = run("task", "show", "TASK-20260101-001", cwd=ws)
     assert r.code == 64 and "[team] in taskkernel.toml" in r.err, r.err
+
+
+def test_version_and_no_arguments(tmp_path: Path) -> None:
+    from importlib.metadata import version
+
+    for flag in ("--version", "-V"):
+        r = run(flag, cwd=tmp_path)
+        assert (r.code, r.out.strip()) == (0, f"taskkernel {version('taskkernel')}"), r.err
+    bare = run(cwd=tmp_path)
+    assert bare.code == 0 and "Usage: taskkernel" in bare.out and "usage error" not in bare.err, bare.err

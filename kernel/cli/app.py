@@ -1,51 +1,26 @@
-"""Entry point: global options and the command groups."""
+"""Entry point (`taskkernel`): `--version` is answered before any heavy import; everything else goes to the
+typer app in kernel/cli/root.py, whose command groups load when called."""
 
 from __future__ import annotations
 
 import sys
 
-import typer
 
-from kernel.cli.common import CliContext, Exit, emit, say
-from kernel.logging import configure_logging
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-                  help="taskkernel: an event-sourced kernel coordinating AI agents and humans.")
-
-
-@app.callback()
-def _global(
-    ctx: typer.Context,
-    db: str = typer.Option(None, "--db", help="Database URL (default: the workspace's SQLite file)."),
-    workspace: str = typer.Option(None, "--workspace", "-w", help="Workspace root (default: search upwards)."),
-    token: str = typer.Option(None, "--token", envvar="TASKKERNEL_TOKEN", help="Credential to act with."),
-) -> None:
-    ctx.obj = CliContext(db_url=db, workspace_path=workspace, token=token)
-
-
-def _register_groups() -> None:
-    from kernel.cli import groups
-
-    groups.register(app)
+    try:
+        return dist_version("taskkernel")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown"
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the CLI, mapping usage errors to exit 64 (sysexits EX_USAGE)."""
-    from kernel.store.chain import ChainKeyError
+    args = sys.argv[1:] if argv is None else argv
+    if args in (["--version"], ["-V"]):
+        sys.stdout.write(f"taskkernel {version()}\n")
+        sys.exit(0)
+    from kernel.cli.root import run
 
-    configure_logging()
-    _register_groups()
-    try:
-        rv = app(args=argv, standalone_mode=False)
-    except ChainKeyError as exc:  # a keyed store opened without (or with another) key: refuse, never write
-        emit({"status": "rejected", "reason": exc.reason, "message": str(exc)})
-        say(("rejected", "red"), f" {exc}")
-        sys.exit(int(Exit.REJECTED))
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except typer.Abort:
-        sys.exit(130)
-    except typer.TyperException as exc:  # typer's usage errors carry click's exit code 2
-        say(("usage error:", "red"), f" {exc.format_message()}")
-        sys.exit(int(Exit.USAGE) if exc.exit_code == 2 else exc.exit_code)
-    sys.exit(rv if isinstance(rv, int) else 0)
+    run(args)
