@@ -48,3 +48,18 @@ def test_version_and_no_arguments(tmp_path: Path) -> None:
         assert (r.code, r.out.strip()) == (0, f"taskkernel {version('taskkernel')}"), r.err
     bare = run(cwd=tmp_path)
     assert bare.code == 0 and "Usage: taskkernel" in bare.out and "usage error" not in bare.err, bare.err
+
+
+def test_inputs_are_checked_at_the_door(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    assert run("init", str(ws), cwd=tmp_path).code == 0
+    made = run("submit", cwd=ws, stdin=json.dumps({"type": "create_task", "idempotency_key": "k", "payload": {
+        "sender": "ADMIN", "recipient": "PM", "subject": "s"}}))
+    task_id = made.json["task_id"]
+    bogus = run("task", "list", "--state", "bogus", cwd=ws)
+    assert bogus.code == 64 and bogus.json["code"] == "usage" and "inbox" in bogus.json["message"], bogus.out
+    assert [t["task_id"] for t in run("task", "list", "--state", "inbox", cwd=ws).json] == [task_id]
+    bare = run("log", "--stream", task_id, cwd=ws)
+    assert bare.code == 0 and [json.loads(x)["type"] for x in bare.out.splitlines()] == ["task_created"]
+    nosuch = run("session", "replay", "nosuch", cwd=ws)
+    assert (nosuch.code, nosuch.json["reason"]) == (2, "not_found"), nosuch.out

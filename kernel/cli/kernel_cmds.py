@@ -17,12 +17,16 @@ from kernel.cli.common import Exit, emit, fail, get_ctx, say, stderr
 from kernel.cli.wiring import build_kernel
 from kernel.credentials import issue_token
 from kernel.fcop import FcopError
+from kernel.model.ids import TASK_ID_RE
 from kernel.model.principal import LOCAL_OWNER
+from kernel.model.task import TaskState
 from kernel.private import write_private
 from kernel.reasons import KernelError, ReasonCode
 from kernel.store.events import RecordedEvent
 from kernel.store.schema import tasks as tasks_table
 from kernel.workspace import DEFAULT_TEAM, TEAM_PRESETS, init_workspace
+
+STATES = tuple(s.value for s in TaskState)
 
 task_app = typer.Typer(no_args_is_help=True, help="Inspect tasks.")
 token_app = typer.Typer(no_args_is_help=True, help="Credentials.")
@@ -135,6 +139,8 @@ def task_show(ctx: typer.Context, task_id: str) -> None:
 def task_list(ctx: typer.Context, state: str = typer.Option(None, "--state", help="Only tasks in this state.")
               ) -> None:
     """Tasks as a JSON array (oldest first)."""
+    if state and state not in STATES:
+        fail(Exit.USAGE, f"--state {state!r} is not a task state; choose one of {', '.join(STATES)}")
     q = sa.select(tasks_table.c.doc).order_by(tasks_table.c.last_pos)
     if state:
         q = q.where(tasks_table.c.state == state)
@@ -153,6 +159,8 @@ def task_list(ctx: typer.Context, state: str = typer.Option(None, "--state", hel
 def log(ctx: typer.Context, stream: str = typer.Option(None, "--stream", help="Only this stream, e.g. task:ID."),
         from_pos: int = typer.Option(1, "--from", min=1, max=2**53, help="First global position.")) -> None:
     """Events as JSON lines, in global (commit) order."""
+    if stream and TASK_ID_RE.match(stream):  # a bare task id names its stream
+        stream = f"task:{stream}"
     kernel = build_kernel(get_ctx(ctx))
     store = kernel.store
     with kernel.db.read() as conn:

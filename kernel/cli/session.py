@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 
 import typer
 
-from kernel.cli.common import CliContext, Exit, emit, fail, get_ctx, say, stderr
+from kernel.cli.common import CliContext, Exit, emit, fail, get_ctx, reject, say, stderr
 from kernel.private import read_secret
 from kernel.sessionlog import (
     LogFileError,
@@ -177,7 +177,10 @@ def replay_cmd(
     if file is not None:
         _, records = _file_session(file, session)
     else:
-        records = _readable(ctx, session).records(session)
+        log = _readable(ctx, session)
+        if not log.exists(session):  # nothing to replay is not an empty, "known" history
+            reject("not_found", f"no session {session!r} in this workspace's log")
+        records = log.records(session)
     result = replay(records, order=order, as_of=as_of, reducer=reducer)
     emit(result.to_json())
     if not result.known:
