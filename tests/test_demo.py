@@ -24,3 +24,6 @@ def test_demo_runs_the_whole_story(tmp_path: Path) -> None:
     assert ("replayed", None) in verdicts
     [beat] = [s for s in out["steps"] if s["step"] == "heartbeat"]
     assert beat["detail"].startswith("2 fire(s)"), "the 30-minute heartbeat fired twice in one virtual hour"
+    again = taskkernel("demo", "--dir", str(tmp_path / "demo"), cwd=tmp_path)
+    assert again.returncode == 64 and "Traceback" not in again.stderr, "a second run refuses cleanly"
+    assert json.loads(again.stdout)["code"] == "usage"

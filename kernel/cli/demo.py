@@ -16,7 +16,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from kernel.cli.common import CliContext, Exit, emit, say, stderr
+from kernel.cli.common import CliContext, Exit, emit, fail, say, stderr
 from kernel.coordinator import Coordinator
 from kernel.model.commands import CommandResult
 from kernel.model.principal import LOCAL_OWNER, Principal
@@ -82,11 +82,14 @@ def demo(directory: Path = typer.Option(None, "--dir", help="Workspace directory
          ) -> None:
     """Run the coordinator demo on a fresh dev-team workspace (embedded SQLite, scripted agents, no network)."""
     root = directory or Path(tempfile.mkdtemp(prefix="taskkernel-demo-"))
+    if root.exists() and any(root.iterdir()):  # the story starts from nothing: never on top of another one
+        fail(Exit.USAGE, f"{root} is not empty; give --dir a new or empty directory (or omit it for a temporary one)")
     init_workspace(root, "dev-team")
     (root / "taskkernel.toml").write_text(DEMO_TOML, encoding="utf-8")
     ws = Workspace.load(root)
     c = Coordinator(ws, CliContext(workspace_path=str(ws.root)).database(), owner="demo", settle_s=0, grace_s=0)
     d = _Demo(c)
+    c.run_once()  # the import of the (empty) workspace: the TASK file below is live input, not history
 
     stderr.rule("1. ADMIN drops a task for PM (a TASK file)")
     inbox = ws.root / "fcop" / "_lifecycle" / "inbox" / "TASK-20261130-001-ADMIN-to-PM.md"
