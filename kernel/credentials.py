@@ -20,6 +20,8 @@ from kernel.store.schema import credentials
 TOKEN_PREFIX = "tk_"
 _TOKEN_SHAPE = re.compile(r"tk_[A-Za-z0-9_-]{20,128}")
 STALE_LEASE = "stale_lease"  # revoked_reason of a run token whose lease was fenced out
+REVOKED_BY_OWNER = "revoked"  # revoked_reason of `taskkernel token revoke`
+CREDENTIAL_ID_LEN = 16
 
 
 def issue_token(db: Database, role: str, agent: str | None = None, *, task_id: str | None = None,
@@ -48,6 +50,25 @@ def revoke_hash(db: Database, hashed: str, reason: str | None = None) -> bool:
             credentials.c.token_hash == hashed, credentials.c.revoked_at.is_(None)
         ).values(revoked_at=utc_now_iso(), revoked_reason=reason))
         return bool(res.rowcount)
+
+
+def list_credentials(db: Database) -> list[dict[str, str | int | None]]:
+    """Every credential, oldest first, named by ``id`` (the first 16 hex digits of its hash): never the secret."""
+    with db.read() as conn:
+        rows = conn.execute(sa.select(credentials).order_by(credentials.c.issued_at, credentials.c.token_hash))
+        return [{"id": r.token_hash[:CREDENTIAL_ID_LEN], "role": r.role, "agent": r.agent, "task_id": r.task_id,
+                 "round": r.round, "issued_at": r.issued_at, "revoked_at": r.revoked_at,
+                 "revoked_reason": r.revoked_reason} for r in rows]
+
+
+def hashes_named(db: Database, ident: str) -> list[str]:
+    """The stored hashes a credential id (a prefix of at least 8 hex digits) or a whole token names."""
+    hashed = token_hash(ident) if well_formed(ident) else ident.lower()
+    if len(hashed) < 8 or not re.fullmatch(r"[0-9a-f]+", hashed):
+        return []
+    with db.read() as conn:
+        return list(conn.execute(sa.select(credentials.c.token_hash).where(
+            credentials.c.token_hash.startswith(hashed))).scalars())
 
 
 def well_formed(token: str) -> bool:

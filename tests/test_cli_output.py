@@ -63,3 +63,24 @@ def test_inputs_are_checked_at_the_door(tmp_path: Path) -> None:
     assert bare.code == 0 and [json.loads(x)["type"] for x in bare.out.splitlines()] == ["task_created"]
     nosuch = run("session", "replay", "nosuch", cwd=ws)
     assert (nosuch.code, nosuch.json["reason"]) == (2, "not_found"), nosuch.out
+
+
+def test_token_list_and_revoke(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    assert run("init", str(ws), cwd=tmp_path).code == 0
+    dev = run("token", "issue", "DEV", cwd=ws).out.strip()
+    listed = run("token", "list", cwd=ws)
+    assert listed.code == 0 and dev not in listed.out, "no secret is shown"
+    rows = {r["role"]: r for r in listed.json}
+    assert set(rows) == {"ADMIN", "DEV"} and rows["DEV"]["revoked_at"] is None
+    assert run("--token", dev, "token", "list", cwd=ws).json["reason"] == "role_not_authorized"
+    assert run("--token", dev, "token", "revoke", rows["DEV"]["id"], cwd=ws).json["reason"] == "role_not_authorized"
+    own = run("token", "revoke", rows["ADMIN"]["id"], cwd=ws)
+    assert (own.code, own.json["reason"]) == (2, "own_credential"), "the owner cannot lock itself out"
+    assert run("token", "revoke", "deadbeef00", cwd=ws).json["reason"] == "not_found"
+    revoked = run("token", "revoke", rows["DEV"]["id"][:8], cwd=ws)
+    assert revoked.code == 0 and revoked.json["revoked"] is True, revoked.out
+    refused = run("--token", dev, "task", "list", cwd=ws)
+    assert (refused.code, refused.json["reason"]) == (2, "actor_unverified")
+    after = {r["role"]: r for r in run("token", "list", cwd=ws).json}
+    assert after["DEV"]["revoked_reason"] == "revoked" and after["ADMIN"]["revoked_at"] is None

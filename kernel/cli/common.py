@@ -68,6 +68,7 @@ class CliContext:
     token: str | None = None
     _workspace: Workspace | None = field(default=None, repr=False)
     _db: Database | None = field(default=None, repr=False)
+    used_token: str | None = field(default=None, repr=False)
 
     def workspace(self) -> Workspace:
         if self._workspace is None:
@@ -124,6 +125,7 @@ class CliContext:
                 return KernelError(ReasonCode.ACTOR_UNVERIFIED,
                                    f"no credential: pass --token or TASKKERNEL_TOKEN (the owner's is in "
                                    f"{ws.owner_token_path}, readable only by the workspace owner)")
+        self.used_token = token  # `token revoke` will not revoke the credential it runs with
         try:
             return authenticate(self.database(), token)
         except KernelError as exc:

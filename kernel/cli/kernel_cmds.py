@@ -13,9 +13,17 @@ import sqlalchemy as sa
 import typer
 from rich.table import Table
 
-from kernel.cli.common import Exit, emit, fail, get_ctx, say, stderr
+from kernel.cli.common import Exit, emit, fail, get_ctx, reject, say, stderr
 from kernel.cli.wiring import build_kernel
-from kernel.credentials import issue_token
+from kernel.credentials import (
+    CREDENTIAL_ID_LEN,
+    REVOKED_BY_OWNER,
+    hashes_named,
+    issue_token,
+    list_credentials,
+    revoke_hash,
+    token_hash,
+)
 from kernel.fcop import FcopError
 from kernel.model.ids import TASK_ID_RE
 from kernel.model.principal import LOCAL_OWNER
@@ -87,6 +95,35 @@ def token_issue(ctx: typer.Context, role: str = typer.Argument(..., help="Role c
     c.require_admin("issuing credentials")
     token = issue_token(c.database(), role.upper(), agent, task_id=task, round=round_)
     sys.stdout.write(token + "\n")
+
+
+@token_app.command("list")
+def token_list(ctx: typer.Context) -> None:
+    """Every credential as JSON (id, role, agent, scope, issued, revoked): never a secret."""
+    c = get_ctx(ctx)
+    c.require_admin("listing credentials")
+    rows = list_credentials(c.database())
+    emit(rows)
+    say(f"{len(rows)} credential(s), {sum(1 for r in rows if r['revoked_at'] is None)} live")
+
+
+@token_app.command("revoke")
+def token_revoke(ctx: typer.Context, ident: str = typer.Argument(
+        ..., metavar="ID", help="A credential id from `token list` (8+ hex digits), or the token itself.")) -> None:
+    """Revoke a credential: every later use of it is actor_unverified."""
+    c = get_ctx(ctx)
+    c.require_admin("revoking credentials")
+    db = c.database()
+    found = hashes_named(db, ident)
+    if not found:
+        reject("not_found", f"no credential {ident!r} (see `taskkernel token list`)")
+    if len(found) > 1:
+        fail(Exit.USAGE, f"{ident!r} names {len(found)} credentials; give more digits")
+    if c.used_token is not None and token_hash(c.used_token) == found[0]:
+        reject("own_credential", "that is the credential this command runs with; revoke it from another one")
+    revoked = revoke_hash(db, found[0], REVOKED_BY_OWNER)
+    emit({"status": "ok", "id": found[0][:CREDENTIAL_ID_LEN], "revoked": revoked})
+    say(("revoked", "green") if revoked else ("already revoked", "yellow"), f" {found[0][:CREDENTIAL_ID_LEN]}")
 
 
 def submit(ctx: typer.Context, source: str = typer.Argument("-", metavar="[FILE|-]",
