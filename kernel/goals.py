@@ -112,6 +112,14 @@ class GoalService:
             return conn.execute(sa.select(goals.c.goal_id).where(
                 goals.c.root_task == root_task, goals.c.state == GoalState.ACTIVE.value)).scalar()
 
+    def list(self) -> list[dict[str, Any]]:
+        """Every goal, newest first (what `show` adds, the spend, costs a read per goal: ask it per goal)."""
+        with self.db.read() as conn:
+            rows = conn.execute(sa.select(goals.c.goal_id, goals.c.root_task, goals.c.state, goals.c.reason,
+                                          goals.c.started_at, goals.c.ended_at).order_by(
+                goals.c.started_at.desc(), goals.c.goal_id)).all()
+        return [dict(r._mapping) for r in rows]
+
     def show(self, goal_id: str) -> dict[str, Any] | None:
         with self.db.read() as conn:
             row = conn.execute(sa.select(goals).where(goals.c.goal_id == goal_id)).first()

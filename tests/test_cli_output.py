@@ -84,3 +84,26 @@ def test_token_list_and_revoke(tmp_path: Path) -> None:
     assert (refused.code, refused.json["reason"]) == (2, "actor_unverified")
     after = {r["role"]: r for r in run("token", "list", cwd=ws).json}
     assert after["DEV"]["revoked_reason"] == "revoked" and after["ADMIN"]["revoked_at"] is None
+
+
+def test_goal_list_and_session_list(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    assert run("init", str(ws), cwd=tmp_path).code == 0
+    made = run("submit", cwd=ws, stdin=json.dumps({"type": "create_task", "idempotency_key": "k", "payload": {
+        "sender": "ADMIN", "recipient": "PM", "subject": "s"}}))
+    root = made.json["task_id"]
+    goal = run("goal", "start", root, "--tokens", "1000", cwd=ws)
+    assert goal.code == 0, goal.out
+    goals = run("goal", "list", cwd=ws)
+    assert goals.code == 0 and [(g["goal_id"], g["root_task"], g["state"]) for g in goals.json] == [
+        (goal.json["goal_id"], root, "active")]
+    dev = run("token", "issue", "DEV", cwd=ws).out.strip()
+    for who, session in ((None, "admin"), (dev, "dev-notes")):
+        args = ("--token", who) if who else ()
+        accepted = run(*args, "session", "accept", session, "--kind", "message", "--input-id", "i1",
+                       "--payload", json.dumps({"text": "hello"}), cwd=ws)
+        assert accepted.code == 0, accepted.out
+    everything = run("session", "list", cwd=ws)
+    assert [(s["session"], s["last_seq"]) for s in everything.json] == [("admin", 1), ("dev-notes", 1)]
+    mine = run("--token", dev, "session", "list", cwd=ws)
+    assert [s["session"] for s in mine.json] == ["dev-notes"], "a session is listed only to who may read it"

@@ -11,7 +11,7 @@ from typing import Any
 import typer
 from pydantic import ValidationError
 
-from kernel.cli.common import CliContext, Exit, emit, fail, get_ctx, reject, stderr
+from kernel.cli.common import CliContext, Exit, emit, fail, get_ctx, reject, say, stderr
 from kernel.cli.wiring import build_kernel
 from kernel.goals import Budget, GoalService
 from kernel.reasons import ReasonCode
@@ -59,6 +59,14 @@ def start(ctx: typer.Context, root_task: str,
     goal_id = GoalService(kernel.db, kernel.store).start(root_task, budget, breaker)
     emit({"status": "ok", "goal_id": goal_id, "root_task": root_task})
     stderr.print(f"goal {goal_id} started for {root_task}")
+
+
+@app.command("list")
+def list_goals(ctx: typer.Context) -> None:
+    """Every goal, newest first: id, root task, state, reason, started and ended (JSON)."""
+    rows = _service(ctx).list()
+    emit(rows)
+    say(f"{len(rows)} goal(s), {sum(1 for g in rows if g['state'] == 'active')} active")
 
 
 @app.command("show")

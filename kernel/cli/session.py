@@ -161,6 +161,14 @@ def _check_reducer(value: str) -> str:
     return value
 
 
+@app.command("list")
+def list_cmd(ctx: typer.Context) -> None:
+    """The sessions you may read (all of them for ADMIN): id, owner, last sequence, consumed, turns (JSON)."""
+    rows = _log(ctx).sessions(get_ctx(ctx).principal())
+    emit(rows)
+    say(f"{len(rows)} session(s)")
+
+
 @app.command("replay")
 def replay_cmd(
     ctx: typer.Context,

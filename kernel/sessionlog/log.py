@@ -191,6 +191,23 @@ class SessionLog:
             exists = c.execute(sa.select(C.session_id).where(C.session_id == session)).first()
         return ADMIN if exists is not None else None
 
+    def sessions(self, reader: Principal) -> list[dict[str, Any]]:
+        """The sessions ``reader`` may read (all for ADMIN), with their owner and counters, by id."""
+        q = sa.select(C.session_id, C.last_seq, C.last_consumed_seq, C.turns_completed, session_owner.c.owner
+                      ).select_from(session_counter.outerjoin(session_owner, session_owner.c.session_id == C.session_id)
+                                    ).order_by(C.session_id)
+        with self._reading(None) as c:
+            rows = c.execute(q).all()
+        out = []
+        for sid, last_seq, consumed, turns, owner in rows:
+            try:
+                check_read(sid, owner or ADMIN, reader, self.admin_sessions)
+            except SessionLogError:
+                continue
+            out.append({"session": sid, "owner": owner or ADMIN, "last_seq": last_seq,
+                        "last_consumed_seq": consumed, "turns_completed": turns})
+        return out
+
     def check_read(self, session: str, reader: Principal) -> None:
         check_read(session, self.owner(session), reader, self.admin_sessions)
 
@@ -219,10 +236,6 @@ class SessionLog:
             ).all()
         return [Rec(s, i, k, json.loads(p), bool(a), bool(lg), last, ra, rf, by)
                 for s, i, k, p, a, lg, ra, rf, by in rows]
-
-    def sessions(self) -> list[str]:
-        with self.db.read() as c:
-            return list(c.execute(sa.select(C.session_id).order_by(C.session_id)).scalars())
 
     def exists(self, session: str) -> bool:
         with self.db.read() as c:
