@@ -161,7 +161,8 @@ class Ingest:
         assert self.trusted is not None
         settled = self.scanner.settled(older_than=time.time() - 2.0)
         changed = {rel: v for rel, v in settled.items() if self.trusted.get(rel) != v}
-        removed = {rel for rel in self.trusted if rel not in settled and rel not in self.scanner.known()}
+        known = self.scanner.known()
+        removed = {rel for rel in self.trusted if rel not in settled and rel not in known}
         self.tracker.save_stats(changed, removed)
         self.trusted.update(changed)
         for rel in removed:
