@@ -11,13 +11,18 @@ from tests.cli_support import run
 SUBJECT = "Fix [/b] then [red]x[/red] in [roles.DEV]"
 
 
-def test_markup_in_a_subject_prints_as_itself_in_every_command(tmp_path: Path) -> None:
+def workspace_with_task(tmp_path: Path, subject: str = "s") -> tuple[Path, str]:
+    """A fresh workspace and one task ADMIN created in it through `taskkernel submit`."""
     ws = tmp_path / "ws"
     assert run("init", str(ws), cwd=tmp_path).code == 0
     made = run("submit", cwd=ws, stdin=json.dumps({"type": "create_task", "idempotency_key": "k", "payload": {
-        "sender": "ADMIN", "recipient": "PM", "subject": SUBJECT}}))
+        "sender": "ADMIN", "recipient": "PM", "subject": subject}}))
     assert made.code == 0, made.err
-    task_id = made.json["task_id"]
+    return ws, made.json["task_id"]
+
+
+def test_markup_in_a_subject_prints_as_itself_in_every_command(tmp_path: Path) -> None:
+    ws, task_id = workspace_with_task(tmp_path, SUBJECT)
     show = run("task", "show", task_id, cwd=ws)
     assert show.code == 0 and show.json["subject"] == SUBJECT and SUBJECT in show.err, show.err
     listed = run("task", "list", cwd=ws)
@@ -51,11 +56,7 @@ def test_version_and_no_arguments(tmp_path: Path) -> None:
 
 
 def test_inputs_are_checked_at_the_door(tmp_path: Path) -> None:
-    ws = tmp_path / "ws"
-    assert run("init", str(ws), cwd=tmp_path).code == 0
-    made = run("submit", cwd=ws, stdin=json.dumps({"type": "create_task", "idempotency_key": "k", "payload": {
-        "sender": "ADMIN", "recipient": "PM", "subject": "s"}}))
-    task_id = made.json["task_id"]
+    ws, task_id = workspace_with_task(tmp_path)
     bogus = run("task", "list", "--state", "bogus", cwd=ws)
     assert bogus.code == 64 and bogus.json["code"] == "usage" and "inbox" in bogus.json["message"], bogus.out
     assert [t["task_id"] for t in run("task", "list", "--state", "inbox", cwd=ws).json] == [task_id]
@@ -87,11 +88,7 @@ def test_token_list_and_revoke(tmp_path: Path) -> None:
 
 
 def test_goal_list_and_session_list(tmp_path: Path) -> None:
-    ws = tmp_path / "ws"
-    assert run("init", str(ws), cwd=tmp_path).code == 0
-    made = run("submit", cwd=ws, stdin=json.dumps({"type": "create_task", "idempotency_key": "k", "payload": {
-        "sender": "ADMIN", "recipient": "PM", "subject": "s"}}))
-    root = made.json["task_id"]
+    ws, root = workspace_with_task(tmp_path)
     goal = run("goal", "start", root, "--tokens", "1000", cwd=ws)
     assert goal.code == 0, goal.out
     goals = run("goal", "list", cwd=ws)
