@@ -7,9 +7,9 @@ BIN := $(VENV)/bin
 
 $(BIN)/.installed: pyproject.toml examples/taskkernel-role-reviewer/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
-	$(BIN)/pip install -q -e examples/taskkernel-role-reviewer
+	$(BIN)/pip install -qq --upgrade pip
+	$(BIN)/pip install -qq -e '.[dev]'
+	$(BIN)/pip install -qq -e examples/taskkernel-role-reviewer
 	touch $@
 
 setup: $(BIN)/.installed
@@ -32,10 +32,10 @@ bench: setup
 	$(BIN)/python bench/ingest.py
 
 lint: setup
-	$(BIN)/ruff check kernel roles scheduler tests bench
+	$(BIN)/ruff check kernel roles scheduler coordinator taskkernel tests bench examples
 
 typecheck: setup
-	$(BIN)/mypy kernel roles scheduler
+	$(BIN)/mypy -p taskkernel
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

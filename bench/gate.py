@@ -21,7 +21,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernel.gate import Gate, GateStatus, TraceIndex  # noqa: E402
+from taskkernel.kernel.gate import Gate, GateStatus, TraceIndex  # noqa: E402
 
 TARGET = 2_000  # verdicts per second
 

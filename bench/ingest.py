@@ -40,7 +40,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-CLI = [sys.executable, "-c", "from kernel.cli.app import main; main()"]  # as tests/cli_support.py runs it
+CLI = [sys.executable, "-m", "taskkernel"]  # as tests/cli_support.py runs it
 ROLES = ("DEV", "QA", "OPS")
 DAY0 = dt.date(2026, 1, 5)
 BODY = ("Implement the change described in the subject. Keep the public API stable, add tests that fail without "
@@ -180,9 +180,9 @@ def one_size(tmp: Path, n: int, g2: bool, timeout: float) -> dict[str, Any]:
 
 # -- watch latency (in-process coordinator loop) ------------------------------------------------------
 def watch(tmp: Path, count: int, settle_s: float) -> dict[str, float]:
-    from kernel.cli.common import CliContext
-    from kernel.coordinator import Coordinator
-    from kernel.workspace import Workspace
+    from taskkernel.coordinator.cli.common import CliContext
+    from taskkernel.coordinator.loop import Coordinator
+    from taskkernel.coordinator.workspace import Workspace
 
     root = tmp / f"watch-{settle_s}"
     build(root, 0, False)
@@ -213,9 +213,9 @@ def watch(tmp: Path, count: int, settle_s: float) -> dict[str, float]:
 def profile(tmp: Path, n: int, g2: bool, top: int = 40) -> None:
     """cProfile (wall clock) of in-process `run_once`s as `up --once` builds them: the first (import) and a second
     one in a fresh coordinator with nothing changed. Top functions by cumulative time."""
-    from kernel.cli.common import CliContext
-    from kernel.coordinator import Coordinator
-    from kernel.workspace import Workspace
+    from taskkernel.coordinator.cli.common import CliContext
+    from taskkernel.coordinator.loop import Coordinator
+    from taskkernel.coordinator.workspace import Workspace
 
     root = tmp / f"profile-{n}"
     build(root, n, g2)

@@ -6,7 +6,7 @@ Builds a G3 workspace with n/2 TASK files (in ``_lifecycle/inbox/``, where
 fcop's ``list_tasks`` looks) and n/2 REPORT files, then times, alternating:
 (a) ``fcop.compatibility.v3.project.Project`` ``list_tasks(status="all")`` +
 ``list_reports(status="all")`` (the baseline), and (b) a cold
-``kernel.fcop.Scanner.scan()`` (reads, size-checks, parses and validates every
+``taskkernel.coordinator.fcop.Scanner.scan()`` (reads, size-checks, parses and validates every
 file into pydantic models). Prints files/s for each and the ratio b/a (higher
 is better for taskkernel). The event-commit latency part lives elsewhere.
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kernel.fcop import Scanner, open_workspace  # noqa: E402
+from taskkernel.coordinator.fcop import Scanner, open_workspace  # noqa: E402
 
 TASK = """---
 protocol: fcop

@@ -28,16 +28,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kernel.canonical import canonical_json, sha256_hex, utc_now_iso  # noqa: E402
-from kernel.commands import TaskCommandKernel  # noqa: E402
-from kernel.groupcommit import GroupCommitter  # noqa: E402
-from kernel.model.principal import LOCAL_OWNER  # noqa: E402
-from kernel.projections import rebuild_tasks  # noqa: E402
-from kernel.store.chain import ChainHead, ChainKey, legacy_link  # noqa: E402
-from kernel.store.db import Database  # noqa: E402
-from kernel.store.events import EventStore, NewEvent  # noqa: E402
-from kernel.store.schema import metadata  # noqa: E402
-from roles.registry import RoleRegistry  # noqa: E402
+from taskkernel.kernel.canonical import canonical_json, sha256_hex, utc_now_iso  # noqa: E402
+from taskkernel.kernel.commands import TaskCommandKernel  # noqa: E402
+from taskkernel.kernel.groupcommit import GroupCommitter  # noqa: E402
+from taskkernel.kernel.model.principal import LOCAL_OWNER  # noqa: E402
+from taskkernel.kernel.projections import rebuild_tasks  # noqa: E402
+from taskkernel.kernel.store.chain import ChainHead, ChainKey, legacy_link  # noqa: E402
+from taskkernel.kernel.store.db import Database  # noqa: E402
+from taskkernel.kernel.store.events import EventStore, NewEvent  # noqa: E402
+from taskkernel.kernel.store.schema import metadata  # noqa: E402
+from taskkernel.roles.registry import RoleRegistry  # noqa: E402
 
 
 def create_cmd(i: int, prefix: str) -> dict:

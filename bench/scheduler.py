@@ -28,8 +28,8 @@ from apscheduler.job import Job  # noqa: E402
 from apscheduler.jobstores.memory import MemoryJobStore  # noqa: E402
 from apscheduler.schedulers.background import BackgroundScheduler  # noqa: E402
 
-from kernel.store.db import Database  # noqa: E402
-from scheduler import (  # noqa: E402
+from taskkernel.kernel.store.db import Database  # noqa: E402
+from taskkernel.scheduler import (  # noqa: E402
     ActionRegistry,
     ActionSpec,
     Ledger,

@@ -22,9 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernel.canonical import canonical_json, digest, utc_now_iso  # noqa: E402
-from kernel.sessionlog import Rec, SessionLog, replay  # noqa: E402
-from kernel.store.db import Database  # noqa: E402
+from taskkernel.kernel.canonical import canonical_json, digest, utc_now_iso  # noqa: E402
+from taskkernel.kernel.sessionlog import Rec, SessionLog, replay  # noqa: E402
+from taskkernel.kernel.store.db import Database  # noqa: E402
 
 REPLAY_TARGET = 500_000  # inputs per second
 

@@ -18,9 +18,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from kernel.canonical import canonical_json, utc_now_iso
-from kernel.store.db import Database
-from kernel.store.schema import tasks
+from taskkernel.kernel.canonical import canonical_json, utc_now_iso
+from taskkernel.kernel.store.db import Database
+from taskkernel.kernel.store.schema import tasks
 
 background_metadata = sa.MetaData()
 

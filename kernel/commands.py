@@ -18,8 +18,8 @@ import orjson
 import sqlalchemy as sa
 from pydantic import BaseModel, ValidationError
 
-from kernel.canonical import canonical_json, digest, utc_now_iso
-from kernel.model.commands import (
+from taskkernel.kernel.canonical import canonical_json, digest, utc_now_iso
+from taskkernel.kernel.model.commands import (
     CREATING,
     TASK_ID_ERROR,
     AdoptTaskPayload,
@@ -32,9 +32,9 @@ from kernel.model.commands import (
     ReportPayload,
     canonical_thread_key,
 )
-from kernel.model.limits import too_large_message
-from kernel.model.principal import ADMIN, Principal
-from kernel.model.task import (
+from taskkernel.kernel.model.limits import too_large_message
+from taskkernel.kernel.model.principal import ADMIN, Principal
+from taskkernel.kernel.model.task import (
     AUTHORITY_FOR,
     EVENT_FOR,
     HISTORY,
@@ -47,11 +47,11 @@ from kernel.model.task import (
     current_done_report,
     default_authority,
 )
-from kernel.model.upcasters import task_upcasters
-from kernel.reasons import KernelError, ReasonCode
-from kernel.store.db import Database, UnitOfWork
-from kernel.store.events import EventStore, NewEvent, RecordedEvent
-from kernel.store.schema import tasks
+from taskkernel.kernel.model.upcasters import task_upcasters
+from taskkernel.kernel.reasons import KernelError, ReasonCode
+from taskkernel.kernel.store.db import Database, UnitOfWork
+from taskkernel.kernel.store.events import EventStore, NewEvent, RecordedEvent
+from taskkernel.kernel.store.schema import tasks
 
 R = ReasonCode
 RISK_ORDER = ("low", "medium", "high", "irreversible")

@@ -11,11 +11,11 @@ import secrets
 
 import sqlalchemy as sa
 
-from kernel.canonical import sha256_hex, utc_now_iso
-from kernel.model.principal import Principal
-from kernel.reasons import KernelError, ReasonCode
-from kernel.store.db import Database
-from kernel.store.schema import credentials
+from taskkernel.kernel.canonical import sha256_hex, utc_now_iso
+from taskkernel.kernel.model.principal import Principal
+from taskkernel.kernel.reasons import KernelError, ReasonCode
+from taskkernel.kernel.store.db import Database
+from taskkernel.kernel.store.schema import credentials
 
 TOKEN_PREFIX = "tk_"
 _TOKEN_SHAPE = re.compile(r"tk_[A-Za-z0-9_-]{20,128}")

@@ -21,13 +21,13 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from kernel.canonical import canonical_json, utc_now_iso
-from kernel.model.commands import TaskBudget
-from kernel.store.db import Database, UnitOfWork
-from kernel.store.events import EventStore, NewEvent
-from kernel.store.schema import metadata as kernel_metadata
-from kernel.usage import install as install_usage
-from kernel.usage import usage_table
+from taskkernel.kernel.canonical import canonical_json, utc_now_iso
+from taskkernel.kernel.model.commands import TaskBudget
+from taskkernel.kernel.store.db import Database, UnitOfWork
+from taskkernel.kernel.store.events import EventStore, NewEvent
+from taskkernel.kernel.store.schema import metadata as kernel_metadata
+from taskkernel.kernel.usage import install as install_usage
+from taskkernel.kernel.usage import usage_table
 
 goals_metadata = sa.MetaData()
 

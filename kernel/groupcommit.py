@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from concurrent.futures import Future
 from typing import Any
 
-from kernel.commands import TaskCommandKernel
-from kernel.model.commands import Command, CommandResult
-from kernel.model.principal import Principal
+from taskkernel.kernel.commands import TaskCommandKernel
+from taskkernel.kernel.model.commands import Command, CommandResult
+from taskkernel.kernel.model.principal import Principal
 
 _Item = tuple[Mapping[str, Any] | Command, Principal | None, "Future[CommandResult]"]
 _STOP = object()

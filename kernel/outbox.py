@@ -15,10 +15,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from kernel.canonical import utc_now_iso
-from kernel.logging import get_logger
-from kernel.store.db import Database
-from kernel.store.schema import outbox
+from taskkernel.kernel.canonical import utc_now_iso
+from taskkernel.kernel.logging import get_logger
+from taskkernel.kernel.store.db import Database
+from taskkernel.kernel.store.schema import outbox
 
 Handler = Callable[[str, dict[str, Any]], None]
 log = get_logger(__name__)

@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kernel.model.commands import Command, CommandType
-from kernel.model.principal import ADMIN, Principal
-from kernel.reasons import KernelError, ReasonCode
-from kernel.sessionlog import SessionLog
-from kernel.store.db import UnitOfWork
+from taskkernel.kernel.model.commands import Command, CommandType
+from taskkernel.kernel.model.principal import ADMIN, Principal
+from taskkernel.kernel.reasons import KernelError, ReasonCode
+from taskkernel.kernel.sessionlog import SessionLog
+from taskkernel.kernel.store.db import UnitOfWork
 
 DEFAULT_SESSION = "admin"
 DEFAULT_PROTECTED: Mapping[str, frozenset[CommandType]] = {

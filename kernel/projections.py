@@ -9,10 +9,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from kernel.canonical import canonical_json
-from kernel.model.task import apply
-from kernel.store.events import EventStore
-from kernel.store.schema import tasks
+from taskkernel.kernel.canonical import canonical_json
+from taskkernel.kernel.model.task import apply
+from taskkernel.kernel.store.events import EventStore
+from taskkernel.kernel.store.schema import tasks
 
 TASK_PREFIX = "task:"
 

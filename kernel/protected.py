@@ -14,14 +14,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kernel.commands import EVIDENCE_KEY
-from kernel.gate import GateStatus, TraceIndex, evaluate
-from kernel.model.commands import Command, CommandType, PerformPayload
-from kernel.model.principal import Principal
-from kernel.reasons import KernelError, ReasonCode
-from kernel.sessionlog import Rec, SessionLog
-from kernel.store.db import UnitOfWork
-from kernel.store.events import EventStore, NewEvent
+from taskkernel.kernel.commands import EVIDENCE_KEY
+from taskkernel.kernel.gate import GateStatus, TraceIndex, evaluate
+from taskkernel.kernel.model.commands import Command, CommandType, PerformPayload
+from taskkernel.kernel.model.principal import Principal
+from taskkernel.kernel.reasons import KernelError, ReasonCode
+from taskkernel.kernel.sessionlog import Rec, SessionLog
+from taskkernel.kernel.store.db import UnitOfWork
+from taskkernel.kernel.store.events import EventStore, NewEvent
 
 DEFAULT_SESSION = "admin"
 SEQ_STRIDE = 10  # session sequence s -> trace seq s*10; a plan formed at s sits at s*10+5

@@ -16,8 +16,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from kernel.canonical import JSON_SAFE_INT, utc_now_iso
-from kernel.store.db import Database, UnitOfWork
+from taskkernel.kernel.canonical import JSON_SAFE_INT, utc_now_iso
+from taskkernel.kernel.store.db import Database, UnitOfWork
 
 usage_metadata = sa.MetaData()
 Amount = sa.Integer().with_variant(sa.BigInteger(), "postgresql")  # SQLite's INTEGER is 64-bit already

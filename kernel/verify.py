@@ -14,11 +14,11 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from kernel.projections import PROJECTION_AHEAD, compare_tasks, rebuild_tasks, repair_tasks
-from kernel.store.chain import read_head, read_record
-from kernel.store.db import Database, DatabaseCorrupt, is_corruption
-from kernel.store.events import EventStore, log_end, verify_chain
-from kernel.store.schema import events, receipts
+from taskkernel.kernel.projections import PROJECTION_AHEAD, compare_tasks, rebuild_tasks, repair_tasks
+from taskkernel.kernel.store.chain import read_head, read_record
+from taskkernel.kernel.store.db import Database, DatabaseCorrupt, is_corruption
+from taskkernel.kernel.store.events import EventStore, log_end, verify_chain
+from taskkernel.kernel.store.schema import events, receipts
 
 DATABASE_CORRUPT = "database_corrupt"
 HASH_CHAIN = "hash_chain"

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from kernel.model.commands import CommandType
-from roles.protocol import ALL_COMMANDS, DRIVER_COMMANDS, AssignScope, RoleSpec
+from taskkernel.kernel.model.commands import CommandType
+from taskkernel.roles.protocol import ALL_COMMANDS, DRIVER_COMMANDS, AssignScope, RoleSpec
 
 WORKER_COMMANDS = DRIVER_COMMANDS | {CommandType.CREATE_TASK}
 

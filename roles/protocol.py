@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from kernel.model.commands import CommandType
+from taskkernel.kernel.model.commands import CommandType
 
 ALL_COMMANDS = frozenset(CommandType)
 DRIVER_COMMANDS = frozenset({CommandType.CLAIM, CommandType.SUBMIT, CommandType.SUBMIT_REPORT, CommandType.PERFORM})

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from importlib.metadata import entry_points
 
-from kernel.logging import get_logger
-from roles import builtin
-from roles.protocol import RoleSpec, least_privilege
+from taskkernel.kernel.logging import get_logger
+from taskkernel.roles import builtin
+from taskkernel.roles.protocol import RoleSpec, least_privilege
 
 ENTRY_POINT_GROUP = "taskkernel.roles"
 log = get_logger(__name__)

@@ -5,10 +5,10 @@ APScheduler 3.11 computes trigger times and serves as an in-process alarm clock;
 is the ledger in the kernel's database (schedule watermark, occurrence claims, leases).
 """
 
-from scheduler.actions import ActionContext, ActionRegistry, ActionResult, execute
-from scheduler.admin import Schedules
-from scheduler.ledger import Claim, Ledger, Outcome, ScheduleRow
-from scheduler.models import (
+from taskkernel.scheduler.actions import ActionContext, ActionRegistry, ActionResult, execute
+from taskkernel.scheduler.admin import Schedules
+from taskkernel.scheduler.ledger import Claim, Ledger, Outcome, ScheduleRow
+from taskkernel.scheduler.models import (
     ActionSpec,
     ActionType,
     Kind,
@@ -22,10 +22,10 @@ from scheduler.models import (
     parse_duration,
     spec_from_user,
 )
-from scheduler.runtime import DbClock, SchedulerRuntime, TickReport, system_clock
-from scheduler.simulate import simulate
-from scheduler.tables import install
-from scheduler.triggers import Trigger, build_trigger, translate_day_of_week
+from taskkernel.scheduler.runtime import DbClock, SchedulerRuntime, TickReport, system_clock
+from taskkernel.scheduler.simulate import simulate
+from taskkernel.scheduler.tables import install
+from taskkernel.scheduler.triggers import Trigger, build_trigger, translate_day_of_week
 
 __all__ = [
     "ActionContext",

@@ -23,12 +23,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from kernel.canonical import digest
-from kernel.model.principal import Principal
-from scheduler.authority import SYSTEM_SCHEDULER, acting_principal, is_owner
-from scheduler.ledger import Claim, Outcome
-from scheduler.models import ActionType, MissReason, OccurrenceState, ScheduleError, SchedulerException, zone
-from scheduler.triggers import iso_z
+from taskkernel.kernel.canonical import digest
+from taskkernel.kernel.model.principal import Principal
+from taskkernel.scheduler.authority import SYSTEM_SCHEDULER, acting_principal, is_owner
+from taskkernel.scheduler.ledger import Claim, Outcome
+from taskkernel.scheduler.models import ActionType, MissReason, OccurrenceState, ScheduleError, SchedulerException, zone
+from taskkernel.scheduler.triggers import iso_z
 
 
 class Submit(Protocol):
@@ -38,7 +38,7 @@ class Submit(Protocol):
 
 
 class SessionSink(Protocol):
-    """``kernel.sessionlog.SessionLog``: ``accept(session, {"input_id", "kind", "payload"}, …)``; with
+    """``taskkernel.kernel.sessionlog.SessionLog``: ``accept(session, {"input_id", "kind", "payload"}, …)``; with
     ``writer`` it applies the session's write rules and records the writer as ``accepted_by``."""
 
     def accept(self, session: str, inp: Mapping[str, Any], *, accepted_by: str | None = None,

@@ -8,7 +8,7 @@ pass) is still listed, shown, paused and removed; ``next``, ``backfill`` and ``r
 (``schedule_invalid``).
 
 A change made for a caller (``by``: its principal, from its credential) is authorized by
-``scheduler.authority`` on the row it writes, inside the transaction; ``by=None`` is the process's
+``taskkernel.scheduler.authority`` on the row it writes, inside the transaction; ``by=None`` is the process's
 own wiring (the demo, tests), which holds no credential to check.
 """
 
@@ -21,11 +21,11 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from kernel.canonical import canonical_json
-from kernel.model.principal import Principal
-from scheduler.authority import check_create, check_manage
-from scheduler.ledger import Ledger, ScheduleRow
-from scheduler.models import (
+from taskkernel.kernel.canonical import canonical_json
+from taskkernel.kernel.model.principal import Principal
+from taskkernel.scheduler.authority import check_create, check_manage
+from taskkernel.scheduler.ledger import Ledger, ScheduleRow
+from taskkernel.scheduler.models import (
     MAX_BACKFILL,
     MAX_INSTANT,
     MIN_INSTANT,
@@ -36,8 +36,8 @@ from scheduler.models import (
     SchedulerException,
     ScheduleSpec,
 )
-from scheduler.tables import occurrence, occurrence_conflict, schedule, schedule_fault
-from scheduler.triggers import Trigger, db_time, from_db_time, iso_z
+from taskkernel.scheduler.tables import occurrence, occurrence_conflict, schedule, schedule_fault
+from taskkernel.scheduler.triggers import Trigger, db_time, from_db_time, iso_z
 
 _MICRO = timedelta(microseconds=1)
 

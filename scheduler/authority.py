@@ -13,8 +13,8 @@ above its creator.
 
 from __future__ import annotations
 
-from kernel.model.principal import ADMIN, Principal
-from scheduler.models import ActionType, Creator, ScheduleError, SchedulerException, ScheduleSpec
+from taskkernel.kernel.model.principal import ADMIN, Principal
+from taskkernel.scheduler.models import ActionType, Creator, ScheduleError, SchedulerException, ScheduleSpec
 
 SYSTEM_SCHEDULER = "SYSTEM:scheduler"  # who the owner's (ADMIN's) automations accept session inputs as
 GRANT_KINDS = frozenset({"allow", "revoke"})  # session inputs that carry or withdraw a human's permission

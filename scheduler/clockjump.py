@@ -20,11 +20,11 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from kernel.logging import get_logger
-from scheduler.ledger import Ledger, ScheduleFault
-from scheduler.models import CLOCK_JUMP, SET_ASIDE, Kind, OccurrenceState, ScheduleError, SchedulerException
-from scheduler.tables import occurrence, occurrence_conflict, schedule, schedule_clamp
-from scheduler.triggers import Trigger, db_time, from_db_time, iso_z
+from taskkernel.kernel.logging import get_logger
+from taskkernel.scheduler.ledger import Ledger, ScheduleFault
+from taskkernel.scheduler.models import CLOCK_JUMP, SET_ASIDE, Kind, OccurrenceState, ScheduleError, SchedulerException
+from taskkernel.scheduler.tables import occurrence, occurrence_conflict, schedule, schedule_clamp
+from taskkernel.scheduler.triggers import Trigger, db_time, from_db_time, iso_z
 
 log = get_logger(__name__)
 DEFAULT_MAX_CLOCK_SKEW = timedelta(days=1)

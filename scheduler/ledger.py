@@ -31,9 +31,9 @@ from pydantic import ValidationError
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from kernel.logging import get_logger
-from kernel.store.db import Database
-from scheduler.models import (
+from taskkernel.kernel.logging import get_logger
+from taskkernel.kernel.store.db import Database
+from taskkernel.scheduler.models import (
     SET_ASIDE,
     Creator,
     Kind,
@@ -45,9 +45,9 @@ from scheduler.models import (
     ScheduleSpec,
     first_error,
 )
-from scheduler.policy import CLAIM, WAIT, plan
-from scheduler.tables import coordinator, occurrence, occurrence_conflict, schedule, schedule_fault
-from scheduler.triggers import Trigger, db_time, from_db_time
+from taskkernel.scheduler.policy import CLAIM, WAIT, plan
+from taskkernel.scheduler.tables import coordinator, occurrence, occurrence_conflict, schedule, schedule_fault
+from taskkernel.scheduler.triggers import Trigger, db_time, from_db_time
 
 log = get_logger(__name__)
 NOTIFY_CHANNEL = "taskkernel_schedule"

@@ -16,7 +16,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from kernel.canonical import check_json
+from taskkernel.kernel.canonical import check_json
 
 
 class ScheduleError(StrEnum):
@@ -320,7 +320,7 @@ def spec_from_user(data: dict[str, Any], *, name: str | None = None,
     except ValidationError as exc:
         raise SchedulerException(ScheduleError.INVALID_SPEC, first_error(exc, labels)) from exc
     # Importing here keeps models free of the APScheduler dependency for callers that only parse.
-    from scheduler.triggers import build_trigger
+    from taskkernel.scheduler.triggers import build_trigger
 
     try:
         if spec.start is not None:

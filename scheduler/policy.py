@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from scheduler.models import Misfire, MissReason, Overlap, ScheduleSpec
-from scheduler.triggers import Trigger
+from taskkernel.scheduler.models import Misfire, MissReason, Overlap, ScheduleSpec
+from taskkernel.scheduler.triggers import Trigger
 
 CLAIM = "claim"  # run now by the claiming coordinator
 WAIT = "wait"  # reserved; starts when the running occurrence finishes (buffer_one)

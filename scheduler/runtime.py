@@ -7,7 +7,7 @@ restart; a restarted one recomputes what is due from the watermark. On PostgreSQ
 ``NOTIFY`` the other coordinators, which wake at once.
 
 Before claiming, a runtime looks for watermarks a forward clock jump left far ahead of the clock
-(``scheduler.clockjump``): on its first tick, whenever its clock went backwards, and at least every
+(``taskkernel.scheduler.clockjump``): on its first tick, whenever its clock went backwards, and at least every
 ``clock_check_s`` - one more query (about 1 ms on 10,000 schedules) kept off the per-tick path.
 """
 
@@ -30,13 +30,13 @@ from apscheduler.jobstores.base import JobLookupError
 from apscheduler.jobstores.memory import MemoryJobStore
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
-from kernel.logging import get_logger
-from kernel.store.db import Database
-from scheduler.actions import ActionRegistry, execute
-from scheduler.clockjump import DEFAULT_MAX_CLOCK_SKEW, ClockJump, clamp_clock_jumps
-from scheduler.ledger import NOTIFY_CHANNEL, Claim, Ledger, Outcome, ScheduleFault
-from scheduler.models import ScheduleError, SchedulerException
-from scheduler.tables import install
+from taskkernel.kernel.logging import get_logger
+from taskkernel.kernel.store.db import Database
+from taskkernel.scheduler.actions import ActionRegistry, execute
+from taskkernel.scheduler.clockjump import DEFAULT_MAX_CLOCK_SKEW, ClockJump, clamp_clock_jumps
+from taskkernel.scheduler.ledger import NOTIFY_CHANNEL, Claim, Ledger, Outcome, ScheduleFault
+from taskkernel.scheduler.models import ScheduleError, SchedulerException
+from taskkernel.scheduler.tables import install
 
 log = get_logger(__name__)
 

@@ -19,11 +19,11 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from kernel.store.db import Database
-from scheduler.actions import ActionContext, ActionRegistry, ActionResult
-from scheduler.admin import Schedules
-from scheduler.ledger import Ledger, Outcome
-from scheduler.models import (
+from taskkernel.kernel.store.db import Database
+from taskkernel.scheduler.actions import ActionContext, ActionRegistry, ActionResult
+from taskkernel.scheduler.admin import Schedules
+from taskkernel.scheduler.ledger import Ledger, Outcome
+from taskkernel.scheduler.models import (
     FIRED_STATES,
     ActionSpec,
     OccurrenceState,
@@ -34,9 +34,9 @@ from scheduler.models import (
     parse_instant,
     spec_from_user,
 )
-from scheduler.runtime import Faults, SchedulerRuntime, group_by_schedule
-from scheduler.tables import install, occurrence, occurrence_conflict
-from scheduler.triggers import from_db_time, iso_z
+from taskkernel.scheduler.runtime import Faults, SchedulerRuntime, group_by_schedule
+from taskkernel.scheduler.tables import install, occurrence, occurrence_conflict
+from taskkernel.scheduler.triggers import from_db_time, iso_z
 
 SIM_CALLABLE = "simulate"
 MAX_STEPS = 200_000

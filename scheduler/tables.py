@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from kernel.store.db import Database
+from taskkernel.kernel.store.db import Database
 
 metadata = sa.MetaData()
 

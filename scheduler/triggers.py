@@ -26,7 +26,7 @@ from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
-from scheduler.models import (
+from taskkernel.scheduler.models import (
     MAX_DURATION_S,
     Kind,
     ScheduleError,

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-CLI = [sys.executable, "-c", "from kernel.cli.app import main; main()"]
+CLI = [sys.executable, "-m", "taskkernel"]
 
 
 def cli_env(**extra: str) -> dict[str, str]:

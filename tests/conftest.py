@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from kernel.store.db import Database, with_pg_schema
+from taskkernel.kernel.store.db import Database, with_pg_schema
 
 DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/taskkernel_test"
 

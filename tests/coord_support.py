@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kernel.cli.common import CliContext
-from kernel.coordinator import Coordinator
-from kernel.model.principal import LOCAL_OWNER
-from kernel.store.db import Database
-from kernel.workspace import Workspace, init_workspace
+from taskkernel.coordinator.cli.common import CliContext
+from taskkernel.coordinator.loop import Coordinator
+from taskkernel.coordinator.workspace import Workspace, init_workspace
+from taskkernel.kernel.model.principal import LOCAL_OWNER
+from taskkernel.kernel.store.db import Database
 
 
 def toml_value(v: Any) -> str:

@@ -188,7 +188,7 @@ def chain_problems(path: Path) -> list[str]:
 
 _SHOW = """
 import contextlib, io, json, sys
-from kernel.cli.app import main
+from taskkernel.coordinator.cli.app import main
 out = {}
 for task_id in sys.argv[1:]:
     buf, code = io.StringIO(), 0

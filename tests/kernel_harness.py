@@ -5,13 +5,13 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from kernel.commands import EffectRule, TaskCommandKernel
-from kernel.model.commands import CommandResult
-from kernel.model.principal import LOCAL_OWNER, Principal
-from kernel.outbox import OutboxRelay
-from kernel.store.db import Database
-from kernel.store.schema import metadata
-from roles.registry import RoleRegistry
+from taskkernel.kernel.commands import EffectRule, TaskCommandKernel
+from taskkernel.kernel.model.commands import CommandResult
+from taskkernel.kernel.model.principal import LOCAL_OWNER, Principal
+from taskkernel.kernel.outbox import OutboxRelay
+from taskkernel.kernel.store.db import Database
+from taskkernel.kernel.store.schema import metadata
+from taskkernel.roles.registry import RoleRegistry
 
 ADMIN = LOCAL_OWNER
 PM = Principal("PM", "pm-agent")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from kernel.model.principal import Principal
-from kernel.usage import Feature, UsageRecord, record_usage, usage_table
+from taskkernel.kernel.model.principal import Principal
+from taskkernel.kernel.usage import Feature, UsageRecord, record_usage, usage_table
 from tests.cli_support import taskkernel
 from tests.coord_support import admin_task, coordinator, make_workspace
 
@@ -79,8 +79,8 @@ def test_a_child_cannot_escalate_its_roots_policy(tmp_path: Path) -> None:
 def test_an_automation_fire_is_recorded_as_automation_usage(tmp_path: Path) -> None:
     from datetime import UTC, datetime, timedelta
 
-    from scheduler.admin import Schedules
-    from scheduler.models import ActionSpec, ActionType, spec_from_user
+    from taskkernel.scheduler.admin import Schedules
+    from taskkernel.scheduler.models import ActionSpec, ActionType, spec_from_user
 
     ws = make_workspace(tmp_path / "ws", {})
     c = coordinator(ws)

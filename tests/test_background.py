@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from kernel.background import BackgroundJobs, BackgroundOutcome
-from kernel.store.db import Database
+from taskkernel.kernel.background import BackgroundJobs, BackgroundOutcome
+from taskkernel.kernel.store.db import Database
 from tests.kernel_harness import PM, Harness
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)

@@ -7,11 +7,11 @@ import os
 import pytest
 import sqlalchemy as sa
 
-from kernel.reasons import ConcurrencyError
-from kernel.store.chain import KEYED, ChainKey, ChainRecord, read_head, read_record
-from kernel.store.db import Database
-from kernel.store.events import EventStore, NewEvent, Upcasters, log_end, verify_chain
-from kernel.store.schema import metadata
+from taskkernel.kernel.reasons import ConcurrencyError
+from taskkernel.kernel.store.chain import KEYED, ChainKey, ChainRecord, read_head, read_record
+from taskkernel.kernel.store.db import Database
+from taskkernel.kernel.store.events import EventStore, NewEvent, Upcasters, log_end, verify_chain
+from taskkernel.kernel.store.schema import metadata
 
 
 @pytest.fixture

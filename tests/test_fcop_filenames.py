@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kernel.fcop import EnvelopeKind, normalize_reference, parse_filename
-from kernel.fcop.filenames import subject_short_for
+from taskkernel.coordinator.fcop import EnvelopeKind, normalize_reference, parse_filename
+from taskkernel.coordinator.fcop.filenames import subject_short_for
 
 fcop_filename = pytest.importorskip("fcop.core.filename")
 

@@ -14,7 +14,7 @@ from fcop.compatibility.v3.project import Project
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernel.workspace import Workspace, init_workspace
+from taskkernel.coordinator.workspace import Workspace, init_workspace
 from tests.cli_support import Run, run
 from tests.coord_support import coordinator
 from tests.fcop_oracle import accepted, attached_ids, copy_workspace, reason_notes, show_tasks, tree

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from kernel.cli.common import CliContext
-from kernel.coordinator import build_kernel
-from kernel.fcop import open_workspace
-from kernel.folders.importer import Importer
-from kernel.folders.tracking import FileTracker
-from kernel.workspace import STATE_DIR, Workspace
+from taskkernel.coordinator.cli.common import CliContext
+from taskkernel.coordinator.compose import build_kernel
+from taskkernel.coordinator.fcop import open_workspace
+from taskkernel.coordinator.folders.importer import Importer
+from taskkernel.coordinator.folders.tracking import FileTracker
+from taskkernel.coordinator.workspace import STATE_DIR, Workspace
 from tests.cli_support import run
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kernel.fcop import (
+from taskkernel.coordinator.fcop import (
     EnvelopeKind,
     FcopError,
     FcopReason,

@@ -409,8 +409,8 @@ def test_refusals_leave_the_tree_as_it_was(tmp_path: Path) -> None:
 # -- in one process: the two-rename fallback and a tree that changes underneath --------------------------------
 
 def _plan(project: Path):  # type: ignore[no-untyped-def]
-    from kernel.cli.common import CliContext
-    from kernel.folders import migrate as migration
+    from taskkernel.coordinator.cli.common import CliContext
+    from taskkernel.coordinator.folders import migrate as migration
 
     db = CliContext(workspace_path=str(project)).database()
     return migration, db, migration.plan(project, project / ".taskkernel", migration.known_states(db),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernel.fcop import (
+from taskkernel.coordinator.fcop import (
     FcopError,
     FcopReason,
     FcopWarning,

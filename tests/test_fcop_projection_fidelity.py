@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from kernel.coordinator import Coordinator
-from kernel.fcop import FcopError, FcopReason
-from kernel.fcop.safeio import sha256_hex
-from kernel.folders.tracking import Origin
-from kernel.model.principal import LOCAL_OWNER, Principal
-from kernel.store.schema import outbox
-from kernel.workspace import Workspace
+from taskkernel.coordinator.fcop import FcopError, FcopReason
+from taskkernel.coordinator.fcop.safeio import sha256_hex
+from taskkernel.coordinator.folders.tracking import Origin
+from taskkernel.coordinator.loop import Coordinator
+from taskkernel.coordinator.workspace import Workspace
+from taskkernel.kernel.model.principal import LOCAL_OWNER, Principal
+from taskkernel.kernel.store.schema import outbox
 from tests.cli_support import taskkernel
 from tests.coord_support import admin_task, coordinator, make_workspace
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kernel.fcop import FcopError, FcopReason, FcopWorkspace, open_workspace, quarantine
-from kernel.fcop.quarantine import sweep_notes
+from taskkernel.coordinator.fcop import FcopError, FcopReason, FcopWorkspace, open_workspace, quarantine
+from taskkernel.coordinator.fcop.quarantine import sweep_notes
 
 NAME = "TASK-20260101-001-ADMIN-to-PM.md"
 

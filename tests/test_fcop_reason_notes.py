@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kernel.fcop.filenames import envelope_prefix, is_reason_note, parse_filename, reason_note_name
+from taskkernel.coordinator.fcop.filenames import envelope_prefix, is_reason_note, parse_filename, reason_note_name
 from tests.cli_support import taskkernel
 
 NAME = "TASK-20261130-001-ADMIN-to-PM.md"

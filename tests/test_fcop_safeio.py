@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kernel.fcop import (
+from taskkernel.coordinator.fcop import (
     EnvelopeKind,
     FcopError,
     FcopReason,
@@ -25,7 +25,7 @@ from kernel.fcop import (
     write_report,
     write_task,
 )
-from kernel.fcop.safeio import sha256_hex
+from taskkernel.coordinator.fcop.safeio import sha256_hex
 
 DAY = "20260101"
 

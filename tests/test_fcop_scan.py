@@ -7,8 +7,16 @@ from pathlib import Path
 
 import pytest
 
-import kernel.fcop.scan as scan_module
-from kernel.fcop import EntryStatus, FcopReason, FcopWorkspace, Scanner, TaskDraft, open_workspace, write_task
+import taskkernel.coordinator.fcop.scan as scan_module
+from taskkernel.coordinator.fcop import (
+    EntryStatus,
+    FcopReason,
+    FcopWorkspace,
+    Scanner,
+    TaskDraft,
+    open_workspace,
+    write_task,
+)
 
 GOOD = b"---\nprotocol: fcop\nversion: 1\nsender: ADMIN\nrecipient: PM\n---\n\nbody\n"
 NAME = "TASK-20260101-001-ADMIN-to-PM.md"

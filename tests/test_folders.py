@@ -8,9 +8,9 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from kernel.fcop import read_envelope
-from kernel.model.principal import LOCAL_OWNER
-from kernel.store.schema import events
+from taskkernel.coordinator.fcop import read_envelope
+from taskkernel.kernel.model.principal import LOCAL_OWNER
+from taskkernel.kernel.store.schema import events
 from tests.coord_support import coordinator, make_workspace
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "fcop"

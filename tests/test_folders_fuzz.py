@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 
-from kernel.fcop import parse_filename
+from taskkernel.coordinator.fcop import parse_filename
 from tests.coord_support import coordinator, make_workspace
 from tests.test_fcop_fuzz import _BASE, file_specs
 

@@ -6,7 +6,7 @@ import copy
 from pathlib import Path
 from typing import Any
 
-from kernel.gate import Gate, GateStatus, TraceIndex, Verdict, proposal_digest
+from taskkernel.kernel.gate import Gate, GateStatus, TraceIndex, Verdict, proposal_digest
 from tests.test_gate_scenarios import (
     S10_DIGEST,
     S10_PROPOSAL,

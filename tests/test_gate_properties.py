@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kernel.gate import Gate, GateDecision, GateStatus, TraceIndex
+from taskkernel.kernel.gate import Gate, GateDecision, GateStatus, TraceIndex
 
 SOURCES = ["user", "operator", "system", "tool", "agent"]
 ENTITIES = ["env:a", "env:b"]

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from kernel.gate import Gate, GateDecision, GateReason, GateStatus, TraceIndex, Verdict
+from taskkernel.kernel.gate import Gate, GateDecision, GateReason, GateStatus, TraceIndex, Verdict
 from tests.test_gate_scenarios import S1, S2, S5, S6, S8, Ev
 
 R = GateReason

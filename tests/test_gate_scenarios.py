@@ -120,7 +120,7 @@ def write_json(path: Path, value: Any) -> Path:
 
 
 def spec_digest(value: Any) -> str:
-    """The spec's binding, written out independently of kernel.canonical."""
+    """The spec's binding, written out independently of taskkernel.kernel.canonical."""
     text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 

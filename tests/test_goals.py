@@ -9,10 +9,10 @@ import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from kernel.goals import Budget, GoalService, GoalState
-from kernel.model.principal import LOCAL_OWNER
-from kernel.store.db import Database
-from kernel.usage import Feature, UsageRecord, record_usage, summarize
+from taskkernel.kernel.goals import Budget, GoalService, GoalState
+from taskkernel.kernel.model.principal import LOCAL_OWNER
+from taskkernel.kernel.store.db import Database
+from taskkernel.kernel.usage import Feature, UsageRecord, record_usage, summarize
 from tests.coord_support import admin_task, coordinator, make_workspace
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,9 +104,9 @@ def test_concurrent_accounting_under_processes_sums_exactly(any_url: str, tmp_pa
     script = tmp_path / "acct.py"
     script.write_text(textwrap.dedent(f"""
         import sys
-        from kernel.goals import GoalService
-        from kernel.store.db import Database
-        from kernel.usage import Feature, UsageRecord, record_usage
+        from taskkernel.kernel.goals import GoalService
+        from taskkernel.kernel.store.db import Database
+        from taskkernel.kernel.usage import Feature, UsageRecord, record_usage
         db = Database({any_url!r})
         goals = GoalService(db)
         proc = sys.argv[1]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from kernel.groupcommit import GroupCommitter
-from kernel.store.db import Database
-from kernel.verify import verify
+from taskkernel.kernel.groupcommit import GroupCommitter
+from taskkernel.kernel.store.db import Database
+from taskkernel.kernel.verify import verify
 from tests.kernel_harness import ADMIN, PM, Harness
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from kernel.store.db import Database
-from kernel.verify import verify
+from taskkernel.kernel.store.db import Database
+from taskkernel.kernel.verify import verify
 from tests.cli_support import taskkernel
 from tests.kernel_harness import ADMIN, Harness
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from kernel.commands import TaskCommandKernel
-from kernel.credentials import issue_token, resolve_principal, revoke_token
-from kernel.model.principal import Principal
-from kernel.store.db import Database
-from kernel.verify import verify
+from taskkernel.kernel.commands import TaskCommandKernel
+from taskkernel.kernel.credentials import issue_token, resolve_principal, revoke_token
+from taskkernel.kernel.model.principal import Principal
+from taskkernel.kernel.store.db import Database
+from taskkernel.kernel.verify import verify
 from tests.kernel_harness import ADMIN, DEV, OPS, PM, QA, Harness
 
 
@@ -245,9 +245,9 @@ def test_20_branch_authority_is_the_leader_not_the_worker(h: Harness) -> None:
 
 def test_21_legacy_event_without_authority_gets_route_defaults(h: Harness) -> None:
     """A v1 task_created (before authority fields) is upcast on read: main line -> ADMIN, branch -> sender."""
-    from kernel.canonical import canonical_json
-    from kernel.projections import rebuild_tasks
-    from kernel.store.events import chain_hash
+    from taskkernel.kernel.canonical import canonical_json
+    from taskkernel.kernel.projections import rebuild_tasks
+    from taskkernel.kernel.store.events import chain_hash
 
     data = {"task_id": "TASK-20200101-001", "thread_key": "legacy", "parent": None, "root": "TASK-20200101-001",
             "sender": "PM", "recipient": "DEV", "subject": "old", "body": "", "priority": "P2", "references": []}

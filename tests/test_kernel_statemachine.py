@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from kernel.model.principal import Principal
-from kernel.store.db import Database
+from taskkernel.kernel.model.principal import Principal
+from taskkernel.kernel.store.db import Database
 from tests.kernel_harness import ADMIN, DEV, PM, Harness
 
 PRINCIPALS = {"ADMIN": ADMIN, "PM": PM, "DEV": DEV}

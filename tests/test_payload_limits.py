@@ -13,11 +13,18 @@ from typing import Any
 
 import pytest
 
-from kernel.fcop import FcopWorkspace, TaskDraft, Transition, append_transition, open_workspace, read_envelope
-from kernel.fcop.parse import DEFAULT_MAX_BYTES, parse_envelope
-from kernel.fcop.writer import render_task, write_report, write_review
-from kernel.model.commands import Command
-from kernel.model.limits import (
+from taskkernel.coordinator.fcop import (
+    FcopWorkspace,
+    TaskDraft,
+    Transition,
+    append_transition,
+    open_workspace,
+    read_envelope,
+)
+from taskkernel.coordinator.fcop.parse import DEFAULT_MAX_BYTES, parse_envelope
+from taskkernel.coordinator.fcop.writer import render_task, write_report, write_review
+from taskkernel.kernel.model.commands import Command
+from taskkernel.kernel.model.limits import (
     MAX_BODY_BYTES,
     MAX_REASON_BYTES,
     MAX_REFERENCE_BYTES,

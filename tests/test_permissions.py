@@ -6,9 +6,9 @@ import json
 import subprocess
 from pathlib import Path
 
-from kernel.coordinator import build_kernel
-from kernel.sessionlog import SessionLog
-from kernel.store.db import Database
+from taskkernel.coordinator.compose import build_kernel
+from taskkernel.kernel.sessionlog import SessionLog
+from taskkernel.kernel.store.db import Database
 from tests.cli_support import taskkernel
 from tests.kernel_harness import ADMIN, PM, Harness
 

@@ -14,11 +14,11 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from kernel.coordinator import build_kernel
-from kernel.model.principal import Principal
-from kernel.sessionlog import SessionLog
-from kernel.store.db import Database
-from kernel.store.schema import events, outbox
+from taskkernel.coordinator.compose import build_kernel
+from taskkernel.kernel.model.principal import Principal
+from taskkernel.kernel.sessionlog import SessionLog
+from taskkernel.kernel.store.db import Database
+from taskkernel.kernel.store.schema import events, outbox
 from tests.coord_support import admin_task, coordinator, make_workspace
 from tests.kernel_harness import Harness
 
@@ -157,8 +157,8 @@ def test_seed_001_staging_to_production_through_the_coordinator(tmp_path: Path) 
     agent = tmp_path / "agent.py"
     agent.write_text(textwrap.dedent(f"""
         import json, os, subprocess, sys
-        run = lambda *a, stdin=None: subprocess.run([{sys.executable!r}, "-c",
-            "from kernel.cli.app import main; main()", *a], input=stdin, capture_output=True, text=True)
+        run = lambda *a, stdin=None: subprocess.run([{sys.executable!r}, "-m", "taskkernel", *a], input=stdin,
+                                                     capture_output=True, text=True)
         task = json.loads(run("task", "show", os.environ["TASKKERNEL_TASK_ID"]).stdout)
         cmd = {{"type": "perform", "task_id": task["task_id"], "thread_key": task["thread_key"],
                "expected_revision": task["revision"], "round": task["round"],
@@ -200,7 +200,7 @@ def test_protection_is_configurable_per_role_and_risk_level(tmp_path: Path) -> N
     ws = make_workspace(tmp_path / "ws", {})
     with open(ws.root / "taskkernel.toml", "a") as fh:
         fh.write('\n[gate]\nprotected = { low = ["deploy"] }\nroles = { DEV = ["close"] }\n')
-    from kernel.workspace import Workspace
+    from taskkernel.coordinator.workspace import Workspace
 
     c = coordinator(Workspace.load(ws.root))
     log = SessionLog(c.db)

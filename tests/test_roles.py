@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from kernel.model.commands import CommandType
-from roles.protocol import AssignScope
-from roles.registry import RoleRegistry, discover_plugins
+from taskkernel.kernel.model.commands import CommandType
+from taskkernel.roles.protocol import AssignScope
+from taskkernel.roles.registry import RoleRegistry, discover_plugins
 from tests.coord_support import admin_task, coordinator, make_workspace
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from kernel.runners.command import parse_usage
-from kernel.usage import summarize, usage_table
+from taskkernel.coordinator.runners.command import parse_usage
+from taskkernel.kernel.usage import summarize, usage_table
 from tests.coord_support import admin_task, coordinator, make_workspace
 
 SCRIPTED = {"runner": "scripted"}
@@ -56,10 +56,10 @@ def test_command_runner_reports_through_the_cli_with_a_scoped_token(tmp_path: Pa
         task = os.environ["TASKKERNEL_TASK_ID"]
         assert open(sys.argv[1]).read()  # the task file is readable
         def submit(cmd):
-            out = subprocess.run([{sys.executable!r}, "-c", "from kernel.cli.app import main; main()",
+            out = subprocess.run([{sys.executable!r}, "-m", "taskkernel",
                                   "submit"], input=json.dumps(cmd), capture_output=True, text=True)
             return json.loads(out.stdout)
-        show = json.loads(subprocess.run([{sys.executable!r}, "-c", "from kernel.cli.app import main; main()",
+        show = json.loads(subprocess.run([{sys.executable!r}, "-m", "taskkernel",
                                           "task", "show", task], capture_output=True, text=True).stdout)
         base = {{"task_id": task, "thread_key": show["thread_key"], "round": show["round"]}}
         r = submit({{**base, "type": "submit_report", "expected_revision": show["revision"],
@@ -158,8 +158,8 @@ def test_implausible_usage_figures_are_ignored_and_never_stop_the_coordinator(tm
 def test_the_blocked_report_lands_even_if_the_agent_moved_the_task_first(tmp_path: Path) -> None:
     agent = write_agent(tmp_path / "agent.py", f"""
         import json, os, subprocess, sys
-        run = lambda *a, stdin=None: subprocess.run([{sys.executable!r}, "-c",
-            "from kernel.cli.app import main; main()", *a], input=stdin, capture_output=True, text=True)
+        run = lambda *a, stdin=None: subprocess.run([{sys.executable!r}, "-m", "taskkernel", *a], input=stdin,
+                                                     capture_output=True, text=True)
         task = json.loads(run("task", "show", os.environ["TASKKERNEL_TASK_ID"]).stdout)
         run("submit", stdin=json.dumps({{"type": "submit_report", "task_id": task["task_id"],
             "thread_key": task["thread_key"], "expected_revision": task["revision"], "round": task["round"],

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from kernel.coordinator import build_kernel
-from kernel.sessionlog import SessionLog
-from kernel.store.db import Database
-from kernel.store.schema import tasks
-from scheduler import (
+from taskkernel.coordinator.compose import build_kernel
+from taskkernel.kernel.sessionlog import SessionLog
+from taskkernel.kernel.store.db import Database
+from taskkernel.kernel.store.schema import tasks
+from taskkernel.scheduler import (
     ActionContext,
     ActionRegistry,
     ActionSpec,
@@ -27,7 +27,7 @@ from scheduler import (
     install,
     spec_from_user,
 )
-from scheduler.tables import occurrence
+from taskkernel.scheduler.tables import occurrence
 
 T0 = datetime(2026, 11, 1, 0, 0, tzinfo=UTC)
 KEY = "2026-11-01T00:10:00Z"

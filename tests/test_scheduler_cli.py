@@ -11,8 +11,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from kernel.cli import schedule
-from kernel.cli.common import CliContext
+from taskkernel.coordinator.cli import schedule
+from taskkernel.coordinator.cli.common import CliContext
 from tests.cli_support import taskkernel
 
 root = typer.Typer()

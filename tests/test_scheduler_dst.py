@@ -14,7 +14,14 @@ from zoneinfo import ZoneInfo
 import pytest
 from apscheduler.triggers.cron import CronTrigger
 
-from scheduler import ScheduleError, SchedulerException, build_trigger, simulate, spec_from_user, translate_day_of_week
+from taskkernel.scheduler import (
+    ScheduleError,
+    SchedulerException,
+    build_trigger,
+    simulate,
+    spec_from_user,
+    translate_day_of_week,
+)
 
 
 def fires(cron: str, tz: str, start: str, end: str) -> dict:

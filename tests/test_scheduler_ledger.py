@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from kernel.store.db import Database
-from scheduler import (
+from taskkernel.kernel.store.db import Database
+from taskkernel.scheduler import (
     ActionContext,
     ActionRegistry,
     ActionSpec,
@@ -22,8 +22,8 @@ from scheduler import (
     install,
     spec_from_user,
 )
-from scheduler.ledger import Outcome
-from scheduler.tables import occurrence, schedule
+from taskkernel.scheduler.ledger import Outcome
+from taskkernel.scheduler.tables import occurrence, schedule
 
 T0 = datetime(2026, 11, 1, 0, 0, tzinfo=UTC)
 

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from kernel.store.db import Database
-from scheduler import (
+from taskkernel.kernel.store.db import Database
+from taskkernel.scheduler import (
     ActionContext,
     ActionRegistry,
     ActionSpec,
@@ -35,7 +35,7 @@ from scheduler import (
     spec_from_user,
     system_clock,
 )
-from scheduler.tables import occurrence, occurrence_conflict
+from taskkernel.scheduler.tables import occurrence, occurrence_conflict
 
 LEASE_S = 2
 

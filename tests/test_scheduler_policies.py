@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from scheduler import ScheduleError, SchedulerException, simulate
+from taskkernel.scheduler import ScheduleError, SchedulerException, simulate
 
 DAY = "2026-10-30T"
 

@@ -18,12 +18,12 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from kernel.store.db import Database
-from scheduler import ActionContext, ActionSpec, Schedules, build_trigger, install, spec_from_user
-from scheduler.models import FIRED_STATES
-from scheduler.simulate import Crash, VirtualCluster, sim_registry
-from scheduler.tables import occurrence
-from scheduler.triggers import from_db_time
+from taskkernel.kernel.store.db import Database
+from taskkernel.scheduler import ActionContext, ActionSpec, Schedules, build_trigger, install, spec_from_user
+from taskkernel.scheduler.models import FIRED_STATES
+from taskkernel.scheduler.simulate import Crash, VirtualCluster, sim_registry
+from taskkernel.scheduler.tables import occurrence
+from taskkernel.scheduler.triggers import from_db_time
 
 BASE = datetime(2026, 10, 31, 0, 0, tzinfo=UTC)  # the New York fall-back night is inside the range
 ZONES = ["UTC", "America/New_York", "Europe/Berlin", "Australia/Lord_Howe"]

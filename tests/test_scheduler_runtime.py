@@ -7,8 +7,8 @@ import asyncio
 import time
 from datetime import UTC, datetime, timedelta
 
-from kernel.store.db import Database
-from scheduler import (
+from taskkernel.kernel.store.db import Database
+from taskkernel.scheduler import (
     ActionContext,
     ActionRegistry,
     ActionSpec,

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from kernel.fcop import FcopError, FcopReason, Scanner, open_workspace, safeio, write_report
-from kernel.fcop.safeio import (
+from taskkernel.coordinator.fcop import FcopError, FcopReason, Scanner, open_workspace, safeio, write_report
+from taskkernel.coordinator.fcop.safeio import (
     confine,
     ensure_dir,
     list_dir,
@@ -198,7 +198,8 @@ def test_scans_never_follow_a_linked_folder_and_report_it_once(tmp_path: Path,
     ws.stage_dir("active").symlink_to(outside)
     (ws.stage_dir("inbox") / "nested").symlink_to(outside)
     reports: list[tuple[str, str | None]] = []
-    monkeypatch.setattr("kernel.fcop.scan.report", lambda exc, op: reports.append((exc.reason.value, exc.path)))
+    monkeypatch.setattr("taskkernel.coordinator.fcop.scan.report",
+                        lambda exc, op: reports.append((exc.reason.value, exc.path)))
     scanner = Scanner(ws, settle_s=0, grace_s=0)
     for _ in range(3):
         batch = scanner.scan()
@@ -212,7 +213,7 @@ def test_scans_never_follow_a_linked_folder_and_report_it_once(tmp_path: Path,
 AGENT = """
     import json, os, subprocess, sys
     def run(*args, stdin=None):
-        return subprocess.run([{python!r}, "-c", "from kernel.cli.app import main; main()", *args], input=stdin,
+        return subprocess.run([{python!r}, "-m", "taskkernel", *args], input=stdin,
                               capture_output=True, text=True)
     task = json.loads(run("task", "show", os.environ["TASKKERNEL_TASK_ID"]).stdout)
     revision = task["revision"]

@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from kernel.canonical import check_json
-from kernel.fcop import FcopError, FcopReason, parse_envelope
-from kernel.model.commands import TASK_ID_ERROR, Command
-from kernel.usage import Feature, UsageRecord
+from taskkernel.coordinator.fcop import FcopError, FcopReason, parse_envelope
+from taskkernel.kernel.canonical import check_json
+from taskkernel.kernel.model.commands import TASK_ID_ERROR, Command
+from taskkernel.kernel.usage import Feature, UsageRecord
 from tests.cli_support import CLI, cli_env, run
 from tests.coord_support import make_workspace
 from tests.test_folders import task_file

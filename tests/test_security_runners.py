@@ -28,14 +28,14 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from kernel.runners.config import runner_specs
-from kernel.runners.ledger import RunLedger
-from kernel.store.db import Database
+from taskkernel.coordinator.runners.config import runner_specs
+from taskkernel.coordinator.runners.ledger import RunLedger
+from taskkernel.kernel.store.db import Database
 from tests.cli_support import taskkernel, taskkernel_bg
 from tests.coord_support import admin_task, coordinator, make_workspace
 
 PY = sys.executable
-CLI = f"[{PY!r}, '-c', 'from kernel.cli.app import main; main()']"
+CLI = f"[{PY!r}, '-m', 'taskkernel']"
 ALLOWED = {"PATH", "HOME", "LANG", "TERM", "TZ", "TMPDIR", "USER", "LOGNAME"}
 RUN_VARS = {"TASKKERNEL_TOKEN", "TASKKERNEL_TASK_ID", "TASKKERNEL_ROUND", "TASKKERNEL_TASK_FILE",
             "TASKKERNEL_WORKSPACE", "TASKKERNEL_PURPOSE"}

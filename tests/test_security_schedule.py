@@ -27,16 +27,16 @@ import typer
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
-from kernel.automations import max_clock_skew
-from kernel.cli import schedule as schedule_cli
-from kernel.cli.common import CliContext
-from kernel.credentials import issue_token
-from kernel.model.principal import Principal
-from kernel.sessionlog import SessionLog
-from kernel.store.db import Database
-from scheduler import ActionContext, ActionRegistry, ActionSpec, Ledger, SchedulerRuntime, Schedules, install
-from scheduler.clockjump import recent_clamps
-from scheduler.models import (
+from taskkernel.coordinator.automations import max_clock_skew
+from taskkernel.coordinator.cli import schedule as schedule_cli
+from taskkernel.coordinator.cli.common import CliContext
+from taskkernel.kernel.credentials import issue_token
+from taskkernel.kernel.model.principal import Principal
+from taskkernel.kernel.sessionlog import SessionLog
+from taskkernel.kernel.store.db import Database
+from taskkernel.scheduler import ActionContext, ActionRegistry, ActionSpec, Ledger, SchedulerRuntime, Schedules, install
+from taskkernel.scheduler.clockjump import recent_clamps
+from taskkernel.scheduler.models import (
     MAX_DURATION_S,
     ActionType,
     Creator,
@@ -47,10 +47,10 @@ from scheduler.models import (
     parse_instant,
     spec_from_user,
 )
-from scheduler.runtime import SchedulesSetAside
-from scheduler.simulate import sim_registry
-from scheduler.tables import occurrence, schedule, schedule_fault
-from scheduler.triggers import db_time, parse_calendar
+from taskkernel.scheduler.runtime import SchedulesSetAside
+from taskkernel.scheduler.simulate import sim_registry
+from taskkernel.scheduler.tables import occurrence, schedule, schedule_fault
+from taskkernel.scheduler.triggers import db_time, parse_calendar
 from tests.cli_support import CLI, Run, cli_env
 
 OWNER = Principal("ADMIN", "local-owner")  # the principal of the credential `init` writes for the owner

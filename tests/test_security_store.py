@@ -22,15 +22,14 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from kernel.cli.common import CliContext
-from kernel.cli.wiring import build_kernel
-from kernel.commands import TaskCommandKernel
-from kernel.model.principal import LOCAL_OWNER
-from kernel.store.chain import ChainKey, ChainKeyError, legacy_head_seal, legacy_link
-from kernel.store.db import Database
-from kernel.store.events import EventStore, NewEvent, verify_chain
-from kernel.store.schema import metadata
-from kernel.workspace import init_workspace
+from taskkernel.coordinator.cli.common import CliContext
+from taskkernel.coordinator.workspace import init_workspace
+from taskkernel.kernel.commands import TaskCommandKernel
+from taskkernel.kernel.model.principal import LOCAL_OWNER
+from taskkernel.kernel.store.chain import ChainKey, ChainKeyError, legacy_head_seal, legacy_link
+from taskkernel.kernel.store.db import Database
+from taskkernel.kernel.store.events import EventStore, NewEvent, verify_chain
+from taskkernel.kernel.store.schema import metadata
 from tests.cli_support import CLI, Run, cli_env, run
 from tests.coord_support import make_workspace
 
@@ -39,7 +38,7 @@ Link = Callable[..., str]
 
 def workspace_kernel(root: Path) -> TaskCommandKernel:
     """The kernel exactly as the CLI composes it (workspace chain key included)."""
-    return build_kernel(CliContext(workspace_path=str(root)))
+    return CliContext(workspace_path=str(root)).kernel()
 
 
 def create(kernel: TaskCommandKernel, subject: str) -> str:
@@ -430,13 +429,12 @@ def test_a_stored_task_ahead_of_its_events_is_not_laundered(tmp_path: Path, any_
 
 GROUP_WRITER = """
 import sys, threading
-from kernel.cli.common import CliContext
-from kernel.cli.wiring import build_kernel
-from kernel.groupcommit import GroupCommitter
-from kernel.model.principal import LOCAL_OWNER
+from taskkernel.coordinator.cli.common import CliContext
+from taskkernel.kernel.groupcommit import GroupCommitter
+from taskkernel.kernel.model.principal import LOCAL_OWNER
 
 root, name, threads, per = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-kernel = build_kernel(CliContext(workspace_path=root))
+kernel = CliContext(workspace_path=root).kernel()
 with GroupCommitter(kernel) as gc:
     def work(t):
         for i in range(per):

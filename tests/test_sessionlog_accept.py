@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from kernel.sessionlog import SessionLog, SessionLogError, SessionReason
-from kernel.sessionlog.tables import session_counter, session_input
-from kernel.store.db import Database
+from taskkernel.kernel.sessionlog import SessionLog, SessionLogError, SessionReason
+from taskkernel.kernel.sessionlog.tables import session_counter, session_input
+from taskkernel.kernel.store.db import Database
 
 PERM = {"permission": "deploy", "scope": "env:staging"}
 
@@ -154,7 +154,7 @@ def test_a_damaged_log_replays_unknown_and_denies(any_db: Database) -> None:
 
 
 def test_export_import_round_trip_between_databases(any_db: Database, tmp_path: Any) -> None:
-    from kernel.sessionlog import parse_lines
+    from taskkernel.kernel.sessionlog import parse_lines
 
     src = SessionLog(any_db)
     src.accept("s", perm("a1", "allow"))
@@ -177,7 +177,7 @@ def test_export_import_round_trip_between_databases(any_db: Database, tmp_path: 
 
 
 def test_legacy_import_then_new_accepts(sqlite_db: Database) -> None:
-    from kernel.sessionlog import parse_lines
+    from taskkernel.kernel.sessionlog import parse_lines
 
     log = SessionLog(sqlite_db)
     legacy = ['{"session": "s", "input_id": "old2", "kind": "message", "payload": {"text": "b"}}',

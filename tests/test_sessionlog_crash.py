@@ -17,15 +17,15 @@ import time
 import pytest
 import sqlalchemy as sa
 
-from kernel.sessionlog import SessionLog
-from kernel.sessionlog.tables import session_counter, session_input
-from kernel.store.db import Database
+from taskkernel.kernel.sessionlog import SessionLog
+from taskkernel.kernel.sessionlog.tables import session_counter, session_input
+from taskkernel.kernel.store.db import Database
 from tests.cli_support import cli_env
 
 CHILD = r"""
 import sys, threading
-from kernel.store.db import Database
-from kernel.sessionlog import SessionLog
+from taskkernel.kernel.store.db import Database
+from taskkernel.kernel.sessionlog import SessionLog
 
 url, session, prefix, nthreads = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 log = SessionLog(Database(url))

@@ -7,7 +7,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernel.sessionlog import Rec, SessionReason, replay
+from taskkernel.kernel.sessionlog import Rec, SessionReason, replay
 
 PERMS = ("deploy", "merge")
 SCOPES = ("prod", "staging")

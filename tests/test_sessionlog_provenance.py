@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kernel.sessionlog import SessionLog, SessionLogError, parse_lines
-from kernel.store.db import Database
+from taskkernel.kernel.sessionlog import SessionLog, SessionLogError, parse_lines
+from taskkernel.kernel.store.db import Database
 from tests.cli_support import taskkernel
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from kernel.sessionlog import LogFileError, Rec, SessionReason, parse_lines, replay
+from taskkernel.kernel.sessionlog import LogFileError, Rec, SessionReason, parse_lines, replay
 from tests.sessionlog_support import SCENARIOS, line
 
 

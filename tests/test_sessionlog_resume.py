@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from kernel.sessionlog import SessionLog, SessionLogError, SessionReason, parse_lines, resume_from_records
-from kernel.store.db import Database
+from taskkernel.kernel.sessionlog import SessionLog, SessionLogError, SessionReason, parse_lines, resume_from_records
+from taskkernel.kernel.store.db import Database
 from tests.sessionlog_support import cli
 
 SENTINEL = "output FAILURE-SENTINEL"

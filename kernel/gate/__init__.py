@@ -11,11 +11,11 @@ The component is pure: no database, no workspace, no clock; the trace is the onl
 
 from __future__ import annotations
 
-from kernel.gate.hybrid import proposal_digest, review
-from kernel.gate.models import Action, GateDecision, GateReason, GateStatus
-from kernel.gate.rules import evaluate
-from kernel.gate.trace import TraceIndex
-from kernel.gate.verdict import Check, Reason, Verdict
+from taskkernel.kernel.gate.hybrid import proposal_digest, review
+from taskkernel.kernel.gate.models import Action, GateDecision, GateReason, GateStatus
+from taskkernel.kernel.gate.rules import evaluate
+from taskkernel.kernel.gate.trace import TraceIndex
+from taskkernel.kernel.gate.verdict import Check, Reason, Verdict
 
 
 class Gate:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernel.gate.rules import evaluate
-from kernel.gate.trace import TraceIndex
-from kernel.gate.verdict import Verdict
+from taskkernel.kernel.gate.rules import evaluate
+from taskkernel.kernel.gate.trace import TraceIndex
+from taskkernel.kernel.gate.verdict import Verdict
 
 DEMO_TRACE: list[dict[str, Any]] = [
     {"id": "e1", "seq": 1, "kind": "policy", "source": "operator", "protected_operations": ["write", "deploy"],

@@ -12,11 +12,11 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from kernel.canonical import canonical_json, digest
-from kernel.gate.match import entity_is, same_value
-from kernel.gate.models import Claim, GateReason, Instruction, Observation, Proposal, Review
-from kernel.gate.trace import Event, TraceIndex
-from kernel.gate.verdict import Recorder, Verdict
+from taskkernel.kernel.canonical import canonical_json, digest
+from taskkernel.kernel.gate.match import entity_is, same_value
+from taskkernel.kernel.gate.models import Claim, GateReason, Instruction, Observation, Proposal, Review
+from taskkernel.kernel.gate.trace import Event, TraceIndex
+from taskkernel.kernel.gate.verdict import Recorder, Verdict
 
 R = GateReason
 M = TypeVar("M", bound=BaseModel)

@@ -12,8 +12,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kernel.gate.match import entity_covered, entity_is, op_covered, same_value
-from kernel.gate.models import (
+from taskkernel.kernel.gate.match import entity_covered, entity_is, op_covered, same_value
+from taskkernel.kernel.gate.models import (
     GRANT_AUTHORS,
     Action,
     GateReason,
@@ -21,8 +21,8 @@ from kernel.gate.models import (
     Observation,
     PermissionGrant,
 )
-from kernel.gate.trace import Event, TraceIndex
-from kernel.gate.verdict import Recorder, Verdict
+from taskkernel.kernel.gate.trace import Event, TraceIndex
+from taskkernel.kernel.gate.verdict import Recorder, Verdict
 
 R = GateReason
 ActionRef = str | Mapping[str, Any] | Action | None

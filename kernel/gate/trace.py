@@ -16,9 +16,9 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from kernel.canonical import canonical_json, sha256_hex
-from kernel.gate.match import entity_covered, names, same_value, triple_key
-from kernel.gate.models import (
+from taskkernel.kernel.canonical import canonical_json, sha256_hex
+from taskkernel.kernel.gate.match import entity_covered, names, same_value, triple_key
+from taskkernel.kernel.gate.models import (
     EVENT_KINDS,
     GRANT_AUTHORS,
     INSTRUCTION_AUTHORS,
@@ -32,7 +32,7 @@ from kernel.gate.models import (
     Policy,
     TraceEvent,
 )
-from kernel.gate.verdict import Reason
+from taskkernel.kernel.gate.verdict import Reason
 
 Event = Instruction | Observation | PermissionGrant | PermissionRevoke | Policy | Action
 _EVENT = TypeAdapter[Event](TraceEvent)

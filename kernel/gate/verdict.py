@@ -11,8 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from kernel.canonical import canonical_json
-from kernel.gate.models import GateDecision, GateReason, GateStatus
+from taskkernel.kernel.canonical import canonical_json
+from taskkernel.kernel.gate.models import GateDecision, GateReason, GateStatus
 
 
 class Reason(BaseModel):

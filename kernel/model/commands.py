@@ -2,7 +2,7 @@
 
 Shape validation is check 1 of the kernel: anything that fails here is ``invalid_command``, except
 a task id out of its grammar or range, which is ``invalid_task_id`` (errors of type TASK_ID_ERROR), and
-content the folder projection could not write, which is ``payload_too_large`` (kernel.model.limits).
+content the folder projection could not write, which is ``payload_too_large`` (taskkernel.kernel.model.limits).
 Numbers are strict: an integer field takes only an integer (not ``true``, ``"1"`` or ``1.0``) within
 ±2**53, a float field only a finite number, and free-form JSON (payload, transport) is checked the
 same way, so what is stored reads back exactly (docs/events.md).
@@ -18,10 +18,10 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from kernel.canonical import JSON_SAFE_INT, check_json
-from kernel.model.ids import TASK_ID_RE as TASK_ID_RE  # re-exported: the grammar other modules match
-from kernel.model.ids import task_id_problem
-from kernel.model.limits import Body, Reason, References, ThreadKey
+from taskkernel.kernel.canonical import JSON_SAFE_INT, check_json
+from taskkernel.kernel.model.ids import TASK_ID_RE as TASK_ID_RE  # re-exported: the grammar other modules match
+from taskkernel.kernel.model.ids import task_id_problem
+from taskkernel.kernel.model.limits import Body, Reason, References, ThreadKey
 
 TASK_ID_ERROR = "invalid_task_id"  # the pydantic error type of a bad task id
 Count = Annotated[int, Field(strict=True, ge=0, le=JSON_SAFE_INT)]  # no bool, "1" or 1.0; exact in JSON

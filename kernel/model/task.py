@@ -10,8 +10,8 @@ from collections.abc import Iterable
 from enum import StrEnum
 from typing import Any
 
-from kernel.model.commands import CommandType, ReportStatus
-from kernel.model.principal import ADMIN
+from taskkernel.kernel.model.commands import CommandType, ReportStatus
+from taskkernel.kernel.model.principal import ADMIN
 
 
 class TaskState(StrEnum):

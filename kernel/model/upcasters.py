@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernel.model.task import default_authority
-from kernel.store.events import Upcasters
+from taskkernel.kernel.model.task import default_authority
+from taskkernel.kernel.store.events import Upcasters
 
 
 def _task_created_v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:

@@ -1,9 +1,9 @@
 """Acceptance-sequenced session log (issue 3): what each session was told, in the order the
 host accepted it, replayable as ``known``/``unknown`` whatever the storage order. See docs/sessionlog.md."""
 
-from kernel.sessionlog.interchange import LogFileError, parse_lines, read_file
-from kernel.sessionlog.log import SessionLog
-from kernel.sessionlog.models import (
+from taskkernel.kernel.sessionlog.interchange import LogFileError, parse_lines, read_file
+from taskkernel.kernel.sessionlog.log import SessionLog
+from taskkernel.kernel.sessionlog.models import (
     AcceptResult,
     InputKind,
     PermissionDecision,
@@ -13,10 +13,10 @@ from kernel.sessionlog.models import (
     SessionReason,
     TurnResult,
 )
-from kernel.sessionlog.reducers import Reducer, register_reducer
-from kernel.sessionlog.replay import Order, ReplayResult, replay
-from kernel.sessionlog.resume import ResumeAnswer, resume_from_records
-from kernel.sessionlog.tables import install
+from taskkernel.kernel.sessionlog.reducers import Reducer, register_reducer
+from taskkernel.kernel.sessionlog.replay import Order, ReplayResult, replay
+from taskkernel.kernel.sessionlog.resume import ResumeAnswer, resume_from_records
+from taskkernel.kernel.sessionlog.tables import install
 
 __all__ = [
     "AcceptResult",

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from kernel.model.principal import ADMIN, Principal
-from kernel.sessionlog.models import InputKind, SessionLogError, SessionReason
+from taskkernel.kernel.model.principal import ADMIN, Principal
+from taskkernel.kernel.sessionlog.models import InputKind, SessionLogError, SessionReason
 
 GRANT_KINDS = frozenset({InputKind.ALLOW.value, InputKind.REVOKE.value})
 DEFAULT_ADMIN_SESSIONS = frozenset({"admin"})

@@ -20,9 +20,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
-from kernel.canonical import canonical_json
-from kernel.sessionlog.authority import IMPORTED_PREFIX
-from kernel.sessionlog.models import (
+from taskkernel.kernel.canonical import canonical_json
+from taskkernel.kernel.sessionlog.authority import IMPORTED_PREFIX
+from taskkernel.kernel.sessionlog.models import (
     InputKind,
     Rec,
     SessionLogError,

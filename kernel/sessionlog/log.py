@@ -17,11 +17,11 @@ import sqlalchemy as sa
 from pydantic import ValidationError
 from sqlalchemy.engine import Connection
 
-from kernel.canonical import canonical_json, digest, utc_now_iso
-from kernel.model.principal import ADMIN, Principal
-from kernel.sessionlog.authority import DEFAULT_ADMIN_SESSIONS, check_read, check_write, initial_owner
-from kernel.sessionlog.interchange import dump_lines
-from kernel.sessionlog.models import (
+from taskkernel.kernel.canonical import canonical_json, digest, utc_now_iso
+from taskkernel.kernel.model.principal import ADMIN, Principal
+from taskkernel.kernel.sessionlog.authority import DEFAULT_ADMIN_SESSIONS, check_read, check_write, initial_owner
+from taskkernel.kernel.sessionlog.interchange import dump_lines
+from taskkernel.kernel.sessionlog.models import (
     AcceptResult,
     PermissionDecision,
     Rec,
@@ -32,9 +32,9 @@ from kernel.sessionlog.models import (
     check_boundary,
     validate_payload,
 )
-from kernel.sessionlog.reducers import PermissionReducer
-from kernel.sessionlog.replay import Order, ReplayResult, replay
-from kernel.sessionlog.resume import (
+from taskkernel.kernel.sessionlog.reducers import PermissionReducer
+from taskkernel.kernel.sessionlog.replay import Order, ReplayResult, replay
+from taskkernel.kernel.sessionlog.resume import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_INPUTS,
     ResumeAnswer,
@@ -42,8 +42,8 @@ from kernel.sessionlog.resume import (
     damaged,
     decide,
 )
-from kernel.sessionlog.tables import install, session_counter, session_input, session_owner
-from kernel.store.db import Database
+from taskkernel.kernel.sessionlog.tables import install, session_counter, session_input, session_owner
+from taskkernel.kernel.store.db import Database
 
 C = session_counter.c
 I = session_input.c  # noqa: E741 - column namespace, read as "input"

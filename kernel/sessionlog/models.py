@@ -11,7 +11,7 @@ from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
-from kernel.canonical import check_json
+from taskkernel.kernel.canonical import check_json
 
 
 class InputKind(StrEnum):

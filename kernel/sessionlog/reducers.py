@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal, Protocol
 
-from kernel.sessionlog.models import InputKind, Rec, SessionLogError, SessionReason
+from taskkernel.kernel.sessionlog.models import InputKind, Rec, SessionLogError, SessionReason
 
 _ALLOW = InputKind.ALLOW.value
 _REVOKE = InputKind.REVOKE.value

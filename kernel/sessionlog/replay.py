@@ -26,8 +26,8 @@ from enum import StrEnum
 from operator import itemgetter
 from typing import Any
 
-from kernel.sessionlog.models import InputKind, Rec, SessionReason
-from kernel.sessionlog.reducers import Reducer, get_reducer
+from taskkernel.kernel.sessionlog.models import InputKind, Rec, SessionReason
+from taskkernel.kernel.sessionlog.reducers import Reducer, get_reducer
 
 _ROLLBACK = InputKind.ROLLBACK.value
 _SEQ, _ID, _KIND, _DECLARED = (itemgetter(i) for i in (0, 1, 2, 6))

@@ -20,9 +20,9 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from kernel.canonical import canonical_json
-from kernel.sessionlog.models import INSTRUCTION_KINDS, InputKind, Rec, SessionReason
-from kernel.sessionlog.replay import RollbackOutOfWindow, effective_context, replay
+from taskkernel.kernel.canonical import canonical_json
+from taskkernel.kernel.sessionlog.models import INSTRUCTION_KINDS, InputKind, Rec, SessionReason
+from taskkernel.kernel.sessionlog.replay import RollbackOutOfWindow, effective_context, replay
 
 DEFAULT_MAX_INPUTS = 10_000
 DEFAULT_MAX_BYTES = 64 * 2**20

@@ -13,7 +13,7 @@ import weakref
 
 import sqlalchemy as sa
 
-from kernel.store.db import Database
+from taskkernel.kernel.store.db import Database
 
 metadata = sa.MetaData()
 

@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from kernel.store.schema import store_meta
+from taskkernel.kernel.store.schema import store_meta
 
 if TYPE_CHECKING:
-    from kernel.store.db import UnitOfWork
+    from taskkernel.kernel.store.db import UnitOfWork
 
 LEGACY = "sha256"
 KEYED = "hmac-sha256"

@@ -24,8 +24,8 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
-from kernel.private import FILE_MODE, narrow
-from kernel.store.chain import Appending, Chain, ChainKeyError, read_record
+from taskkernel.kernel.private import FILE_MODE, narrow
+from taskkernel.kernel.store.chain import Appending, Chain, ChainKeyError, read_record
 
 # Any constant works; it only has to be the same in every process sharing a database.
 WRITER_LOCK_KEY = 0x7A5C_4B3E

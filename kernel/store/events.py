@@ -13,9 +13,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from kernel.canonical import canonical_json, utc_now_iso
-from kernel.reasons import ConcurrencyError
-from kernel.store.chain import (
+from taskkernel.kernel.canonical import canonical_json, utc_now_iso
+from taskkernel.kernel.reasons import ConcurrencyError
+from taskkernel.kernel.store.chain import (
     GENESIS_HASH,
     Chain,
     ChainKey,
@@ -26,8 +26,8 @@ from kernel.store.chain import (
     read_head,
     read_record,
 )
-from kernel.store.db import UnitOfWork
-from kernel.store.schema import events as events_table
+from taskkernel.kernel.store.db import UnitOfWork
+from taskkernel.kernel.store.schema import events as events_table
 
 chain_hash = legacy_link  # the legacy (unkeyed) link, for code that writes raw legacy rows
 

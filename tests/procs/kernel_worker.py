@@ -12,11 +12,11 @@ import json
 import sys
 import time
 
-from kernel.commands import TaskCommandKernel
-from kernel.model.principal import Principal
-from kernel.store.db import Database
-from kernel.store.schema import metadata
-from roles.registry import RoleRegistry
+from taskkernel.kernel.commands import TaskCommandKernel
+from taskkernel.kernel.model.principal import Principal
+from taskkernel.kernel.store.db import Database
+from taskkernel.kernel.store.schema import metadata
+from taskkernel.roles.registry import RoleRegistry
 
 
 def make_kernel(url: str) -> TaskCommandKernel:

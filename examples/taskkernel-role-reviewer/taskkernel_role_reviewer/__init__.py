@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernel.model.commands import CommandType
-from roles.protocol import AssignScope, RoleSpec
+from taskkernel.kernel.model.commands import CommandType
+from taskkernel.roles.protocol import AssignScope, RoleSpec
 
 
 def review(ctx: Any) -> str:

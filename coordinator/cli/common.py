@@ -1,0 +1,175 @@
+"""Shared CLI plumbing: exit codes, output helpers and the lazily opened workspace/database."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from taskkernel.coordinator.workspace import Workspace, WorkspaceNotFound
+from taskkernel.kernel.credentials import authenticate
+from taskkernel.kernel.model.principal import LOCAL_OWNER, Principal
+from taskkernel.kernel.private import load_or_create_secret, read_private
+from taskkernel.kernel.reasons import KernelError, ReasonCode
+from taskkernel.kernel.store.db import Database, DatabaseCorrupt
+from taskkernel.kernel.store.schema import metadata as kernel_metadata
+
+if TYPE_CHECKING:
+    from taskkernel.kernel.commands import TaskCommandKernel
+
+stderr = Console(stderr=True, markup=False, highlight=False)  # data is never read as markup
+
+
+class Exit(IntEnum):
+    """Process exit codes (docs/cli.md). 64/65 follow sysexits.h."""
+
+    OK = 0
+    INTERNAL = 1
+    REJECTED = 2  # also: replay unknown, verify found a break, gate BLOCK
+    USAGE = 64
+    DATAERR = 65
+
+
+def say(*parts: str | tuple[str, str]) -> None:
+    """One line for people on stderr: plain strings exactly as they are (a subject with ``[/b]`` in it prints
+    as itself), ``(text, style)`` pairs styled."""
+    stderr.print(Text.assemble(*parts))
+
+
+def emit(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, ensure_ascii=False, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def fail(code: Exit, message: str, **extra: Any) -> NoReturn:
+    """Print a JSON error on stdout and a readable line on stderr, then exit with ``code``."""
+    emit({"status": "error", "code": code.name.lower(), "message": message, **extra})
+    say(("error:", "red"), " ", message)
+    raise typer.Exit(int(code))
+
+
+def reject(reason: str, message: str, **extra: Any) -> NoReturn:
+    """A refusal the caller can act on: JSON with the reason code on stdout, exit 2."""
+    emit({"status": "rejected", "reason": reason, "message": message, **extra})
+    say(("rejected", "red"), f" {reason}: {message}")
+    raise typer.Exit(int(Exit.REJECTED))
+
+
+@dataclass
+class CliContext:
+    """Global options, resolved lazily so commands that need no workspace never look for one."""
+
+    db_url: str | None = None
+    workspace_path: str | None = None
+    token: str | None = None
+    _workspace: Workspace | None = field(default=None, repr=False)
+    _db: Database | None = field(default=None, repr=False)
+    used_token: str | None = field(default=None, repr=False)
+
+    def workspace(self) -> Workspace:
+        if self._workspace is None:
+            try:
+                self._workspace = Workspace.locate(self.workspace_path)
+            except WorkspaceNotFound as exc:
+                fail(Exit.USAGE, str(exc))
+        return self._workspace
+
+    def database(self) -> Database:
+        """The kernel database: --db / TASKKERNEL_DB, else the workspace's configured one. In a workspace its
+        event chain is keyed with the workspace's chain key (.taskkernel/chain.key, 0600, created on first
+        use; docs/durability.md); with only --db there is no key. A damaged file ends the command with
+        ``database_corrupt`` (exit 2), never a traceback."""
+        if self._db is None:
+            url = self.db_url or os.environ.get("TASKKERNEL_DB")
+            durability = "full"
+            ws = self.optional_workspace() if url else self.workspace()
+            if not url:
+                assert ws is not None
+                url, durability = ws.database_url, ws.durability
+            try:
+                db = Database(url, durability)
+                db.create_schema(kernel_metadata)
+                if ws is not None:
+                    key_path = ws.chain_key_path
+
+                    def load_key() -> bytes | None:
+                        return load_or_create_secret(key_path) if key_path.exists() else None
+
+                    db.use_chain_key(load_key, lambda: load_or_create_secret(key_path))
+            except DatabaseCorrupt as exc:
+                reject("database_corrupt", f"the database is damaged or not a database: {exc}")
+            self._db = db
+            if self.token is not None or "TASKKERNEL_TOKEN" in os.environ:
+                self.principal()  # a credential given to any command must be live, reads included
+        return self._db
+
+    def try_principal(self) -> Principal | KernelError:
+        """Who is calling (docs/security.md), or why the credential stands for nobody. A token given
+        (--token or TASKKERNEL_TOKEN, even empty) must be a live credential. Without one: in a workspace
+        with ``require_token`` the owner's credential file is read; in an older workspace, or with only
+        --db (whoever holds the database URL holds the database), the caller is the local owner."""
+        token = self.token
+        if token is None and "TASKKERNEL_TOKEN" in os.environ:
+            token = os.environ["TASKKERNEL_TOKEN"]  # set but empty: an error, never the owner
+        if token is None:
+            ws = self.optional_workspace()
+            if ws is None or not ws.require_token:
+                return LOCAL_OWNER
+            try:
+                token = read_private(ws.owner_token_path).decode("ascii").strip()
+            except (OSError, UnicodeDecodeError):
+                return KernelError(ReasonCode.ACTOR_UNVERIFIED,
+                                   f"no credential: pass --token or TASKKERNEL_TOKEN (the owner's is in "
+                                   f"{ws.owner_token_path}, readable only by the workspace owner)")
+        self.used_token = token  # `token revoke` will not revoke the credential it runs with
+        try:
+            return authenticate(self.database(), token)
+        except KernelError as exc:
+            return exc
+
+    def kernel(self) -> TaskCommandKernel:
+        """The kernel as the coordinator builds it (coordinator/compose.py); a bad team ([team] or fcop.json)
+        is a usage error, never a traceback."""
+        from taskkernel.coordinator.compose import build_kernel  # the whole wiring: only commands that need it
+
+        try:
+            return build_kernel(self.database(), self.optional_workspace())
+        except ValueError as exc:
+            fail(Exit.USAGE, str(exc))
+
+    def principal(self) -> Principal:
+        """The caller's principal; an unverified credential ends the command with its refusal (exit 2)."""
+        found = self.try_principal()
+        if isinstance(found, KernelError):
+            reject(found.reason.value, found.message)
+        return found
+
+    def require_admin(self, what: str) -> Principal:
+        """The caller, if it holds an unscoped ADMIN credential; else a ``role_not_authorized`` refusal."""
+        principal = self.principal()
+        if not principal.is_admin:  # is_admin already requires an unscoped credential
+            reject(ReasonCode.ROLE_NOT_AUTHORIZED.value,
+                   f"{what} needs the workspace owner's or an unscoped ADMIN credential (caller: {principal.id})")
+        return principal
+
+    def optional_workspace(self) -> Workspace | None:
+        """The workspace if there is one (commands given only --db may run without)."""
+        if self._workspace is None:
+            try:
+                self._workspace = Workspace.locate(self.workspace_path)
+            except WorkspaceNotFound:
+                return None
+        return self._workspace
+
+
+def get_ctx(ctx: typer.Context) -> CliContext:
+    obj = ctx.find_root().obj
+    assert isinstance(obj, CliContext)
+    return obj

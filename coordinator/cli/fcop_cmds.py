@@ -1,0 +1,48 @@
+"""`taskkernel fcop …`: commands that change the FCoP folders as a whole (docs/import-and-migrate.md)."""
+
+from __future__ import annotations
+
+import typer
+
+from taskkernel.coordinator.cli.common import Exit, emit, fail, get_ctx, reject, say, stderr
+from taskkernel.coordinator.cli.fcop_import import fcop_import
+from taskkernel.coordinator.folders import migrate as migration
+from taskkernel.coordinator.folders.importer import is_imported, root_key_of
+
+app = typer.Typer(no_args_is_help=True, help="Whole-workspace FCoP operations (docs/import-and-migrate.md).")
+app.command("import")(fcop_import)
+
+
+@app.command("migrate")
+def migrate(ctx: typer.Context,
+            to: str = typer.Option(..., "--to", metavar="GENERATION", help="Target generation: g3."),
+            dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan as JSON and write nothing.")
+            ) -> None:
+    """Convert the workspace's G2 FCoP root to G3 in one atomic swap; the old root is kept as a backup. Stop
+    `taskkernel up` first. Only an unscoped ADMIN credential may migrate."""
+    if to.lower() != "g3":
+        fail(Exit.USAGE, f"--to {to!r}: taskkernel migrates G2 workspaces to g3 only")
+    c = get_ctx(ctx)
+    ws = c.workspace()
+    c.require_admin("migrating the FCoP workspace")
+    db = c.database()
+    try:
+        plan = migration.plan(ws.root, ws.state_dir, migration.known_states(db), migration.tracked_origins(db))
+        if not is_imported(db, root_key_of(plan.root, ws.root)):
+            raise migration.MigrateRefused(
+                "not_imported", "the workspace's history is not in the kernel yet: without it an open task's stage "
+                "would be guessed (every one to the inbox). Run `taskkernel fcop import` (or `taskkernel up "
+                "--once`) first, then migrate.")
+        if dry_run:
+            emit({"status": "ok", "dry_run": True, **plan.as_json()})
+            stderr.print(f"dry run: {len(plan.moves)} file(s) would move in {plan.root}, "
+                         f"{plan.as_json()['unchanged']} stay; the old root would be kept at "
+                         f"{plan.backup}; nothing written")
+            return
+        result = migration.apply(plan, db)
+    except migration.MigrateRefused as exc:
+        reject(exc.reason, exc.message, **exc.extra)
+    emit({"status": "ok", "dry_run": False, **plan.as_json(), "moved": len(plan.moves), "tracked": result.tracked,
+          "swap": result.swap, "backup": str(result.backup)})
+    say(("migrated", "green"), f" {plan.root} to G3: {len(plan.moves)} file(s) moved, "
+                 f"{result.tracked} record(s) followed them; the old root is kept at {result.backup}")

@@ -1,0 +1,44 @@
+"""`taskkernel fcop import [--dry-run]`: take an existing FCoP workspace in as history (docs/import-and-migrate.md).
+
+`taskkernel up` runs the same import on its first pass; this command runs it on its own, or shows what it
+would do (`--dry-run`: nothing stored, nothing written). Only the workspace owner (unscoped ADMIN) may import.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from taskkernel.coordinator.cli.common import emit, get_ctx, reject, stderr
+from taskkernel.coordinator.fcop import FcopError, open_workspace
+from taskkernel.coordinator.folders.importer import Importer
+from taskkernel.coordinator.folders.tracking import FileTracker
+from taskkernel.coordinator.workspace import STATE_DIR
+
+
+def fcop_import(ctx: typer.Context,
+                dry_run: bool = typer.Option(False, "--dry-run", help="Show what would be imported; change nothing.")
+                ) -> None:
+    """Import the workspace's existing tasks, reports, reviews and issues as history (once)."""
+    c = get_ctx(ctx)
+    ws = c.workspace()
+    c.require_admin("fcop import")
+    kernel = c.kernel()
+    try:
+        fcop = open_workspace(ws.root, allow_mixed=True)
+    except FcopError as exc:  # G4, ambiguous roots, a linked root
+        reject(exc.reason.value, str(exc))
+    importer = Importer.for_workspace(kernel, fcop, FileTracker(kernel.db), ws.root, STATE_DIR)
+    already = not dry_run and importer.imported()
+    try:
+        report = importer.run(dry_run=dry_run)
+    except FcopError as exc:
+        reject(exc.reason.value, str(exc))
+    out = report.wire()
+    emit({"status": "ok", "already_imported": already, "generation": fcop.generation.value, **out})
+    if already:
+        stderr.print("already imported: `taskkernel up` takes new files as they come")
+        return
+    verb = "would import" if dry_run else "imported"
+    stderr.print(f"{verb} {out['tasks']} task(s) {out['tasks_by_state']}, {sum(out['records'].values())} "
+                 f"record(s), {out['evidence']} evidence file(s); {len(out['refused'])} refused, "
+                 f"{len(out['kept'])} kept as they are, {len(out['warnings'])} warning(s)")

@@ -1,0 +1,206 @@
+"""Kernel commands: init, token, submit, task, log."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+import typer
+from rich.table import Table
+
+from taskkernel.coordinator.cli.common import Exit, emit, fail, get_ctx, reject, say, stderr
+from taskkernel.coordinator.fcop import FcopError
+from taskkernel.coordinator.workspace import DEFAULT_TEAM, TEAM_PRESETS, init_workspace
+from taskkernel.kernel.credentials import (
+    CREDENTIAL_ID_LEN,
+    REVOKED_BY_OWNER,
+    hashes_named,
+    issue_token,
+    list_credentials,
+    revoke_hash,
+    token_hash,
+)
+from taskkernel.kernel.model.ids import TASK_ID_RE
+from taskkernel.kernel.model.principal import LOCAL_OWNER
+from taskkernel.kernel.model.task import TaskState
+from taskkernel.kernel.private import write_private
+from taskkernel.kernel.reasons import KernelError, ReasonCode
+from taskkernel.kernel.store.events import RecordedEvent
+from taskkernel.kernel.store.schema import tasks as tasks_table
+
+STATES = tuple(s.value for s in TaskState)
+
+task_app = typer.Typer(no_args_is_help=True, help="Inspect tasks.")
+token_app = typer.Typer(no_args_is_help=True, help="Credentials.")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("init")(init)
+    app.command("submit")(submit)
+    app.command("log")(log)
+    app.add_typer(task_app, name="task")
+    app.add_typer(token_app, name="token")
+
+
+def init(ctx: typer.Context, directory: Path = typer.Argument(Path("."), help="Workspace root."),
+         team: str = typer.Option(None, "--team", show_default=False,
+                                  help=f"Team preset: {', '.join(TEAM_PRESETS)} (default for a new FCoP "
+                                       f"workspace: {DEFAULT_TEAM}).")) -> None:
+    """Create the workspace: .taskkernel/kernel.db, taskkernel.toml and, in a project without any, the FCoP
+    folders. An existing FCoP workspace (fcop/ or docs/agents/) is left exactly as it is."""
+    if team is not None and team not in TEAM_PRESETS:
+        fail(Exit.USAGE, f"unknown team preset {team!r}; choose one of {', '.join(TEAM_PRESETS)}")
+    c = get_ctx(ctx)
+    try:
+        done = init_workspace(directory, team, c.db_url or os.environ.get("TASKKERNEL_DB"))
+    except FcopError as exc:  # both fcop/ and docs/agents/: nothing was written
+        fail(Exit.REJECTED, f"{exc.reason.value}: {exc}", reason=exc.reason.value)
+    except ValueError as exc:  # --team against the team already named; an unreadable toml, fcop.json or [team]
+        fail(Exit.USAGE, str(exc))
+    except OSError as exc:
+        fail(Exit.INTERNAL, f"cannot create the workspace at {directory}: {exc}")
+    ws, t = done.workspace, done.team
+    c.workspace_path = str(ws.root)
+    c.database()
+    if ws.require_token and not ws.owner_token_path.exists():
+        owner_token = issue_token(c.database(), LOCAL_OWNER.role, LOCAL_OWNER.agent)
+        with contextlib.suppress(FileExistsError):  # a concurrent init wrote it first: theirs stands
+            write_private(ws.owner_token_path, (owner_token + "\n").encode("ascii"))
+    emit({"status": "ok", "workspace": str(ws.root), "database": c.database().url, "fcop_root": str(done.fcop_root),
+          "fcop_created": done.laid_out, "team": t.name, "leader": t.leader, "roles": t.roles,
+          "team_source": t.source})
+    where = "laid out" if done.laid_out else "found (left as it is)"
+    say(("workspace ready", "green"), f" at {ws.root}; FCoP folder {done.fcop_root} {where}")
+    stderr.print(f"team {t.name} from {t.source}: leader {t.leader}, roles {', '.join(t.roles)}")
+    if done.note:
+        say(("note:", "yellow"), f" {done.note}")
+
+
+@token_app.command("issue")
+def token_issue(ctx: typer.Context, role: str = typer.Argument(..., help="Role code, e.g. DEV."),
+                agent: str = typer.Option(None, "--agent", help="Agent name (default: the role in lower case)."),
+                task: str = typer.Option(None, "--task", help="Scope the credential to one task."),
+                round_: int = typer.Option(None, "--round", help="Scope the credential to one round of --task.")
+                ) -> None:
+    """Print a new credential (the token alone, one line)."""
+    if round_ is not None and task is None:
+        fail(Exit.USAGE, "--round needs --task")
+    c = get_ctx(ctx)
+    c.require_admin("issuing credentials")
+    token = issue_token(c.database(), role.upper(), agent, task_id=task, round=round_)
+    sys.stdout.write(token + "\n")
+
+
+@token_app.command("list")
+def token_list(ctx: typer.Context) -> None:
+    """Every credential as JSON (id, role, agent, scope, issued, revoked): never a secret."""
+    c = get_ctx(ctx)
+    c.require_admin("listing credentials")
+    rows = list_credentials(c.database())
+    emit(rows)
+    say(f"{len(rows)} credential(s), {sum(1 for r in rows if r['revoked_at'] is None)} live")
+
+
+@token_app.command("revoke")
+def token_revoke(ctx: typer.Context, ident: str = typer.Argument(
+        ..., metavar="ID", help="A credential id from `token list` (8+ hex digits), or the token itself.")) -> None:
+    """Revoke a credential: every later use of it is actor_unverified."""
+    c = get_ctx(ctx)
+    c.require_admin("revoking credentials")
+    db = c.database()
+    found = hashes_named(db, ident)
+    if not found:
+        reject("not_found", f"no credential {ident!r} (see `taskkernel token list`)")
+    if len(found) > 1:
+        fail(Exit.USAGE, f"{ident!r} names {len(found)} credentials; give more digits")
+    if c.used_token is not None and token_hash(c.used_token) == found[0]:
+        reject("own_credential", "that is the credential this command runs with; revoke it from another one")
+    revoked = revoke_hash(db, found[0], REVOKED_BY_OWNER)
+    emit({"status": "ok", "id": found[0][:CREDENTIAL_ID_LEN], "revoked": revoked})
+    say(("revoked", "green") if revoked else ("already revoked", "yellow"), f" {found[0][:CREDENTIAL_ID_LEN]}")
+
+
+def submit(ctx: typer.Context, source: str = typer.Argument("-", metavar="[FILE|-]",
+                                                            help="Command JSON file, or - for stdin.")) -> None:
+    """Submit one command (JSON) to the TaskCommandKernel."""
+    try:
+        text = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8-sig")
+        raw = json.loads(text)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        fail(Exit.DATAERR, f"cannot read a JSON command from {source}: {exc}")
+    c = get_ctx(ctx)
+    kernel = c.kernel()
+    command = raw if isinstance(raw, dict) else {"type": None, "payload": raw}
+    caller = c.try_principal()
+    if isinstance(caller, KernelError):  # the shape is still judged first: a malformed command says so
+        result = kernel.submit(command, None, external=True)
+        if result.reason == ReasonCode.ACTOR_UNVERIFIED.value:
+            result = result.model_copy(update={"reason": caller.reason.value, "message": caller.message})
+    else:
+        result = kernel.submit(command, caller, external=True)
+    emit(result.wire())
+    colour = {"accepted": "green", "replayed": "cyan", "rejected": "red"}[result.status]
+    say((result.status, colour), f" {result.reason or ''} {result.message}")
+    raise typer.Exit(int(Exit.REJECTED if result.status == "rejected" else Exit.OK))
+
+
+def _event_json(ev: RecordedEvent) -> dict[str, Any]:
+    return {"global_pos": ev.global_pos, "stream": ev.stream_id, "version": ev.stream_version, "type": ev.type,
+            "schema_version": ev.schema_version, "data": ev.data, "meta": ev.meta, "recorded_at": ev.recorded_at,
+            "hash": ev.hash}
+
+
+@task_app.command("show")
+def task_show(ctx: typer.Context, task_id: str) -> None:
+    """A task's current state, reports and history (JSON)."""
+    kernel = get_ctx(ctx).kernel()
+    doc = kernel.task(task_id)
+    if doc is None:
+        emit({"status": "error", "reason": "task_not_found", "message": f"{task_id} does not exist"})
+        raise typer.Exit(int(Exit.REJECTED))
+    history = [{"revision": ev.stream_version, "global_pos": ev.global_pos, "type": ev.type,
+                "by": ev.data.get("by"), "at": ev.recorded_at,
+                **{k: v for k, v in ev.data.items() if k in ("from", "round", "reason", "report_id", "status")}}
+               for ev in kernel.history(task_id)]
+    emit({**doc, "history": history})
+    say(f"{doc['task_id']} ", (doc["state"], "bold"), f" rev {doc['revision']} round {doc['round']}: {doc['subject']}")
+
+
+@task_app.command("list")
+def task_list(ctx: typer.Context, state: str = typer.Option(None, "--state", help="Only tasks in this state.")
+              ) -> None:
+    """Tasks as a JSON array (oldest first)."""
+    if state and state not in STATES:
+        fail(Exit.USAGE, f"--state {state!r} is not a task state; choose one of {', '.join(STATES)}")
+    q = sa.select(tasks_table.c.doc).order_by(tasks_table.c.last_pos)
+    if state:
+        q = q.where(tasks_table.c.state == state)
+    with get_ctx(ctx).database().read() as conn:
+        docs = [json.loads(r[0]) for r in conn.execute(q)]
+    keys = ("task_id", "state", "revision", "round", "sender", "recipient", "subject", "priority", "risk_level",
+            "parent", "root", "thread_key")
+    emit([{k: d[k] for k in keys} for d in docs])
+    table = Table("task", "state", "rev", "round", "route", "subject")
+    for d in docs:
+        table.add_row(d["task_id"], d["state"], str(d["revision"]), str(d["round"]),
+                      f"{d['sender']}→{d['recipient']}", d["subject"])
+    stderr.print(table)
+
+
+def log(ctx: typer.Context, stream: str = typer.Option(None, "--stream", help="Only this stream, e.g. task:ID."),
+        from_pos: int = typer.Option(1, "--from", min=1, max=2**53, help="First global position.")) -> None:
+    """Events as JSON lines, in global (commit) order."""
+    if stream and TASK_ID_RE.match(stream):  # a bare task id names its stream
+        stream = f"task:{stream}"
+    kernel = get_ctx(ctx).kernel()
+    store = kernel.store
+    with kernel.db.read() as conn:
+        events = store.read_stream(conn, stream) if stream else store.read_all(conn, from_pos)
+        for ev in events:
+            if ev.global_pos >= from_pos:
+                sys.stdout.write(json.dumps(_event_json(ev), ensure_ascii=False) + "\n")

@@ -1,0 +1,107 @@
+"""`taskkernel up`: run the coordinator over a workspace.
+
+A stage that failed is never reported as ok: `--once` exits 1 with ``"status": "degraded"`` and the
+failed stages; the long-running form keeps going and shows the failing stages in its live table
+(the coordinator logs each failure as a structured line either way).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from pathlib import Path
+
+import sqlalchemy as sa
+import typer
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from taskkernel.coordinator.cli.common import Exit, emit, fail, get_ctx, say, stderr
+from taskkernel.coordinator.fcop import FcopError
+from taskkernel.coordinator.loop import Coordinator, PassStats, StageFailure
+from taskkernel.coordinator.workspace import Workspace, WorkspaceNotFound
+from taskkernel.kernel.store.schema import tasks
+
+
+def up(ctx: typer.Context, workspace: Path = typer.Argument(None, help="Workspace root (default: search upwards)."),
+       once: bool = typer.Option(False, "--once", help="Process everything pending, then exit.")) -> None:
+    """Run the coordinator: folders, dispatcher, agents and automations."""
+    c = get_ctx(ctx)
+    if workspace is not None:
+        c.workspace_path = str(workspace)
+    try:
+        ws = Workspace.locate(c.workspace_path)
+    except WorkspaceNotFound as exc:
+        fail(Exit.USAGE, str(exc))
+    try:
+        coordinator = Coordinator(ws, c.database(), settle_s=0.0 if once else 1.0, grace_s=0.0 if once else 5.0)
+    except FcopError as exc:  # e.g. unsupported_workspace_generation (G4), mixed or ambiguous roots
+        fail(Exit.REJECTED, f"{exc.reason.value}: {exc}", reason=exc.reason.value)
+    except ValueError as exc:  # a bad [roles.X] table
+        fail(Exit.USAGE, str(exc))
+    if once:
+        passes = coordinator.run_once()
+        done = {"passes": len(passes), "dispatched": sum(p.dispatched for p in passes),
+                "wakes": sum(p.wakes for p in passes), "runs": sum(p.runs for p in passes)}
+        failed = _failed_stages([f for p in passes for f in p.failed])
+        if failed:
+            emit({"status": "degraded", "failed_stages": failed, **done})
+            say(("degraded", "red"), f": {len(failed)} stage failure(s); processed: {done}")
+            raise typer.Exit(int(Exit.INTERNAL))
+        emit({"status": "ok", **done})
+        stderr.print(f"processed: {done}")
+        return
+    stop = asyncio.Event()
+    totals: dict[str, int] = {"passes": 0}
+
+    def count(stats: PassStats) -> None:
+        totals["passes"] += 1
+        for name, value in {"dispatched": stats.dispatched, "wakes": stats.wakes, "runs": stats.runs,
+                            **stats.extra}.items():
+            totals[name] = totals.get(name, 0) + value
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        say(("coordinator up", "green"), f" for {ws.root} (Ctrl-C to stop)")
+        if not sys.stderr.isatty():
+            await coordinator.run(stop, on_pass=count)
+            return
+        with Live(_status(coordinator, totals), console=stderr, refresh_per_second=2) as live:
+            def show(stats: PassStats) -> None:
+                count(stats)
+                live.update(_status(coordinator, totals))
+
+            await coordinator.run(stop, on_pass=show)
+
+    asyncio.run(main())
+    emit({"status": "stopped", **totals})
+
+
+def _failed_stages(failures: list[StageFailure]) -> list[dict[str, object]]:
+    """One entry per distinct failure, in first-seen order, with the number of passes it happened in."""
+    counts: dict[StageFailure, int] = {}
+    for f in failures:
+        counts[f] = counts.get(f, 0) + 1
+    return [{"stage": f.stage, "error": f.error, "message": f.message, "passes": n} for f, n in counts.items()]
+
+
+def _status(coordinator: Coordinator, totals: dict[str, int]) -> Table:
+    """The live view: tasks per state, what the coordinator has done since it started, failing stages."""
+    with coordinator.db.read() as conn:
+        states: dict[str, int] = {row[0]: row[1] for row in conn.execute(
+            sa.select(tasks.c.state, sa.func.count()).group_by(tasks.c.state))}
+    table = Table(title=f"taskkernel up: {coordinator.workspace.root}", show_header=True)
+    for state in ("inbox", "active", "review", "done", "archive"):
+        table.add_column(state, justify="right")
+    table.add_row(*(str(states.get(s, 0)) for s in ("inbox", "active", "review", "done", "archive")))
+    table.caption = " · ".join(f"{k} {v}" for k, v in totals.items())
+    if coordinator.failing:
+        table.title = Text.assemble(f"taskkernel up: {coordinator.workspace.root} ", ("(degraded)", "bold red"))
+        table.caption = Text("\n").join([Text(table.caption), *(
+            Text.assemble(("failing", "red"), f" {f.stage}: {f.error}: {f.message}")
+            for f in coordinator.failing.values())])
+    return table

@@ -1,0 +1,54 @@
+"""The composition root: the kernel exactly as every process of a workspace builds it (the
+coordinator, every CLI command, the demo, tests) — same roles, same guards, same effect rules."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from taskkernel.coordinator.fcop import EnvelopeKind, FcopError, open_workspace
+from taskkernel.coordinator.fcop.numbering import sequences_in_use
+from taskkernel.coordinator.folders.projection import PROJECT_RULE
+from taskkernel.coordinator.runners.dispatcher import WAKE_RULE
+from taskkernel.coordinator.runners.tools import PERFORM_RULE
+from taskkernel.coordinator.workspace import Workspace
+from taskkernel.kernel.commands import EffectRule, TaskCommandKernel
+from taskkernel.kernel.model.upcasters import task_upcasters
+from taskkernel.kernel.permissions import HumanGrantGuard
+from taskkernel.kernel.protected import DEFAULT_PROTECTED, GateGuard
+from taskkernel.kernel.sessionlog import SessionLog
+from taskkernel.kernel.store.db import Database
+from taskkernel.kernel.store.events import EventStore
+from taskkernel.kernel.store.schema import metadata
+from taskkernel.roles.registry import RoleRegistry
+
+STANDARD_EFFECTS: tuple[EffectRule, ...] = (WAKE_RULE, PERFORM_RULE, PROJECT_RULE)
+
+
+def build_kernel(db: Database, workspace: Workspace | None) -> TaskCommandKernel:
+    """The kernel as every process of a workspace must build it (same roles, same effect rules)."""
+    team = workspace.team() if workspace else None
+    roles = RoleRegistry.for_team(team.leader, team.roles) if team else RoleRegistry.for_team(
+        "PM", ["PM", "DEV", "QA", "OPS"])
+    db.create_schema(metadata)
+    log = SessionLog(db, workspace.grant_sessions) if workspace else SessionLog(db)
+    store = EventStore(task_upcasters())
+    gate_cfg = (workspace.config.get("gate", {}) if workspace else {})
+    gate = GateGuard(log, store, default_session=gate_cfg.get("session", "admin"),
+                     protected_by_risk={**DEFAULT_PROTECTED, **gate_cfg.get("protected", {})},
+                     protected_by_role=gate_cfg.get("roles", {}))
+    folders = workspace is not None and workspace.config.get("folders", {}).get("enabled", True)
+    return TaskCommandKernel(db, roles, effect_rules=STANDARD_EFFECTS, store=store,
+                             guards=[HumanGrantGuard(log), gate],
+                             numbers_in_use=_task_numbers_on_disk(workspace.root) if folders and workspace else None)
+
+
+def _task_numbers_on_disk(root: Path) -> Callable[[str], set[int]]:
+    """The day's TASK numbers present as files in the workspace's FCoP folders, any stage, any state."""
+    def numbers(day: str) -> set[int]:
+        try:
+            fcop = open_workspace(root, allow_mixed=True)
+        except FcopError:  # no readable workspace (G4, ambiguous): nothing on disk the kernel would write into
+            return set()
+        return sequences_in_use(fcop, EnvelopeKind.TASK, day)
+    return numbers

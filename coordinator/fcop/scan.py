@@ -1,0 +1,282 @@
+"""Incremental listing of a workspace's envelopes, with a "settled" check against half-written files.
+
+Each scan lists every folder an envelope can live in and parses only files
+whose (size, mtime_ns, inode) changed since the previous scan. A file is
+handed out once it has *settled*:
+
+* it looks the same (same key and same bytes) on two looks at least
+  ``settle_s`` apart (``grace_s`` for a file that does not parse, since a
+  writer may still be busy with it), or
+* its mtime is already that old when first seen: it was written earlier and
+  arrived by rename (our own moves and ``mv`` keep the mtime).
+
+Dotfiles and ``*.tmp`` are ignored (writers in flight); files that vanish
+between listing and reading are simply gone; a name without an envelope
+prefix is a "ghost": reported once with a warning and left alone. The kernel's own reason notes
+(``_reason.<name>.txt``, see :func:`taskkernel.coordinator.fcop.filenames.reason_note_name`) are not envelopes and are
+skipped silently; a note whose file is no longer beside it is listed in ``ScanBatch.stale_notes`` for
+ingest to remove. Symlinks
+are never followed: folders are listed through ``safeio``'s checked descriptors, a symlinked
+folder (or a link that is not an envelope name) is reported once (``symlink_refused``) and
+skipped, and an envelope-named link is refused like a bad file. ``settle_s=0, grace_s=0`` hands out everything at once
+(for ``--once`` runs over a quiescent folder).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+from taskkernel.coordinator.fcop.detect import LIFECYCLE_DIR, FcopWorkspace
+from taskkernel.coordinator.fcop.errors import FcopError, FcopReason, FcopWarning
+from taskkernel.coordinator.fcop.filenames import EnvelopeKind, envelope_prefix, is_reason_note, reason_note_name
+from taskkernel.coordinator.fcop.models import EnvelopeModel
+from taskkernel.coordinator.fcop.parse import DEFAULT_MAX_BYTES, parse_envelope
+from taskkernel.coordinator.fcop.safeio import list_dir, read_bytes, report, sha256_hex
+from taskkernel.kernel.logging import get_logger
+
+log = get_logger("taskkernel.coordinator.fcop.scan")
+_MAX_DEPTH = 4
+_AREA_KINDS: dict[str, frozenset[EnvelopeKind]] = {
+    LIFECYCLE_DIR: frozenset({EnvelopeKind.TASK}),
+    "tasks": frozenset({EnvelopeKind.TASK}),
+    "reports": frozenset({EnvelopeKind.REPORT}),
+    "issues": frozenset({EnvelopeKind.ISSUE}),
+    "reviews": frozenset({EnvelopeKind.REVIEW}),
+    "history": frozenset({EnvelopeKind.TASK, EnvelopeKind.REPORT}),
+    "log/tasks": frozenset({EnvelopeKind.TASK}),
+    "log/reports": frozenset({EnvelopeKind.REPORT}),
+    "log/issues": frozenset({EnvelopeKind.ISSUE}),
+    "log/reviews": frozenset({EnvelopeKind.REVIEW}),
+}
+
+_ARCHIVE_EXTRA = frozenset({EnvelopeKind.REPORT})  # see FcopWorkspace.envelope_dirs
+
+
+class EntryStatus(StrEnum):
+    READY = "ready"       # settled and parsed
+    INVALID = "invalid"   # settled and refused (quarantine it if it sits where agents write)
+    PENDING = "pending"   # not settled yet
+    GHOST = "ghost"       # not an envelope name: skipped
+
+
+@dataclass(frozen=True)
+class ScanEntry:
+    path: Path
+    rel: str              # POSIX path relative to the workspace root
+    area: str             # "_lifecycle", "tasks", "reports", "issues", "reviews", "history", "log/<kind>s"
+    stage: str | None     # the lifecycle stage for files under _lifecycle/ (Rule A: the path is the state)
+    size: int
+    mtime_ns: int
+    status: EntryStatus
+    envelope: EnvelopeModel | None = None
+    error: FcopError | None = None
+    sha256: str | None = None  # of the bytes read (None when nothing could be read)
+
+
+@dataclass
+class ScanBatch:
+    ready: list[ScanEntry] = field(default_factory=list)
+    invalid: list[ScanEntry] = field(default_factory=list)
+    pending: list[ScanEntry] = field(default_factory=list)
+    ghosts: list[ScanEntry] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    stale_notes: list[Path] = field(default_factory=list)  # reason notes whose file is gone from beside them
+
+
+@dataclass
+class _Seen:
+    key: StatKey
+    first_seen: float
+    sha256: str | None
+    ok: bool
+    done: bool
+
+
+StatKey = tuple[int, int, int, int]  # size, mtime_ns, inode, ctime_ns
+
+
+def _area(rel_parts: tuple[str, ...]) -> tuple[str, str | None]:
+    head = rel_parts[0]
+    if head == LIFECYCLE_DIR:
+        return head, rel_parts[1] if len(rel_parts) > 2 else None
+    if head == "log" and len(rel_parts) > 2:
+        return f"log/{rel_parts[1]}", None
+    return head, None
+
+
+class Scanner:
+    """Stateful scanner of one workspace; call :meth:`scan` repeatedly (after watch events and periodically)."""
+
+    def __init__(self, ws: FcopWorkspace, *, settle_s: float = 1.0, grace_s: float = 5.0,
+                 max_bytes: int = DEFAULT_MAX_BYTES, clock: Callable[[], float] = time.time,
+                 legacy_encoding: bool = False) -> None:
+        self.ws = ws
+        self.settle_s = settle_s
+        self.grace_s = grace_s
+        self.max_bytes = max_bytes
+        self.clock = clock
+        self.legacy_encoding = legacy_encoding  # the import reads GBK history; live input must be UTF-8
+        self._seen: dict[str, _Seen] = {}
+        self._ghosts: set[str] = set()
+        self._refused: set[str] = set()
+
+    def absorb(self, other: Scanner) -> None:
+        """Take over what ``other`` handed out (the import's full scan), so those files are not read again."""
+        self._seen.update({rel: seen for rel, seen in other._seen.items() if seen.done})
+
+    def settled(self, older_than: float) -> dict[str, tuple[StatKey, str]]:
+        """Files handed out (and not forgotten since), last changed before ``older_than`` (a clock time): what
+        a later process may trust without reading them again, as rel -> (stat key, sha256)."""
+        limit = int(older_than * 1e9)
+        return {rel: (s.key, s.sha256) for rel, s in self._seen.items()
+                if s.done and s.sha256 and s.key[1] < limit and s.key[3] < limit}
+
+    def trust(self, known: dict[str, tuple[StatKey, str]]) -> None:
+        """Files an earlier process handled: one whose stat key is unchanged is not read again (a changed one
+        is looked at afresh)."""
+        now = self.clock()
+        for rel, (key, sha) in known.items():
+            self._seen.setdefault(rel, _Seen(key=key, first_seen=now, sha256=sha, ok=True, done=True))
+
+    def known(self) -> set[str]:
+        return set(self._seen)
+
+    def forget(self, rel: str) -> None:
+        """Drop what is known about ``rel`` so the next scan looks at it afresh."""
+        self._seen.pop(rel, None)
+
+    def _roots(self) -> list[Path]:
+        roots = {d for kind in EnvelopeKind for d in self.ws.envelope_dirs(kind)}
+        return sorted(roots)
+
+    def _walk(self, directory: Path, depth: int, out: list[tuple[Path, os.stat_result]], refused: set[str],
+              stale: list[Path]) -> None:
+        try:
+            entries = list_dir(directory)
+        except FileNotFoundError:
+            return
+        except FcopError as exc:  # a symlinked folder (or an unreadable one): never followed
+            self._refuse(exc, refused)
+            return
+        wanted = {reason_note_name(name) for name, _ in entries if not is_reason_note(name)}
+        for name, st in entries:
+            if name.startswith(".") or name.endswith(".tmp"):
+                continue
+            path = directory / name
+            if stat.S_ISDIR(st.st_mode):
+                if depth < _MAX_DEPTH:
+                    self._walk(path, depth + 1, out, refused, stale)
+            elif stat.S_ISLNK(st.st_mode) and envelope_prefix(name) is None:
+                self._refuse(FcopError(FcopReason.SYMLINK_REFUSED, f"{path} is a symbolic link: never followed",
+                                       path), refused)
+            elif is_reason_note(name):
+                if stat.S_ISREG(st.st_mode) and name not in wanted:
+                    stale.append(path)
+            else:
+                out.append((path, st))
+
+    def _refuse(self, exc: FcopError, refused: set[str]) -> None:
+        """Report a refused folder or link once while it stays; the scan goes on without it."""
+        where = os.path.relpath(exc.path or self.ws.root, self.ws.root)
+        refused.add(where)
+        if where not in self._refused:
+            self._refused.add(where)
+            report(exc, "scan")
+
+    def scan(self) -> ScanBatch:
+        batch = ScanBatch()
+        found: list[tuple[Path, os.stat_result]] = []
+        refused: set[str] = set()
+        for root in self._roots():
+            self._walk(root, 0, found, refused, batch.stale_notes)
+        self._refused &= refused
+        present: set[str] = set()
+        for path, st in sorted(found, key=lambda f: str(f[0])):
+            rel = self.ws.relative(path)
+            present.add(rel)
+            self._visit(path, rel, st, batch)
+        for rel in [r for r in self._seen if r not in present]:
+            del self._seen[rel]
+            batch.removed.append(rel)
+        self._ghosts &= present
+        return batch
+
+    def _visit(self, path: Path, rel: str, st: os.stat_result, batch: ScanBatch) -> None:
+        parts = tuple(rel.split("/"))
+        area, stage = _area(parts)
+        kind = envelope_prefix(path.name)
+
+        def entry(status: EntryStatus, env: EnvelopeModel | None = None, err: FcopError | None = None,
+                  sha: str | None = None) -> ScanEntry:
+            return ScanEntry(path=path, rel=rel, area=area, stage=stage, size=st.st_size, mtime_ns=st.st_mtime_ns,
+                             status=status, envelope=env, error=err, sha256=sha)
+
+        if kind is None:
+            if rel not in self._ghosts:
+                self._ghosts.add(rel)
+                log.warning("fcop.ghost_file", path=rel, warning=FcopWarning.GHOST_FILE.value)
+                batch.ghosts.append(entry(EntryStatus.GHOST))
+            return
+        key = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)  # ctime: a write cannot set it back
+        prev = self._seen.get(rel)
+        if prev is not None and prev.key == key and prev.done:
+            return
+        now = self.clock()
+        if prev is None or prev.key != key:
+            env, err, sha = self._look(path, st, area, stage, kind)
+            if err is not None and err.reason is FcopReason.SOURCE_MISSING:
+                return
+            immediate = err is not None and err.reason in (FcopReason.SYMLINK_REFUSED, FcopReason.NOT_REGULAR_FILE,
+                                                           FcopReason.BAD_FILENAME, FcopReason.MISPLACED_FILE,
+                                                           FcopReason.INVALID_TASK_ID)
+            age = now - st.st_mtime_ns / 1e9
+            settled = immediate or age >= (self.settle_s if err is None else self.grace_s)
+            prev = _Seen(key=key, first_seen=now, sha256=sha, ok=err is None, done=False)
+            self._seen[rel] = prev
+        else:
+            if now - prev.first_seen < (self.settle_s if prev.ok else self.grace_s):
+                batch.pending.append(entry(EntryStatus.PENDING))
+                return
+            env, err, sha = self._look(path, st, area, stage, kind)
+            if err is not None and err.reason is FcopReason.SOURCE_MISSING:
+                return
+            settled = sha == prev.sha256 and (err is None) == prev.ok
+            if not settled:
+                self._seen[rel] = _Seen(key=key, first_seen=now, sha256=sha, ok=err is None, done=False)
+        if not settled:
+            batch.pending.append(entry(EntryStatus.PENDING))
+            return
+        self._seen[rel].done = True
+        if err is None:
+            batch.ready.append(entry(EntryStatus.READY, env, sha=sha))
+        else:
+            batch.invalid.append(entry(EntryStatus.INVALID, err=err, sha=sha))
+
+    def _look(self, path: Path, st: os.stat_result, area: str, stage: str | None,
+              kind: EnvelopeKind) -> tuple[EnvelopeModel | None, FcopError | None, str | None]:
+        """Read and parse once: (envelope, error, sha256 of the bytes read); ``st`` is this scan's lstat."""
+        if stat.S_ISLNK(st.st_mode):
+            return None, FcopError(FcopReason.SYMLINK_REFUSED, "symbolic links are never followed", path), None
+        allowed = _AREA_KINDS.get(area, frozenset()) | (_ARCHIVE_EXTRA if stage == "archive" else frozenset())
+        if kind not in allowed:
+            return None, FcopError(FcopReason.MISPLACED_FILE, f"a {kind.value} file does not belong in {area}/",
+                                   path), None
+        try:
+            data, _ = read_bytes(path, self.max_bytes)
+        except FileNotFoundError:
+            return None, FcopError(FcopReason.SOURCE_MISSING, "vanished", path), None
+        except FcopError as exc:
+            return None, exc, None
+        sha = sha256_hex(data)
+        try:
+            return (parse_envelope(path.name, data, max_bytes=self.max_bytes, legacy_encoding=self.legacy_encoding),
+                    None, sha)
+        except FcopError as exc:
+            exc.path = path
+            return None, exc, sha

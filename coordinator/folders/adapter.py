@@ -1,0 +1,50 @@
+"""The folder adapter as the coordinator drives it: ingest, project, refresh the ledger."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from taskkernel.coordinator.fcop import Scanner, open_workspace
+from taskkernel.coordinator.folders.importer import Importer, ImportReport
+from taskkernel.coordinator.folders.ingest import Ingest, IngestIncomplete, IngestStats
+from taskkernel.coordinator.folders.projection import PROJECT_EFFECT, Projection
+from taskkernel.coordinator.folders.tracking import FileTracker
+from taskkernel.coordinator.workspace import STATE_DIR
+from taskkernel.kernel.commands import TaskCommandKernel
+from taskkernel.kernel.outbox import OutboxRelay
+
+
+class FolderAdapter:
+    def __init__(self, kernel: TaskCommandKernel, workspace_root: Path, *, settle_s: float = 1.0,
+                 grace_s: float = 5.0, submit_on_done_report: bool = True) -> None:
+        # Raises FcopError(unsupported_workspace_generation) for a G4 workspace: we read G2/G3, write G3.
+        self.fcop = open_workspace(workspace_root, allow_mixed=True, create=True)
+        self.tracker = FileTracker(kernel.db)
+        self.scanner = Scanner(self.fcop, settle_s=settle_s, grace_s=grace_s)
+        self.ingest = Ingest(kernel, self.fcop, self.tracker, self.scanner,
+                             submit_on_done_report=submit_on_done_report)
+        self.projection = Projection(kernel, self.fcop, self.tracker)
+        self.relay = OutboxRelay(kernel.db, {PROJECT_EFFECT: self.projection})
+        self.importer = Importer.for_workspace(kernel, self.fcop, self.tracker, workspace_root, STATE_DIR)
+        self.last_import: ImportReport | None = None
+        self.last_ingest = IngestStats()
+
+    def ingest_pass(self) -> int:
+        """Files taken in (the first pass imports the workspace's history first); raises IngestIncomplete
+        (after the whole pass) if any file failed."""
+        imported = 0
+        if self.last_import is None and not self.importer.imported():
+            self.last_import = self.importer.run(live=self.scanner)
+            imported = sum(self.last_import.tasks.values()) + sum(self.last_import.records.values())
+        self.last_ingest = self.ingest.run()
+        if self.last_ingest.failed:
+            raise IngestIncomplete(self.last_ingest)
+        return self.last_ingest.progress + imported
+
+    def project_pass(self) -> int:
+        return self.relay.run_pending()
+
+    def ledger_pass(self) -> int:
+        """Ledger rewrites are bookkeeping, not progress: they must not keep `--once` looping."""
+        self.projection.refresh_ledger()
+        return 0

@@ -1,0 +1,122 @@
+"""What the adapter knows about each file: the version it last ingested or wrote, and for which task.
+
+A file whose (path, sha256) matches its record is old news, so rescans and restarts never turn
+the same bytes into a second command, and the projection's own writes are not read back as
+requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import PurePosixPath
+
+import sqlalchemy as sa
+
+from taskkernel.coordinator.fcop.scan import StatKey
+from taskkernel.kernel.canonical import utc_now_iso
+from taskkernel.kernel.store.db import Database
+
+folders_metadata = sa.MetaData()
+
+
+class Origin(StrEnum):
+    PROJECTED = "projected"  # the kernel wrote or moved it
+    INGESTED = "ingested"  # an agent or person wrote it and the kernel took it in
+    REFUSED = "refused"  # read, but its command was rejected (a reason file sits beside it)
+    QUARANTINED = "quarantined"
+    KEPT = "kept"  # malformed, but history: found by the import and left where it was (never quarantined)
+
+
+folder_files = sa.Table(
+    "folder_files",
+    folders_metadata,
+    sa.Column("rel", sa.Text, primary_key=True),
+    sa.Column("sha256", sa.Text, nullable=False),
+    sa.Column("task_id", sa.Text),
+    sa.Column("origin", sa.Text, nullable=False),
+    sa.Column("note", sa.Text),
+    sa.Column("updated_at", sa.Text, nullable=False),
+    sa.Index("ix_folder_files_task", "task_id"),
+)
+
+
+# What the live scanner had handled when a process stopped: a file whose stat is unchanged is not read again.
+folder_stats = sa.Table(
+    "folder_stats",
+    folders_metadata,
+    sa.Column("rel", sa.Text, primary_key=True),
+    sa.Column("stat", sa.Text, nullable=False),  # "size:mtime_ns:inode:ctime_ns"
+    sa.Column("sha256", sa.Text, nullable=False),
+)
+
+
+@dataclass(frozen=True)
+class Tracked:
+    rel: str
+    sha256: str
+    task_id: str | None
+    origin: Origin
+
+
+class FileTracker:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        db.create_schema(folders_metadata)
+
+    def get(self, rel: str) -> Tracked | None:
+        with self.db.read() as conn:
+            row = conn.execute(sa.select(folder_files).where(folder_files.c.rel == rel)).first()
+        return Tracked(row.rel, row.sha256, row.task_id, Origin(row.origin)) if row else None
+
+    def task_file(self, task_id: str) -> str | None:
+        """The TASK file the kernel last placed (or took in) for ``task_id`` (matched by file name: reports
+        and reviews about the task are tracked under its id too)."""
+        with self.db.read() as conn:
+            rels = conn.execute(sa.select(folder_files.c.rel).where(
+                folder_files.c.task_id == task_id,
+                folder_files.c.origin.in_([Origin.PROJECTED.value, Origin.INGESTED.value])
+            ).order_by(folder_files.c.updated_at.desc())).scalars().all()
+        return next((rel for rel in rels if PurePosixPath(rel).name.startswith(f"{task_id}-")), None)
+
+    def stats(self) -> dict[str, tuple[StatKey, str]]:
+        with self.db.read() as conn:
+            rows = conn.execute(sa.select(folder_stats.c.rel, folder_stats.c.stat, folder_stats.c.sha256)).all()
+        return {rel: (_key(stat), sha) for rel, stat, sha in rows}
+
+    def save_stats(self, changed: dict[str, tuple[StatKey, str]], removed: set[str]) -> None:
+        """One transaction per pass, and only for what changed since the last one."""
+        if not changed and not removed:
+            return
+        gone = [*removed, *changed]
+        with self.db.write() as uow:
+            for start in range(0, len(gone), 500):
+                uow.conn.execute(folder_stats.delete().where(folder_stats.c.rel.in_(gone[start:start + 500])))
+            if changed:
+                uow.conn.execute(folder_stats.insert(), [{"rel": rel, "stat": ":".join(map(str, key)), "sha256": sha}
+                                                         for rel, (key, sha) in changed.items()])
+
+    def record_many(self, rows: list[tuple[str, str, str | None, Origin, str | None]]) -> None:
+        """(rel, sha256, task_id, origin, note) rows in one transaction: an import records thousands."""
+        if not rows:
+            return
+        now = utc_now_iso()
+        with self.db.write() as uow:
+            uow.conn.execute(folder_files.delete().where(folder_files.c.rel.in_([r[0] for r in rows])))
+            uow.conn.execute(folder_files.insert(), [
+                {"rel": rel, "sha256": sha, "task_id": task_id, "origin": origin.value, "note": note,
+                 "updated_at": now} for rel, sha, task_id, origin, note in rows])
+
+    def record(self, rel: str, sha256: str, task_id: str | None, origin: Origin, note: str | None = None,
+               *, moved_from: str | None = None) -> None:
+        with self.db.write() as uow:
+            if moved_from is not None:
+                uow.conn.execute(folder_files.delete().where(folder_files.c.rel == moved_from))
+            uow.conn.execute(folder_files.delete().where(folder_files.c.rel == rel))
+            uow.conn.execute(folder_files.insert().values(rel=rel, sha256=sha256, task_id=task_id,
+                                                          origin=origin.value, note=note, updated_at=utc_now_iso()))
+
+
+def _key(text: str) -> StatKey:
+    size, mtime, ino, ctime = (int(x) for x in text.split(":"))
+    return size, mtime, ino, ctime

@@ -1,0 +1,248 @@
+"""Run an agent as an external command (codex, claude, any script) with a timeout and captured logs.
+
+The agent gets least privilege: an allowlisted environment (never the database URL or the
+coordinator's secrets), optionally another OS user, and a parent-death signal so it does not
+outlive a crashed coordinator where the OS allows. The guarantee against a surviving agent is the
+run ledger: a takeover terminates the recorded process group (`terminate_group`) before re-running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from taskkernel.coordinator.runners.config import RunnerSpec, os_user
+from taskkernel.kernel.private import private_dir
+
+USAGE_KEYS = ("tokens_in", "tokens_out", "cost_usd")
+USAGE_LIMIT = 1e12  # anything larger (or negative, NaN, infinite) is not a usage figure
+BASE_ENV = ("PATH", "HOME", "LANG", "TERM", "TZ", "TMPDIR", "USER", "LOGNAME")  # plus every LC_*
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass
+class Outcome:
+    ok: bool
+    exit_code: int | None
+    wall_ms: int
+    error: str | None = None
+    usage: dict[str, Any] = field(default_factory=dict)
+    summary: str = ""
+    fenced: bool = False  # our lease was lost while the agent ran: the run is someone else's now
+
+
+@dataclass(frozen=True)
+class Supervision:
+    """The dispatcher's hooks into a command run: record the agent once it exists, renew the lease
+    while it runs. Either answering False means the run was taken over, and the agent is stopped."""
+
+    on_start: Callable[[int, int | None], bool]  # (process group, start time)
+    heartbeat: Callable[[], bool]
+    every_s: float
+
+
+def agent_env(spec: RunnerSpec, run_vars: dict[str, str], source: dict[str, str] | None = None) -> dict[str, str]:
+    """The allowlist, then the agent's own identity (run_as), the owner's `pass_env` and `env`, then the
+    run's TASKKERNEL_* variables. Nothing else of the coordinator's environment reaches the agent."""
+    source = dict(os.environ) if source is None else source
+    env = {k: v for k, v in source.items() if k in BASE_ENV or k.startswith("LC_")}
+    if spec.run_as is not None:
+        user = os_user(spec.run_as)
+        env.update(HOME=user.pw_dir, USER=user.pw_name, LOGNAME=user.pw_name)
+    env.update({k: source[k] for k in spec.pass_env if k in source})
+    return {**env, **spec.env, **run_vars}
+
+
+def host_identity() -> str:
+    """Host name and boot id: a recorded pid is only meaningful on the same machine in the same boot."""
+    boot = ""
+    with contextlib.suppress(OSError):
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    return f"{socket.gethostname()}/{boot}"
+
+
+def parse_usage(stdout: str) -> dict[str, Any]:
+    """The last stdout line that is a JSON object with token/cost fields (top level or under "usage")."""
+    for line in reversed(stdout.strip().splitlines()[-50:]):
+        line = line.strip()
+        if not (line.startswith("{") and line.endswith("}")):
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        found = obj.get("usage") if isinstance(obj.get("usage"), dict) else obj
+        picked = {k: found[k] for k in USAGE_KEYS if _plausible(found.get(k))}
+        if picked:
+            return picked
+    return {}
+
+
+def run_command(spec: RunnerSpec, placeholders: dict[str, str], env: dict[str, str], workspace: Path,
+                log_dir: Path, supervision: Supervision | None = None) -> Outcome:
+    """Run the agent in its own session (one process group to signal); ``env`` is already the whole
+    environment (see `agent_env`). While the coordinator lives, the agent never outlives this call."""
+    argv = [part.format(**placeholders) for part in spec.argv]
+    cwd = (workspace / spec.cwd) if spec.cwd else workspace
+    private_dir(log_dir)  # agents' output may echo secrets: readable by the workspace owner only
+    started = time.monotonic()
+    try:
+        with open(log_dir / "stdout.log", "w+", encoding="utf-8", errors="replace", opener=_private) as out, \
+                open(log_dir / "stderr.log", "w", encoding="utf-8", opener=_private) as err:
+            proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                    start_new_session=True, preexec_fn=_die_with_parent(os.getpid()),
+                                    **_identity(spec))
+            try:
+                code = _supervise(proc, spec.timeout, supervision)
+            except _Stopped as stop:
+                return Outcome(False, None, _ms(started), stop.error, fenced=stop.fenced)
+            finally:
+                if proc.poll() is None:  # timeout, lost lease, or an error while supervising
+                    _kill_group(proc.pid)
+                    proc.wait()
+            out.seek(0)
+            stdout = out.read()
+    except (OSError, ValueError, KeyError, IndexError, subprocess.SubprocessError) as exc:
+        return Outcome(False, None, _ms(started), f"runner unavailable: {exc}")  # binary, cwd, placeholder, user
+    usage = parse_usage(stdout)
+    if code != 0:
+        return Outcome(False, code, _ms(started), f"exit code {code}", usage)
+    return Outcome(True, 0, _ms(started), None, usage, stdout.strip().splitlines()[-1][:200] if stdout.strip() else "")
+
+
+class _Stopped(Exception):
+    def __init__(self, error: str, fenced: bool = False) -> None:
+        super().__init__(error)
+        self.error, self.fenced = error, fenced
+
+
+def _supervise(proc: subprocess.Popen[bytes], timeout: float, supervision: Supervision | None) -> int:
+    """The agent's exit code. With supervision, the agent is recorded and the lease renewed meanwhile."""
+    lost = _Stopped("lease lost: the run was taken over", fenced=True)
+    if supervision is not None and not supervision.on_start(proc.pid, process_start(proc.pid)):
+        raise lost
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            return proc.wait(timeout=min(left, supervision.every_s) if supervision else left)
+        except subprocess.TimeoutExpired:
+            if supervision is not None and not supervision.heartbeat():
+                raise lost from None
+    raise _Stopped(f"timeout after {timeout:g}s")
+
+
+def _identity(spec: RunnerSpec) -> dict[str, Any]:
+    """Popen arguments that start the agent as `run_as` (with that user's groups, none of ours)."""
+    if spec.run_as is None:
+        return {}
+    user = os_user(spec.run_as)
+    if user.pw_uid == os.geteuid():
+        return {}
+    return {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": os.getgrouplist(user.pw_name, user.pw_gid)}
+
+
+def _die_with_parent(parent: int) -> Callable[[], None] | None:
+    """A preexec hook asking Linux to SIGKILL the agent when the thread that started it dies. It runs
+    after the switch to `run_as` (a credential change clears the setting). Defence in depth only: the
+    agent's own children do not inherit it, so the ledger's takeover remains the guarantee."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = _prctl()  # resolved before the fork: the child only calls it
+
+    def hook() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the coordinator died before the request took effect
+            os.kill(os.getpid(), signal.SIGKILL)
+    return hook
+
+
+@functools.cache
+def _prctl() -> Any:
+    return ctypes.CDLL(None, use_errno=True).prctl
+
+
+def process_start(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot (/proc/<pid>/stat field 22); None if unknown."""
+    stat = _stat(pid)
+    return stat[1] if stat else None
+
+
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, start time, process group) of a live process from /proc, or None."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except (OSError, ValueError):
+        return None
+    fields = raw[raw.rindex(")") + 2:].split()  # the name may hold spaces and parentheses
+    return fields[0], int(fields[19]), int(fields[2])
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of the group still runs (zombies waiting for a reaper count as gone)."""
+    if not Path("/proc").is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            stat = _stat(int(entry.name))
+            if stat and stat[2] == pgid and stat[0] != "Z":
+                return True
+    return False
+
+
+def terminate_group(pgid: int, start: int | None, grace_s: float) -> str:
+    """Stop an orphaned agent's process group: SIGTERM, ``grace_s`` to exit, then SIGKILL.
+
+    Its leader is identified by pid and start time, so a recycled pid is never signalled. A leaderless
+    group (the leader died, helpers live on) is still ours: a pid is not reused while a group of that
+    id exists. Returns what happened: unverifiable, recycled, gone, terminated or killed."""
+    if start is None:  # recorded without /proc: nothing tells our agent from a stranger
+        return "unverifiable"
+    leader = _stat(pgid)
+    if leader is not None and leader[1] != start:
+        return "recycled"
+    if not group_alive(pgid):
+        return "gone"
+    for sig, wait_s, result in ((signal.SIGTERM, grace_s, "terminated"), (signal.SIGKILL, 5.0, "killed")):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, sig)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if not group_alive(pgid):
+                return result
+            time.sleep(0.05)
+    raise OSError(f"process group {pgid} survived SIGKILL")
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)  # the whole group: agents spawn helpers
+
+
+def _private(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW, 0o600)
+
+
+def _plausible(value: Any) -> bool:
+    return (isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+            and 0 <= value <= USAGE_LIMIT)
+
+
+def _ms(started: float) -> int:
+    return int((time.monotonic() - started) * 1000)

@@ -1,0 +1,275 @@
+"""Dispatch: claim inbox tasks for roles that have a runner, wake agents, run them under leases.
+
+Dispatch is a claim submitted through the kernel on the agent's behalf (the agent is recorded
+as `by`); the claim's outbox row, written in the same transaction, becomes a run in the run
+ledger. Runs are retried with exponential backoff up to the role's bound; after that the task
+gets a `blocked` report with the reason: never a silent infinite retry.
+
+A run happens once even across coordinator crashes: whoever takes over an expired lease first
+revokes the previous holder's token (`stale_lease`) and terminates its agent, and only then runs.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from taskkernel.coordinator.runners.agent import AgentContext
+from taskkernel.coordinator.runners.command import (
+    Outcome,
+    Supervision,
+    agent_env,
+    host_identity,
+    run_command,
+    terminate_group,
+)
+from taskkernel.coordinator.runners.config import RunnerKind, RunnerSpec
+from taskkernel.coordinator.runners.ledger import ClaimedRun, Orphan, Purpose, RunLedger
+from taskkernel.coordinator.runners.scripted import ScriptedAgent, agent_for
+from taskkernel.kernel.commands import EffectRule, TaskCommandKernel
+from taskkernel.kernel.credentials import STALE_LEASE, issue_token, revoke_hash, revoke_token, token_hash
+from taskkernel.kernel.goals import GoalService
+from taskkernel.kernel.logging import get_logger
+from taskkernel.kernel.model.principal import Principal
+from taskkernel.kernel.outbox import OutboxRelay
+from taskkernel.kernel.store.schema import tasks
+from taskkernel.kernel.usage import Feature, UsageRecord, record_usage
+from taskkernel.kernel.usage import install as install_usage
+
+log = get_logger(__name__)
+
+WAKE_EFFECT = "agent_wake"
+WAKE_RULE = EffectRule(WAKE_EFFECT, frozenset({
+    "task_claimed", "task_submitted", "task_rejected", "task_reopened", "task_approved", "task_archived",
+    "task_force_archived"}))
+ORPHAN_GRACE_S = 5.0  # between SIGTERM and SIGKILL for an agent a crashed coordinator left running
+
+
+class Dispatcher:
+    def __init__(self, kernel: TaskCommandKernel, workspace: Path, specs: dict[str, RunnerSpec], *,
+                 owner: str, leader: str, handlers: dict[str, ScriptedAgent] | None = None,
+                 task_file: Callable[[dict[str, Any]], Path] | None = None,
+                 goals: GoalService | None = None) -> None:
+        self.kernel = kernel
+        self.db = kernel.db
+        self.workspace = workspace
+        self.specs = specs
+        self.leader = leader
+        self.handlers = handlers or {}
+        self.task_file = task_file or self.fallback_task_file
+        self.goals = goals or GoalService(self.db, kernel.store)
+        leases = {role: spec.lease_seconds for role, spec in specs.items()}
+        self.ledger = RunLedger(self.db, owner, lease_seconds=max(leases.values(), default=660.0),
+                                role_leases=leases)
+        self.host = host_identity()
+        self.relay = OutboxRelay(self.db, {WAKE_EFFECT: self._on_wake})
+        install_usage(self.db)
+
+    # -- one pass of each stage -------------------------------------------------------------
+    def dispatch_new(self) -> int:
+        """Claim every inbox task addressed to a role that has a runner (only those are read: a pass costs
+        the work there is, not the size of the inbox)."""
+        if not self.specs:
+            return 0
+        with self.db.read() as conn:
+            rows = conn.execute(sa.select(tasks.c.task_id, tasks.c.recipient).where(
+                tasks.c.state == "inbox", tasks.c.recipient.in_(list(self.specs))).order_by(tasks.c.task_id)).all()
+        claimed = 0
+        for task_id, recipient in rows:
+            spec = self.specs.get(recipient)
+            doc = self.kernel.task(task_id)
+            if spec is None or doc is None or doc["state"] != "inbox":
+                continue
+            r = self.kernel.submit({"type": "claim", "task_id": task_id, "thread_key": doc["thread_key"],
+                                    "expected_revision": doc["revision"], "round": doc["round"],
+                                    "idempotency_key": f"dispatch:{task_id}"}, self._principal(recipient))
+            claimed += r.status == "accepted"
+            if r.status == "rejected" and r.reason != "stale_task_revision":
+                log.warning("dispatch_refused", task_id=task_id, reason=r.reason, message=r.message)
+        return claimed
+
+    def relay_wakes(self) -> int:
+        return self.relay.run_pending()
+
+    def run_due(self, limit: int = 10) -> int:
+        ran = 0
+        for run in self.ledger.claim_due(limit):
+            try:
+                self._run(run)
+            except Exception as exc:  # noqa: BLE001 - a bug in one run must not starve the others
+                log.exception("run_failed_internally", run_id=run.run_id)
+                if run.attempt < run.max_attempts:
+                    self.ledger.retry_later(run, self.specs[run.role].backoff, f"internal error: {exc}", None)
+                else:
+                    self.ledger.block(run, f"internal error: {exc}")
+            ran += 1
+        return ran
+
+    # -- wakes -------------------------------------------------------------------------------
+    def _on_wake(self, key: str, payload: dict[str, Any]) -> None:
+        doc = self.kernel.task(payload["task_id"])
+        if doc is None:
+            return
+        targets: list[tuple[dict[str, Any], str, Purpose]] = []
+        event = payload["event_type"]
+        if event in ("task_approved", "task_archived") and doc["task_id"] == doc["root"]:
+            self.goals.root_finished(doc["root"])
+        if event in ("task_claimed", "task_rejected", "task_reopened"):
+            targets.append((doc, doc["authority"]["driver"], Purpose.EXECUTE))
+        elif event == "task_submitted":
+            targets.append((doc, doc["authority"]["done_authority"], Purpose.REVIEW))
+        if event in ("task_approved", "task_archived", "task_force_archived") and doc["parent"]:
+            parent = self.kernel.task(doc["parent"])
+            if parent is not None and parent["state"] == "active":
+                targets.append((parent, parent["authority"]["driver"], Purpose.CHILDREN))
+        with self.db.write() as uow:
+            for target, role, purpose in targets:
+                spec = self.specs.get(role)
+                if spec is None:
+                    continue
+                # the round the event happened in, not the task's round now (a late relay must not
+                # turn two events of different rounds into two runs of the same round)
+                round_ = payload["round"] if target is doc else target["round"]
+                run_id = f"{target['task_id']}:r{round_}:{purpose.value}:{payload['global_pos']}"
+                self.ledger.enqueue(uow, run_id, target["task_id"], round_, role, purpose, spec.max_attempts)
+
+    # -- running -----------------------------------------------------------------------------
+    def _run(self, run: ClaimedRun) -> None:
+        spec = self.specs[run.role]
+        if run.orphan is not None and not self._reap(run, run.orphan) and not run.exhausted:
+            return  # never run beside a survivor: the lease lapses and a later takeover tries again
+        doc = self.kernel.task(run.task_id)
+        if doc is None or not self._still_relevant(run, doc):
+            self.ledger.succeed(run, None)  # the world moved on: nothing to do for this wake
+            return
+        if run.exhausted:
+            self._give_up(run, doc, "attempts exhausted after repeated crashes or lost leases")
+            return
+        allowed, why = self.goals.allows_work(doc["root"])
+        if not allowed:
+            self._give_up(run, doc, why or "goal ended")
+            return
+        goal_id = self.goals.active_goal(doc["root"])  # the goal this run's verdict will be bound to
+        outcome = self._execute(spec, run, doc)
+        self._record_usage(run, doc, outcome)
+        if outcome.fenced:
+            log.warning("run_lease_lost", run_id=run.run_id, attempt=run.attempt)
+            return  # the run is another coordinator's now; its verdict is theirs
+        if goal_id is not None:
+            self.goals.record_run(goal_id, executed=outcome.ok)
+        if outcome.ok:
+            self.ledger.succeed(run, outcome.exit_code)
+        elif run.attempt < run.max_attempts:
+            delay = spec.backoff * (2 ** (run.attempt - 1))
+            self.ledger.retry_later(run, delay, outcome.error or "failed", outcome.exit_code)
+            log.warning("run_retry", run_id=run.run_id, attempt=run.attempt, error=outcome.error, delay_s=delay)
+        else:
+            self._give_up(run, doc, f"{run.attempt} attempts failed; last: {outcome.error}")
+
+    def _reap(self, run: ClaimedRun, orphan: Orphan) -> bool:
+        """Fence out what the previous holder left: its token first (from then on the orphan's reports are
+        refused `stale_lease`), then its process group. False when the orphan could not be stopped."""
+        if orphan.token_hash:
+            revoke_hash(self.db, orphan.token_hash, STALE_LEASE)
+        if orphan.pgid is None:
+            return True
+        if orphan.host != self.host:  # another machine, or this one before a reboot: no pid to signal here
+            log.warning("orphan_not_local", run_id=run.run_id, host=orphan.host, pgid=orphan.pgid)
+            return True
+        try:
+            result = terminate_group(orphan.pgid, orphan.start, ORPHAN_GRACE_S)
+        except OSError as exc:
+            log.error("orphan_survived", run_id=run.run_id, pgid=orphan.pgid, error=str(exc))
+            return False
+        log.warning("orphan_reaped", run_id=run.run_id, pgid=orphan.pgid, result=result)
+        return True
+
+    @staticmethod
+    def _still_relevant(run: ClaimedRun, doc: dict[str, Any]) -> bool:
+        wanted = {Purpose.EXECUTE: "active", Purpose.REVIEW: "review", Purpose.CHILDREN: "active"}[run.purpose]
+        return doc["state"] == wanted and doc["round"] == run.round
+
+    def _execute(self, spec: RunnerSpec, run: ClaimedRun, doc: dict[str, Any]) -> Outcome:
+        principal = self._principal(run.role, task_id=run.task_id, round_=run.round)
+        task_file = self.task_file(doc)
+        if spec.runner is RunnerKind.SCRIPTED:
+            agent = self.handlers.get(run.role) or agent_for(run.role, self.leader)
+            ctx = AgentContext(self.kernel, principal, doc, run.purpose, run.run_id, self.workspace, task_file)
+            started = time.monotonic()
+            try:
+                summary = agent(ctx)
+            except Exception as exc:  # noqa: BLE001 - an agent failure is an outcome, not a coordinator crash
+                log.warning("scripted_agent_failed", run_id=run.run_id, error=traceback.format_exc(limit=3))
+                return Outcome(False, 1, int((time.monotonic() - started) * 1000), f"agent raised: {exc}")
+            return Outcome(True, 0, int((time.monotonic() - started) * 1000), summary=summary)
+        token = issue_token(self.db, run.role, principal.agent, task_id=run.task_id, round=run.round)
+        try:
+            if not self.ledger.attach_token(run, token_hash(token)):
+                return Outcome(False, None, 0, "lease lost before the agent started", fenced=True)
+            placeholders = {"task_file": str(task_file), "task_id": run.task_id, "round": str(run.round),
+                            "workspace": str(self.workspace), "role": run.role, "purpose": run.purpose.value}
+            # No database URL: an agent's `taskkernel` finds the database through the workspace's config.
+            env = agent_env(spec, {
+                "TASKKERNEL_TOKEN": token, "TASKKERNEL_TASK_ID": run.task_id, "TASKKERNEL_ROUND": str(run.round),
+                "TASKKERNEL_TASK_FILE": str(task_file), "TASKKERNEL_WORKSPACE": str(self.workspace),
+                "TASKKERNEL_PURPOSE": run.purpose.value})
+            supervision = Supervision(
+                on_start=lambda pgid, start: self.ledger.attach_agent(run, self.host, pgid, start),
+                heartbeat=lambda: self.ledger.renew(run), every_s=max(0.2, spec.lease_seconds / 3))
+            log_dir = (self.workspace / ".taskkernel" / "runs" / run.run_id.replace(":", "_")
+                       / f"attempt-{run.attempt}")
+            return run_command(spec, placeholders, env, self.workspace, log_dir, supervision)
+        finally:
+            revoke_token(self.db, token)  # the credential lives exactly as long as the run
+
+    def _give_up(self, run: ClaimedRun, doc: dict[str, Any], reason: str) -> None:
+        if not self.ledger.block(run, reason):
+            return  # our lease was lost: whoever holds the run now decides
+        log.error("run_blocked", run_id=run.run_id, reason=reason)
+        if run.purpose is not Purpose.EXECUTE:
+            return
+        # ADR-0002's report gate: the session is over and no done report came, so say so on the task.
+        # The agent may have moved the task on before failing, so judge against the task as it is now.
+        principal = Principal(run.role, "coordinator", run.task_id, run.round)
+        for _ in range(5):
+            current = self.kernel.task(doc["task_id"])
+            if current is None or current["state"] != "active" or current["round"] != run.round:
+                return
+            result = self.kernel.submit({
+                "type": "submit_report", "task_id": current["task_id"], "thread_key": current["thread_key"],
+                "expected_revision": current["revision"], "round": current["round"],
+                "idempotency_key": f"blocked:{run.run_id}",
+                "payload": {"status": "blocked", "body": f"runner gave up: {reason}"}}, principal)
+            if result.reason != "stale_task_revision":
+                if not result.ok:
+                    log.error("blocked_report_refused", run_id=run.run_id, reason=result.reason)
+                return
+
+    def _record_usage(self, run: ClaimedRun, doc: dict[str, Any], outcome: Outcome) -> None:
+        u = outcome.usage
+        with self.db.write() as uow:
+            record_usage(uow, UsageRecord(
+                usage_id=f"run:{run.run_id}:{run.attempt}", role=run.role, agent=self._agent_name(run.role),
+                feature=Feature.FOREGROUND, root_task=doc["root"], task_id=doc["task_id"], round=run.round,
+                wall_ms=outcome.wall_ms, exit_code=outcome.exit_code, tokens_in=int(u.get("tokens_in", 0)),
+                tokens_out=int(u.get("tokens_out", 0)), cost_usd=float(u.get("cost_usd", 0.0))))
+
+    def _agent_name(self, role: str) -> str:
+        spec = self.specs.get(role)
+        return (spec.agent if spec and spec.agent else f"{role.lower()}-agent")
+
+    def _principal(self, role: str, task_id: str | None = None, round_: int | None = None) -> Principal:
+        return Principal(role, self._agent_name(role), task_id, round_)
+
+    def fallback_task_file(self, doc: dict[str, Any]) -> Path:
+        """Without a folder projection, render the task to a private file the agent can read."""
+        path = self.workspace / ".taskkernel" / "tasks" / f"{doc['task_id']}.md"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"---\ntask_id: {doc['task_id']}\nsender: {doc['sender']}\nrecipient: {doc['recipient']}\n"
+                        f"round: {doc['round']}\n---\n# {doc['subject']}\n\n{doc['body']}\n", encoding="utf-8")
+        return path

@@ -1,0 +1,194 @@
+"""Run ledger: one row per agent wake-up, claimed under a lease with a fencing token.
+
+A row is created once per (task, round, purpose, source event), so relaying the same outbox
+row twice cannot start a second run. Claiming bumps the fencing token; every later write by
+the holder carries it, so a holder whose lease expired (crashed, hung) can change nothing.
+
+A row also says what its holder started: the agent's host, process group and start time, and the
+SHA-256 of the run's token. A coordinator taking over an expired lease gets that as an `Orphan`,
+so it can terminate the agent and revoke its token before running the task again (exactly once).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+
+import sqlalchemy as sa
+
+from taskkernel.kernel.canonical import utc_now_iso
+from taskkernel.kernel.store.db import Database, UnitOfWork
+
+runs_metadata = sa.MetaData()
+
+
+class RunState(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    BLOCKED = "blocked"  # attempts exhausted; the task got a blocked report
+
+
+class Purpose(StrEnum):
+    EXECUTE = "execute"  # the driver works on its task
+    REVIEW = "review"  # the done authority judges a submitted task
+    CHILDREN = "children"  # the parent's driver is told a child moved
+
+
+runs = sa.Table(
+    "runs",
+    runs_metadata,
+    sa.Column("run_id", sa.Text, primary_key=True),
+    sa.Column("task_id", sa.Text, nullable=False),
+    sa.Column("round", sa.Integer, nullable=False),
+    sa.Column("role", sa.Text, nullable=False),
+    sa.Column("purpose", sa.Text, nullable=False),
+    sa.Column("state", sa.Text, nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("max_attempts", sa.Integer, nullable=False),
+    sa.Column("fencing", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("lease_owner", sa.Text),
+    sa.Column("lease_until", sa.Text),
+    sa.Column("not_before", sa.Text, nullable=False),
+    sa.Column("exit_code", sa.Integer),
+    sa.Column("last_error", sa.Text),
+    sa.Column("created_at", sa.Text, nullable=False),
+    sa.Column("ended_at", sa.Text),
+    # What the holder started, cleared when it ends the run: a takeover must find a crashed holder's agent.
+    sa.Column("token_hash", sa.Text),  # SHA-256 of the run's token, to revoke it as stale_lease
+    sa.Column("agent_host", sa.Text),  # host and boot: a pid means nothing on another machine or after a reboot
+    sa.Column("agent_pgid", sa.Integer),
+    sa.Column("agent_start", sa.BigInteger),  # /proc/<pid>/stat field 22: tells a recycled pid apart
+    sa.Index("ix_runs_due", "state", "not_before"),
+)
+AGENT_COLUMNS = ("token_hash", "agent_host", "agent_pgid", "agent_start")
+_CLEARED = dict.fromkeys(AGENT_COLUMNS)
+
+
+@dataclass(frozen=True)
+class Orphan:
+    """What a holder whose lease expired may have left running: its agent and its token."""
+
+    token_hash: str | None
+    host: str | None
+    pgid: int | None
+    start: int | None
+
+
+@dataclass(frozen=True)
+class ClaimedRun:
+    run_id: str
+    task_id: str
+    round: int
+    role: str
+    purpose: Purpose
+    attempt: int
+    max_attempts: int
+    fencing: int
+    orphan: Orphan | None = None  # set when this claim took the run over from an expired lease
+
+    @property
+    def exhausted(self) -> bool:
+        return self.attempt > self.max_attempts
+
+
+def _iso(t: datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class RunLedger:
+    def __init__(self, db: Database, owner: str, lease_seconds: float = 120.0,
+                 role_leases: Mapping[str, float] | None = None) -> None:
+        self.db = db
+        self.owner = owner
+        self.lease = timedelta(seconds=lease_seconds)
+        self.role_leases = {role: timedelta(seconds=s) for role, s in (role_leases or {}).items()}
+        db.create_schema(runs_metadata)
+        self._add_missing_columns()
+
+    def _add_missing_columns(self) -> None:
+        """A ledger created before the agent columns existed gets them (under the writer lock, so two
+        coordinators starting together cannot both add one)."""
+        with self.db.read() as conn:
+            present = {c["name"] for c in sa.inspect(conn).get_columns("runs")}
+        if present >= set(AGENT_COLUMNS):
+            return
+        with self.db.write() as uow:
+            present = {c["name"] for c in sa.inspect(uow.conn).get_columns("runs")}
+            for name in AGENT_COLUMNS:
+                if name not in present:
+                    column = runs.c[name]
+                    kind = column.type.compile(dialect=uow.conn.dialect)
+                    uow.conn.exec_driver_sql(f"ALTER TABLE runs ADD COLUMN {name} {kind}")
+
+    def lease_for(self, role: str) -> timedelta:
+        return self.role_leases.get(role, self.lease)
+
+    def enqueue(self, uow: UnitOfWork, run_id: str, task_id: str, round_: int, role: str, purpose: Purpose,
+                max_attempts: int) -> bool:
+        if uow.conn.execute(sa.select(runs.c.run_id).where(runs.c.run_id == run_id)).first():
+            return False
+        now = utc_now_iso()
+        uow.conn.execute(runs.insert().values(
+            run_id=run_id, task_id=task_id, round=round_, role=role, purpose=purpose.value,
+            state=RunState.PENDING.value, max_attempts=max_attempts, not_before=now, created_at=now))
+        return True
+
+    def claim_due(self, limit: int = 10, now: datetime | None = None) -> list[ClaimedRun]:
+        """Take pending runs that are due, and running ones whose holder's lease expired (a crash counts
+        as a spent attempt)."""
+        t = now or datetime.now(UTC)
+        stamp = _iso(t)
+        due = sa.or_(sa.and_(runs.c.state == RunState.PENDING.value, runs.c.not_before <= stamp),
+                     sa.and_(runs.c.state == RunState.RUNNING.value, runs.c.lease_until < stamp))
+        claimed: list[ClaimedRun] = []
+        with self.db.write() as uow:
+            rows = uow.conn.execute(sa.select(runs).where(due).order_by(runs.c.created_at).limit(limit)).all()
+            for r in rows:
+                attempt, fencing = r.attempt + 1, r.fencing + 1
+                # The agent columns stay until the new holder starts its own agent: if it crashes before
+                # dealing with the orphan, the next takeover still finds it.
+                uow.conn.execute(runs.update().where(runs.c.run_id == r.run_id).values(
+                    state=RunState.RUNNING.value, attempt=attempt, fencing=fencing, lease_owner=self.owner,
+                    lease_until=_iso(t + self.lease_for(r.role))))
+                orphan = None
+                if r.state == RunState.RUNNING.value and (r.token_hash or r.agent_pgid):
+                    orphan = Orphan(r.token_hash, r.agent_host, r.agent_pgid, r.agent_start)
+                claimed.append(ClaimedRun(r.run_id, r.task_id, r.round, r.role, Purpose(r.purpose), attempt,
+                                          r.max_attempts, fencing, orphan))
+        return claimed
+
+    def renew(self, run: ClaimedRun) -> bool:
+        return self._fenced(run, lease_until=_iso(datetime.now(UTC) + self.lease_for(run.role)))
+
+    def attach_token(self, run: ClaimedRun, token_hash: str) -> bool:
+        """Record the run's token before the agent can hold it (replacing whatever an orphan left)."""
+        return self._fenced(run, **{**_CLEARED, "token_hash": token_hash})
+
+    def attach_agent(self, run: ClaimedRun, host: str, pgid: int, start: int | None) -> bool:
+        return self._fenced(run, agent_host=host, agent_pgid=pgid, agent_start=start)
+
+    def succeed(self, run: ClaimedRun, exit_code: int | None) -> bool:
+        return self._fenced(run, state=RunState.SUCCEEDED.value, exit_code=exit_code, ended_at=utc_now_iso(),
+                            lease_owner=None, lease_until=None, **_CLEARED)
+
+    def retry_later(self, run: ClaimedRun, delay_s: float, error: str, exit_code: int | None) -> bool:
+        not_before = _iso(datetime.now(UTC) + timedelta(seconds=delay_s))
+        return self._fenced(run, state=RunState.PENDING.value, not_before=not_before, last_error=error,
+                            exit_code=exit_code, lease_owner=None, lease_until=None, **_CLEARED)
+
+    def block(self, run: ClaimedRun, error: str) -> bool:
+        return self._fenced(run, state=RunState.BLOCKED.value, last_error=error, ended_at=utc_now_iso(),
+                            lease_owner=None, lease_until=None, **_CLEARED)
+
+    def _fenced(self, run: ClaimedRun, **values: object) -> bool:
+        with self.db.write() as uow:
+            res = uow.conn.execute(runs.update().where(runs.c.run_id == run.run_id,
+                                                       runs.c.fencing == run.fencing).values(**values))
+            return bool(res.rowcount)
+
+    def all_runs(self) -> list[dict[str, object]]:
+        with self.db.read() as conn:
+            return [dict(r._mapping) for r in conn.execute(sa.select(runs).order_by(runs.c.created_at))]
