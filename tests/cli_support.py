@@ -47,3 +47,36 @@ class Run:
 def run(*args: str, cwd: Path, stdin: str | None = None) -> Run:
     proc = taskkernel(*args, cwd=cwd, stdin=stdin)
     return Run(proc.returncode, proc.stdout, proc.stderr)
+
+
+def run_tty(*args: str, cwd: Path, timeout: float = 120) -> Run:
+    """The CLI as a person at a terminal sees it: stdout is a pseudo-terminal (120 columns, no colours), so
+    the human rendering is chosen; stderr stays a pipe."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 120, 0, 0))
+    proc = subprocess.Popen([*CLI, *args], cwd=cwd, stdin=subprocess.DEVNULL, stdout=follower,
+                            stderr=subprocess.PIPE, env=cli_env(TERM="dumb", NO_COLOR="1"))
+    os.close(follower)
+    chunks: list[bytes] = []
+    while True:
+        ready, _, _ = select.select([leader], [], [], timeout)
+        if not ready:
+            proc.kill()
+            raise TimeoutError(f"taskkernel {' '.join(args)} wrote nothing for {timeout} s")
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: the terminal closed with the process
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    err = proc.stderr.read().decode() if proc.stderr else ""
+    code = proc.wait(timeout)
+    return Run(code, b"".join(chunks).decode().replace("\r\n", "\n"), err)

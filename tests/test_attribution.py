@@ -10,7 +10,7 @@ import sqlalchemy as sa
 
 from taskkernel.kernel.model.principal import Principal
 from taskkernel.kernel.usage import Feature, UsageRecord, record_usage, usage_table
-from tests.cli_support import taskkernel
+from tests.cli_support import run_tty, taskkernel
 from tests.coord_support import admin_task, coordinator, make_workspace
 
 SCRIPTED = {"runner": "scripted"}
@@ -51,8 +51,9 @@ def test_usage_by_root_sums_exactly_to_the_ledger(tmp_path: Path) -> None:
     assert by_feature["automation"] == 5 and by_feature["background"] == 1
     top = json.loads(usage_cli(ws.root, "--top", "--json").stdout)["rows"]
     assert top[0]["owner"] == other, "the costly automation is the first thing you see"
-    table = usage_cli(ws.root, "--by", "role")
-    assert table.returncode == 0 and "TOTAL" in table.stdout
+    table = run_tty("usage", "--by", "role", cwd=ws.root)  # a person at a terminal gets the table
+    assert table.code == 0 and "TOTAL" in table.out and "OPS" in table.out, table.out
+    assert json.loads(usage_cli(ws.root, "--by", "role").stdout)["by"] == "role", "a pipe gets the JSON document"
     assert usage_cli(ws.root, "--by", "planet").returncode == 64
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.cli_support import run
+from tests.cli_support import run, run_tty
 
 SUBJECT = "Fix [/b] then [red]x[/red] in [roles.DEV]"
 
@@ -24,9 +24,12 @@ def workspace_with_task(tmp_path: Path, subject: str = "s") -> tuple[Path, str]:
 def test_markup_in_a_subject_prints_as_itself_in_every_command(tmp_path: Path) -> None:
     ws, task_id = workspace_with_task(tmp_path, SUBJECT)
     show = run("task", "show", task_id, cwd=ws)
-    assert show.code == 0 and show.json["subject"] == SUBJECT and SUBJECT in show.err, show.err
-    listed = run("task", "list", cwd=ws)
-    assert listed.code == 0 and "Traceback" not in listed.err and "[/b]" in listed.err, listed.err
+    assert show.code == 0 and show.json["subject"] == SUBJECT, show.err
+    assert run("task", "list", cwd=ws).json[0]["subject"] == SUBJECT
+    for args in (("task", "show", task_id), ("task", "list"), ("log",), ("log", "--stream", task_id)):
+        human = run_tty(*args, cwd=ws)  # on a terminal: the human rendering, with the subject as itself
+        assert human.code == 0 and "Traceback" not in human.err, human.err
+        assert "[/b]" in human.out and "[red]x[/red]" in human.out or args[0] == "log", human.out
     again = run("submit", cwd=ws, stdin=json.dumps({"type": "create_task", "idempotency_key": "k", "payload": {
         "sender": "ADMIN", "recipient": "PM", "subject": "[bold]other[/bold]"}}))
     assert again.code == 2 and "idempotency_conflict" in again.err, again.err

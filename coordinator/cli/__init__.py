@@ -1,1 +1,2 @@
-"""The `taskkernel` command line: JSON on stdout for machines, rich summaries on stderr for people."""
+"""The `taskkernel` command line: a human rendering on a terminal, JSON for scripts
+(coordinator/cli/output.py)."""

@@ -6,20 +6,12 @@ from __future__ import annotations
 import sys
 
 
-def version() -> str:
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as dist_version
-
-    try:
-        return dist_version("taskkernel")
-    except PackageNotFoundError:  # run from a checkout that was never installed
-        return "unknown"
-
-
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if args in (["--version"], ["-V"]):
-        sys.stdout.write(f"taskkernel {version()}\n")
+        from taskkernel import __version__
+
+        sys.stdout.write(f"taskkernel {__version__}\n")
         sys.exit(0)
     from taskkernel.coordinator.cli.root import run
 

@@ -1,65 +1,27 @@
-"""Shared CLI plumbing: exit codes, output helpers and the lazily opened workspace/database."""
+"""Shared CLI plumbing: the lazily opened workspace, database, credential and kernel of one command.
+
+Output helpers live in output.py and are re-exported here. Nothing heavy is imported at module level:
+`--help`, completion and the groups that need no database never load SQLAlchemy.
+"""
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 from dataclasses import dataclass, field
-from enum import IntEnum
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING
 
 import typer
-from rich.console import Console
-from rich.text import Text
 
-from taskkernel.coordinator.workspace import Workspace, WorkspaceNotFound
-from taskkernel.kernel.credentials import authenticate
-from taskkernel.kernel.model.principal import LOCAL_OWNER, Principal
-from taskkernel.kernel.private import load_or_create_secret, read_private
-from taskkernel.kernel.reasons import KernelError, ReasonCode
-from taskkernel.kernel.store.db import Database, DatabaseCorrupt
-from taskkernel.kernel.store.schema import metadata as kernel_metadata
+from taskkernel.coordinator.cli.output import Exit, emit, fail, reject, say, show, warn
 
 if TYPE_CHECKING:
+    from taskkernel.coordinator.workspace import Workspace
     from taskkernel.kernel.commands import TaskCommandKernel
+    from taskkernel.kernel.model.principal import Principal
+    from taskkernel.kernel.reasons import KernelError
+    from taskkernel.kernel.store.db import Database
 
-stderr = Console(stderr=True, markup=False, highlight=False)  # data is never read as markup
-
-
-class Exit(IntEnum):
-    """Process exit codes (docs/cli.md). 64/65 follow sysexits.h."""
-
-    OK = 0
-    INTERNAL = 1
-    REJECTED = 2  # also: replay unknown, verify found a break, gate BLOCK
-    USAGE = 64
-    DATAERR = 65
-
-
-def say(*parts: str | tuple[str, str]) -> None:
-    """One line for people on stderr: plain strings exactly as they are (a subject with ``[/b]`` in it prints
-    as itself), ``(text, style)`` pairs styled."""
-    stderr.print(Text.assemble(*parts))
-
-
-def emit(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, ensure_ascii=False, default=str) + "\n")
-    sys.stdout.flush()
-
-
-def fail(code: Exit, message: str, **extra: Any) -> NoReturn:
-    """Print a JSON error on stdout and a readable line on stderr, then exit with ``code``."""
-    emit({"status": "error", "code": code.name.lower(), "message": message, **extra})
-    say(("error:", "red"), " ", message)
-    raise typer.Exit(int(code))
-
-
-def reject(reason: str, message: str, **extra: Any) -> NoReturn:
-    """A refusal the caller can act on: JSON with the reason code on stdout, exit 2."""
-    emit({"status": "rejected", "reason": reason, "message": message, **extra})
-    say(("rejected", "red"), f" {reason}: {message}")
-    raise typer.Exit(int(Exit.REJECTED))
+__all__ = ["CliContext", "Exit", "emit", "fail", "get_ctx", "reject", "say", "show", "warn"]
 
 
 @dataclass
@@ -74,6 +36,8 @@ class CliContext:
     used_token: str | None = field(default=None, repr=False)
 
     def workspace(self) -> Workspace:
+        from taskkernel.coordinator.workspace import Workspace, WorkspaceNotFound
+
         if self._workspace is None:
             try:
                 self._workspace = Workspace.locate(self.workspace_path)
@@ -86,6 +50,10 @@ class CliContext:
         event chain is keyed with the workspace's chain key (.taskkernel/chain.key, 0600, created on first
         use; docs/durability.md); with only --db there is no key. A damaged file ends the command with
         ``database_corrupt`` (exit 2), never a traceback."""
+        from taskkernel.kernel.private import load_or_create_secret
+        from taskkernel.kernel.store.db import Database, DatabaseCorrupt
+        from taskkernel.kernel.store.schema import metadata as kernel_metadata
+
         if self._db is None:
             url = self.db_url or os.environ.get("TASKKERNEL_DB")
             durability = "full"
@@ -115,6 +83,11 @@ class CliContext:
         (--token or TASKKERNEL_TOKEN, even empty) must be a live credential. Without one: in a workspace
         with ``require_token`` the owner's credential file is read; in an older workspace, or with only
         --db (whoever holds the database URL holds the database), the caller is the local owner."""
+        from taskkernel.kernel.credentials import authenticate
+        from taskkernel.kernel.model.principal import LOCAL_OWNER
+        from taskkernel.kernel.private import read_private
+        from taskkernel.kernel.reasons import KernelError, ReasonCode
+
         token = self.token
         if token is None and "TASKKERNEL_TOKEN" in os.environ:
             token = os.environ["TASKKERNEL_TOKEN"]  # set but empty: an error, never the owner
@@ -146,6 +119,8 @@ class CliContext:
 
     def principal(self) -> Principal:
         """The caller's principal; an unverified credential ends the command with its refusal (exit 2)."""
+        from taskkernel.kernel.reasons import KernelError
+
         found = self.try_principal()
         if isinstance(found, KernelError):
             reject(found.reason.value, found.message)
@@ -153,6 +128,8 @@ class CliContext:
 
     def require_admin(self, what: str) -> Principal:
         """The caller, if it holds an unscoped ADMIN credential; else a ``role_not_authorized`` refusal."""
+        from taskkernel.kernel.reasons import ReasonCode
+
         principal = self.principal()
         if not principal.is_admin:  # is_admin already requires an unscoped credential
             reject(ReasonCode.ROLE_NOT_AUTHORIZED.value,
@@ -161,6 +138,8 @@ class CliContext:
 
     def optional_workspace(self) -> Workspace | None:
         """The workspace if there is one (commands given only --db may run without)."""
+        from taskkernel.coordinator.workspace import Workspace, WorkspaceNotFound
+
         if self._workspace is None:
             try:
                 self._workspace = Workspace.locate(self.workspace_path)

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.rule import Rule
 from rich.table import Table
 
-from taskkernel.coordinator.cli.common import CliContext, Exit, emit, fail, say, stderr
+from taskkernel.coordinator.cli.common import CliContext, Exit, emit, fail, say, show
 from taskkernel.coordinator.loop import Coordinator
 from taskkernel.coordinator.workspace import Workspace, init_workspace
 from taskkernel.kernel.model.commands import CommandResult
@@ -91,7 +92,7 @@ def demo(directory: Path = typer.Option(None, "--dir", help="Workspace directory
     d = _Demo(c)
     c.run_once()  # the import of the (empty) workspace: the TASK file below is live input, not history
 
-    stderr.rule("1. ADMIN drops a task for PM (a TASK file)")
+    show(Rule("1. ADMIN drops a task for PM (a TASK file)"), story=True)
     inbox = ws.root / "fcop" / "_lifecycle" / "inbox" / "TASK-20261130-001-ADMIN-to-PM.md"
     inbox.write_text(ROOT_TASK, encoding="utf-8")
     c.run_once()
@@ -104,7 +105,7 @@ def demo(directory: Path = typer.Option(None, "--dir", help="Workspace directory
     assert doc is not None
     d.note("root task", detail=f"{root_id} is {doc['state']} (round {doc['round']}), waiting for ADMIN")
 
-    stderr.rule("2. ADMIN approves through the session log")
+    show(Rule("2. ADMIN approves through the session log"), story=True)
     d.say(LOCAL_OWNER, "approve", root_id, key="admin-approve-early")  # high risk: no grant yet
     SessionLog(c.db).accept("admin", {"input_id": "admin-grant-1", "kind": "allow", "payload": {
         "permission": "approve", "scope": f"task:{root_id}", "text": "Looks good, ship it."}},
@@ -112,7 +113,7 @@ def demo(directory: Path = typer.Option(None, "--dir", help="Workspace directory
     d.note("session admin", detail="accepted allow approve task:" + root_id)
     d.say(LOCAL_OWNER, "approve", root_id, key="admin-approve")
 
-    stderr.rule("3. Stale and duplicate commands")
+    show(Rule("3. Stale and duplicate commands"), story=True)
     stale_rev = c.kernel.task(root_id)["revision"] - 1  # type: ignore[index]
     d.say(LOCAL_OWNER, "archive", root_id, key="admin-archive-stale", expected_revision=stale_rev,
           payload={"reason": "shipped"})
@@ -121,7 +122,7 @@ def demo(directory: Path = typer.Option(None, "--dir", help="Workspace directory
           payload={"reason": "shipped"})  # the retry of an accepted command: replayed, nothing runs twice
     c.run_once()
 
-    stderr.rule("4. A heartbeat automation fires")
+    show(Rule("4. A heartbeat automation fires"), story=True)
     _heartbeat(c, d)
 
     report = verify(c.db, c.kernel.store)
@@ -130,12 +131,13 @@ def demo(directory: Path = typer.Option(None, "--dir", help="Workspace directory
     say(("Where things are", "bold"))
     for line in [f"workspace   {ws.root}", f"database    {ws.database_url}", *[f"task file   {f}" for f in files],
                  *[f"artifact    {a}" for a in artifacts], f"ledger      {ws.root / 'fcop' / 'ledger'}"]:
-        stderr.print(f"  {line}")
+        say(f"  {line}")
     say("verify: ", ("ok", "green") if report.ok else ("broken", "red"))
     final = c.kernel.task(root_id)
     emit({"status": "ok" if report.ok and final and final["state"] == "archive" else "failed",
           "workspace": str(ws.root), "root_task": final, "children": c.kernel.children(root_id),
-          "artifacts": artifacts, "task_files": files, "steps": d.steps, "verify": report.as_json()})
+          "artifacts": artifacts, "task_files": files, "steps": d.steps, "verify": report.as_json()},
+         generic=False)  # on a terminal the story above is the answer; the document is for --json and scripts
     raise typer.Exit(int(Exit.OK if report.ok else Exit.INTERNAL))
 
 
@@ -157,10 +159,13 @@ def _heartbeat(c: Coordinator, d: _Demo) -> None:
 def _timeline(c: Coordinator) -> None:
     with c.db.read() as conn:
         events = list(c.kernel.store.read_all(conn))
-    table = Table("pos", "task", "event", "by", "detail", title="Timeline (acceptance = commit order)")
+    table = Table(title="Timeline (acceptance = commit order)")
+    for name in ("pos", "task", "event", "by"):  # ids in full, whatever the terminal's width: detail wraps
+        table.add_column(name, no_wrap=True)
+    table.add_column("detail")
     for ev in events:
         detail = ev.data.get("subject") or ev.data.get("status") or ev.data.get("reason") or \
             ev.data.get("decision") or ""
         by = str(ev.data.get("by", ev.meta.get("actor", "")))
         table.add_row(str(ev.global_pos), ev.stream_id.split(":", 1)[-1], ev.type, by, str(detail)[:40])
-    stderr.print(table)
+    show(table, story=True)

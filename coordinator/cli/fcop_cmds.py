@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from taskkernel.coordinator.cli.common import Exit, emit, fail, get_ctx, reject, say, stderr
+from taskkernel.coordinator.cli.common import Exit, emit, fail, get_ctx, reject, say
 from taskkernel.coordinator.cli.fcop_import import fcop_import
 from taskkernel.coordinator.folders import migrate as migration
 from taskkernel.coordinator.folders.importer import is_imported, root_key_of
@@ -34,8 +34,8 @@ def migrate(ctx: typer.Context,
                 "would be guessed (every one to the inbox). Run `taskkernel fcop import` (or `taskkernel up "
                 "--once`) first, then migrate.")
         if dry_run:
-            emit({"status": "ok", "dry_run": True, **plan.as_json()})
-            stderr.print(f"dry run: {len(plan.moves)} file(s) would move in {plan.root}, "
+            emit({"status": "ok", "dry_run": True, **plan.as_json()}, generic=False)
+            say(f"dry run: {len(plan.moves)} file(s) would move in {plan.root}, "
                          f"{plan.as_json()['unchanged']} stay; the old root would be kept at "
                          f"{plan.backup}; nothing written")
             return
@@ -43,6 +43,6 @@ def migrate(ctx: typer.Context,
     except migration.MigrateRefused as exc:
         reject(exc.reason, exc.message, **exc.extra)
     emit({"status": "ok", "dry_run": False, **plan.as_json(), "moved": len(plan.moves), "tracked": result.tracked,
-          "swap": result.swap, "backup": str(result.backup)})
+          "swap": result.swap, "backup": str(result.backup)}, generic=False)
     say(("migrated", "green"), f" {plan.root} to G3: {len(plan.moves)} file(s) moved, "
                  f"{result.tracked} record(s) followed them; the old root is kept at {result.backup}")

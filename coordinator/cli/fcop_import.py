@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from taskkernel.coordinator.cli.common import emit, get_ctx, reject, stderr
+from taskkernel.coordinator.cli.common import emit, get_ctx, reject, say
 from taskkernel.coordinator.fcop import FcopError, open_workspace
 from taskkernel.coordinator.folders.importer import Importer
 from taskkernel.coordinator.folders.tracking import FileTracker
@@ -34,11 +34,11 @@ def fcop_import(ctx: typer.Context,
     except FcopError as exc:
         reject(exc.reason.value, str(exc))
     out = report.wire()
-    emit({"status": "ok", "already_imported": already, "generation": fcop.generation.value, **out})
+    emit({"status": "ok", "already_imported": already, "generation": fcop.generation.value, **out}, generic=False)
     if already:
-        stderr.print("already imported: `taskkernel up` takes new files as they come")
+        say("already imported: `taskkernel up` takes new files as they come")
         return
     verb = "would import" if dry_run else "imported"
-    stderr.print(f"{verb} {out['tasks']} task(s) {out['tasks_by_state']}, {sum(out['records'].values())} "
+    say(f"{verb} {out['tasks']} task(s) {out['tasks_by_state']}, {sum(out['records'].values())} "
                  f"record(s), {out['evidence']} evidence file(s); {len(out['refused'])} refused, "
                  f"{len(out['kept'])} kept as they are, {len(out['warnings'])} warning(s)")

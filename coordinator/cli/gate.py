@@ -14,7 +14,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from taskkernel.coordinator.cli.common import Exit, emit, fail, stderr
+from taskkernel.coordinator.cli.common import Exit, emit, fail, show
 from taskkernel.kernel.gate import GateStatus, TraceIndex, Verdict, evaluate, review
 from taskkernel.kernel.gate.demo import DEMO_TRACE, run_demo
 from taskkernel.kernel.gate.hybrid import unreadable
@@ -71,8 +71,8 @@ def check(
                    else evaluate(index, action, admitted=[semantic]).model_copy(update={"semantic": [semantic]}))
     else:
         verdict = evaluate(index, action)
-    emit(verdict.to_dict())
-    stderr.print(_summary(verdict))
+    emit(verdict.to_dict(), generic=False)
+    show(_summary(verdict), story=True)
     raise typer.Exit(int(Exit.OK) if verdict.passed else int(Exit.REJECTED))
 
 
@@ -90,18 +90,19 @@ def _what(ev: dict[str, Any]) -> str:
 @app.command("demo")
 def demo() -> None:
     """A plan made while the environment was staging is blocked after the switch to production; the corrected
-    plan passes. JSON verdicts on stdout, a readable walkthrough on stderr."""
+    plan passes. On a terminal, a walkthrough; for scripts, JSON verdicts on stdout and the walkthrough on
+    stderr."""
     table = Table(title="trace (file order = event order; judged at its end, seq 10)")
     for col in ("seq", "id", "kind", "source", "entity", "what"):
         table.add_column(col)
     for ev in DEMO_TRACE:
         table.add_row(str(ev["seq"]), ev["id"], ev["kind"], ev.get("source") or ev.get("principal", ""),
                       str(ev.get("entity", "")), _what(ev))
-    stderr.print(table)
+    show(table, story=True)
     as_expected = True
     for step, expected, verdict in run_demo():
         as_expected &= verdict.status.value == expected
-        emit({"step": step, "expected": expected, "verdict": verdict.to_dict()})
-        stderr.print(Text(f"{step}: ") + _summary(verdict))
+        emit({"step": step, "expected": expected, "verdict": verdict.to_dict()}, generic=False)
+        show(Text(f"{step}: ") + _summary(verdict), story=True)
     if not as_expected:
         fail(Exit.INTERNAL, "the demo verdicts differ from the expected ones")

@@ -11,7 +11,7 @@ from typing import Any
 import typer
 from pydantic import ValidationError
 
-from taskkernel.coordinator.cli.common import CliContext, Exit, emit, fail, get_ctx, reject, say, stderr
+from taskkernel.coordinator.cli.common import CliContext, Exit, emit, fail, get_ctx, reject, say
 from taskkernel.kernel.goals import Budget, GoalService
 from taskkernel.kernel.reasons import ReasonCode
 
@@ -56,13 +56,13 @@ def start(ctx: typer.Context, root_task: str,
         flag = {"cost_usd": "cost", "wall_seconds": "wall-seconds"}.get(str(first["loc"][0]), str(first["loc"][0]))
         fail(Exit.USAGE, f"--{flag}: {first['msg']}", reason=ReasonCode.INVALID_COMMAND.value)
     goal_id = GoalService(kernel.db, kernel.store).start(root_task, budget, breaker)
-    emit({"status": "ok", "goal_id": goal_id, "root_task": root_task})
-    stderr.print(f"goal {goal_id} started for {root_task}")
+    emit({"status": "ok", "goal_id": goal_id, "root_task": root_task}, generic=False)
+    say(f"goal {goal_id} started for {root_task}")
 
 
 @app.command("list")
 def list_goals(ctx: typer.Context) -> None:
-    """Every goal, newest first: id, root task, state, reason, started and ended (JSON)."""
+    """Every goal, newest first: id, root task, state, reason, started and ended."""
     rows = _service(ctx).list()
     emit(rows)
     say(f"{len(rows)} goal(s), {sum(1 for g in rows if g['state'] == 'active')} active")
@@ -90,4 +90,5 @@ def cancel(ctx: typer.Context, goal_id: str) -> None:
     _authorize(c, root, "cancel")
     if not service.cancel(goal_id):
         reject("goal_not_active", f"goal {goal_id} is not active")
-    emit({"status": "ok", "goal_id": goal_id, "state": "cancelled"})
+    emit({"status": "ok", "goal_id": goal_id, "state": "cancelled"}, generic=False)
+    say(("cancelled", "yellow"), f" goal {goal_id}")

@@ -1,31 +1,65 @@
-"""Where every command group is attached to the root app (one line per group)."""
+"""Every top-level command, and where it lives. Only the command a call names is imported: `--help` and
+completion list the others from this table (their one-line help is kept equal to the real command's by
+tests/test_cli_lazy.py), so a call pays only for its own libraries."""
 
 from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
 
 import typer
 
 
-def register(app: typer.Typer) -> None:
-    from taskkernel.coordinator.cli import (
-        demo,
-        fcop_cmds,
-        gate,
-        goal,
-        kernel_cmds,
-        schedule,
-        session,
-        up,
-        usage,
-        verify,
-    )
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    module: str  # under taskkernel.coordinator.cli
+    attr: str  # a command function, or a typer.Typer sub-app
+    help: str  # the first line of the real command's help, shown while it is not loaded
 
-    kernel_cmds.register(app)
-    app.command("demo")(demo.demo)
-    app.command("up")(up.up)
-    app.command("verify")(verify.verify)
-    app.command("usage")(usage.usage)
-    app.add_typer(goal.app, name="goal")
-    app.add_typer(session.app, name="session")
-    app.add_typer(gate.app, name="gate")
-    app.add_typer(schedule.app, name="schedule")
-    app.add_typer(fcop_cmds.app, name="fcop")
+
+ENTRIES: tuple[Entry, ...] = (
+    Entry("init", "kernel_cmds", "init", "Create the workspace: .taskkernel/kernel.db, taskkernel.toml and, in a "
+          "project without any, the FCoP folders."),
+    Entry("submit", "kernel_cmds", "submit", "Submit one command (JSON) to the TaskCommandKernel."),
+    Entry("task", "kernel_cmds", "task_app", "Inspect tasks."),
+    Entry("log", "kernel_cmds", "log", "Events in global (commit) order (JSON: one line per event)."),
+    Entry("token", "kernel_cmds", "token_app", "Credentials."),
+    Entry("up", "up", "up", "Run the coordinator: folders, dispatcher, agents and automations."),
+    Entry("demo", "demo", "demo", "Run the coordinator demo on a fresh dev-team workspace (embedded SQLite, scripted "
+          "agents, no network)."),
+    Entry("verify", "verify", "verify", "Check the database file, the hash chain, every read model and the task "
+          "folders against the events; exit 0 if all hold, 2 at the first break."),
+    Entry("usage", "usage", "usage", "Usage per owner: units of work, wall time, tokens and cost."),
+    Entry("goal", "goal", "app", "Goals: budgets, circuit breaker, terminal states."),
+    Entry("session", "session", "app", "Acceptance-sequenced session log."),
+    Entry("gate", "gate", "app", "Execution gate: judge a trace, run the worked example."),
+    Entry("schedule", "schedule", "app", "Durable schedules for automations (docs/scheduler.md)."),
+    Entry("fcop", "fcop_cmds", "app", "Whole-workspace FCoP operations (docs/import-and-migrate.md)."),
+)
+
+
+def attach(app: typer.Typer, entry: Entry) -> None:
+    """Import the entry's module and attach its real command or group."""
+    module = importlib.import_module(f"taskkernel.coordinator.cli.{entry.module}")
+    target = getattr(module, entry.attr)
+    if isinstance(target, typer.Typer):
+        app.add_typer(target, name=entry.name)
+    else:
+        app.command(entry.name)(target)
+
+
+def attach_placeholder(app: typer.Typer, entry: Entry) -> None:
+    """A stand-in that lists the command in help and completion without importing it. It never runs:
+    a call that names the command gets the real one."""
+
+    def placeholder() -> None:  # pragma: no cover - replaced by the real command whenever it is named
+        raise RuntimeError(f"{entry.name} was not loaded")
+
+    app.command(entry.name, help=entry.help, context_settings={"ignore_unknown_options": True})(placeholder)
+
+
+def register(app: typer.Typer, wanted: str | None) -> None:
+    """Attach the command ``wanted`` for real and every other one as a placeholder."""
+    for entry in ENTRIES:
+        (attach if entry.name == wanted else attach_placeholder)(app, entry)

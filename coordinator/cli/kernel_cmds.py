@@ -11,9 +11,9 @@ from typing import Any
 
 import sqlalchemy as sa
 import typer
-from rich.table import Table
 
-from taskkernel.coordinator.cli.common import Exit, emit, fail, get_ctx, reject, say, stderr
+from taskkernel.coordinator.cli.common import Exit, emit, fail, get_ctx, reject, say, show, warn
+from taskkernel.coordinator.cli.output import human_mode, table_of
 from taskkernel.coordinator.fcop import FcopError
 from taskkernel.coordinator.workspace import DEFAULT_TEAM, TEAM_PRESETS, init_workspace
 from taskkernel.kernel.credentials import (
@@ -73,10 +73,10 @@ def init(ctx: typer.Context, directory: Path = typer.Argument(Path("."), help="W
             write_private(ws.owner_token_path, (owner_token + "\n").encode("ascii"))
     emit({"status": "ok", "workspace": str(ws.root), "database": c.database().url, "fcop_root": str(done.fcop_root),
           "fcop_created": done.laid_out, "team": t.name, "leader": t.leader, "roles": t.roles,
-          "team_source": t.source})
+          "team_source": t.source}, generic=False)
     where = "laid out" if done.laid_out else "found (left as it is)"
     say(("workspace ready", "green"), f" at {ws.root}; FCoP folder {done.fcop_root} {where}")
-    stderr.print(f"team {t.name} from {t.source}: leader {t.leader}, roles {', '.join(t.roles)}")
+    say(f"team {t.name} from {t.source}: leader {t.leader}, roles {', '.join(t.roles)}")
     if done.note:
         say(("note:", "yellow"), f" {done.note}")
 
@@ -98,11 +98,11 @@ def token_issue(ctx: typer.Context, role: str = typer.Argument(..., help="Role c
 
 @token_app.command("list")
 def token_list(ctx: typer.Context) -> None:
-    """Every credential as JSON (id, role, agent, scope, issued, revoked): never a secret."""
+    """Every credential (id, role, agent, scope, issued, revoked): never a secret."""
     c = get_ctx(ctx)
     c.require_admin("listing credentials")
     rows = list_credentials(c.database())
-    emit(rows)
+    emit(rows)  # on a terminal: the generic table (no column ever holds a secret)
     say(f"{len(rows)} credential(s), {sum(1 for r in rows if r['revoked_at'] is None)} live")
 
 
@@ -121,7 +121,7 @@ def token_revoke(ctx: typer.Context, ident: str = typer.Argument(
     if c.used_token is not None and token_hash(c.used_token) == found[0]:
         reject("own_credential", "that is the credential this command runs with; revoke it from another one")
     revoked = revoke_hash(db, found[0], REVOKED_BY_OWNER)
-    emit({"status": "ok", "id": found[0][:CREDENTIAL_ID_LEN], "revoked": revoked})
+    emit({"status": "ok", "id": found[0][:CREDENTIAL_ID_LEN], "revoked": revoked}, generic=False)
     say(("revoked", "green") if revoked else ("already revoked", "yellow"), f" {found[0][:CREDENTIAL_ID_LEN]}")
 
 
@@ -143,9 +143,9 @@ def submit(ctx: typer.Context, source: str = typer.Argument("-", metavar="[FILE|
             result = result.model_copy(update={"reason": caller.reason.value, "message": caller.message})
     else:
         result = kernel.submit(command, caller, external=True)
-    emit(result.wire())
+    emit(result.wire(), generic=False)
     colour = {"accepted": "green", "replayed": "cyan", "rejected": "red"}[result.status]
-    say((result.status, colour), f" {result.reason or ''} {result.message}")
+    (warn if result.status == "rejected" else say)((result.status, colour), f" {result.reason or ''} {result.message}")
     raise typer.Exit(int(Exit.REJECTED if result.status == "rejected" else Exit.OK))
 
 
@@ -157,24 +157,34 @@ def _event_json(ev: RecordedEvent) -> dict[str, Any]:
 
 @task_app.command("show")
 def task_show(ctx: typer.Context, task_id: str) -> None:
-    """A task's current state, reports and history (JSON)."""
+    """A task's current state, reports and history."""
     kernel = get_ctx(ctx).kernel()
     doc = kernel.task(task_id)
     if doc is None:
-        emit({"status": "error", "reason": "task_not_found", "message": f"{task_id} does not exist"})
-        raise typer.Exit(int(Exit.REJECTED))
+        reject("task_not_found", f"{task_id} does not exist (see `taskkernel task list`)")
     history = [{"revision": ev.stream_version, "global_pos": ev.global_pos, "type": ev.type,
                 "by": ev.data.get("by"), "at": ev.recorded_at,
                 **{k: v for k, v in ev.data.items() if k in ("from", "round", "reason", "report_id", "status")}}
                for ev in kernel.history(task_id)]
-    emit({**doc, "history": history})
+    emit({**doc, "history": history}, _render_task)
+
+
+def _render_task(doc: dict[str, Any]) -> None:
     say(f"{doc['task_id']} ", (doc["state"], "bold"), f" rev {doc['revision']} round {doc['round']}: {doc['subject']}")
+    show(table_of({k: doc.get(k) for k in ("sender", "recipient", "priority", "risk_level", "parent", "root",
+                                          "thread_key", "assignee", "lease") if doc.get(k) is not None}))
+    if doc.get("body"):
+        say(doc["body"])
+    for kind in ("reports", "records"):
+        if doc.get(kind):
+            show(table_of(doc[kind], title=kind))
+    show(table_of(doc["history"], title="history"))
 
 
 @task_app.command("list")
 def task_list(ctx: typer.Context, state: str = typer.Option(None, "--state", help="Only tasks in this state.")
               ) -> None:
-    """Tasks as a JSON array (oldest first)."""
+    """Tasks, oldest first (JSON: an array)."""
     if state and state not in STATES:
         fail(Exit.USAGE, f"--state {state!r} is not a task state; choose one of {', '.join(STATES)}")
     q = sa.select(tasks_table.c.doc).order_by(tasks_table.c.last_pos)
@@ -184,23 +194,36 @@ def task_list(ctx: typer.Context, state: str = typer.Option(None, "--state", hel
         docs = [json.loads(r[0]) for r in conn.execute(q)]
     keys = ("task_id", "state", "revision", "round", "sender", "recipient", "subject", "priority", "risk_level",
             "parent", "root", "thread_key")
-    emit([{k: d[k] for k in keys} for d in docs])
+    emit([{k: d[k] for k in keys} for d in docs], _render_tasks)
+
+
+def _render_tasks(rows: list[dict[str, Any]]) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
     table = Table("task", "state", "rev", "round", "route", "subject")
-    for d in docs:
-        table.add_row(d["task_id"], d["state"], str(d["revision"]), str(d["round"]),
-                      f"{d['sender']}→{d['recipient']}", d["subject"])
-    stderr.print(table)
+    for d in rows:
+        table.add_row(Text(d["task_id"]), Text(d["state"]), str(d["revision"]), str(d["round"]),
+                      Text(f"{d['sender']}→{d['recipient']}"), Text(d["subject"]))
+    show(table)
+    say(f"{len(rows)} task(s)")
 
 
 def log(ctx: typer.Context, stream: str = typer.Option(None, "--stream", help="Only this stream, e.g. task:ID."),
         from_pos: int = typer.Option(1, "--from", min=1, max=2**53, help="First global position.")) -> None:
-    """Events as JSON lines, in global (commit) order."""
+    """Events in global (commit) order (JSON: one line per event)."""
     if stream and TASK_ID_RE.match(stream):  # a bare task id names its stream
         stream = f"task:{stream}"
     kernel = get_ctx(ctx).kernel()
     store = kernel.store
     with kernel.db.read() as conn:
         events = store.read_stream(conn, stream) if stream else store.read_all(conn, from_pos)
+        human = human_mode()
         for ev in events:
-            if ev.global_pos >= from_pos:
+            if ev.global_pos < from_pos:
+                continue
+            if human:
+                say(f"{ev.global_pos:>6} {ev.stream_id} v{ev.stream_version} {ev.type} by "
+                    f"{ev.data.get('by') or ev.meta.get('actor', '-')} at {ev.recorded_at}")
+            else:
                 sys.stdout.write(json.dumps(_event_json(ev), ensure_ascii=False) + "\n")

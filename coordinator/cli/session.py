@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 
 import typer
 
-from taskkernel.coordinator.cli.common import CliContext, Exit, emit, fail, get_ctx, reject, say, stderr
+from taskkernel.coordinator.cli.common import CliContext, Exit, emit, fail, get_ctx, reject, say
 from taskkernel.kernel.private import read_secret
 from taskkernel.kernel.sessionlog import (
     LogFileError,
@@ -219,7 +219,7 @@ def export(
         fh.writelines(lines)
         fh.flush()
         os.fsync(fh.fileno())
-    stderr.print(f"exported {len(lines)} record(s) of {session} to {output}")
+    say(f"exported {len(lines)} record(s) of {session} to {output}")
 
 
 @app.command("import")

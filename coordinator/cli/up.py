@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -18,7 +17,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from taskkernel.coordinator.cli.common import Exit, emit, fail, get_ctx, say, stderr
+from taskkernel.coordinator.cli.common import Exit, emit, fail, get_ctx, say
+from taskkernel.coordinator.cli.output import people
 from taskkernel.coordinator.fcop import FcopError
 from taskkernel.coordinator.loop import Coordinator, PassStats, StageFailure
 from taskkernel.coordinator.workspace import Workspace, WorkspaceNotFound
@@ -51,7 +51,7 @@ def up(ctx: typer.Context, workspace: Path = typer.Argument(None, help="Workspac
             say(("degraded", "red"), f": {len(failed)} stage failure(s); processed: {done}")
             raise typer.Exit(int(Exit.INTERNAL))
         emit({"status": "ok", **done})
-        stderr.print(f"processed: {done}")
+        say(f"processed: {done}")
         return
     stop = asyncio.Event()
     totals: dict[str, int] = {"passes": 0}
@@ -67,10 +67,11 @@ def up(ctx: typer.Context, workspace: Path = typer.Argument(None, help="Workspac
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         say(("coordinator up", "green"), f" for {ws.root} (Ctrl-C to stop)")
-        if not sys.stderr.isatty():
+        console = people()  # the live view goes where lines for people go
+        if not console.is_terminal:
             await coordinator.run(stop, on_pass=count)
             return
-        with Live(_status(coordinator, totals), console=stderr, refresh_per_second=2) as live:
+        with Live(_status(coordinator, totals), console=console, refresh_per_second=2) as live:
             def show(stats: PassStats) -> None:
                 count(stats)
                 live.update(_status(coordinator, totals))

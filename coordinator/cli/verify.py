@@ -8,7 +8,7 @@ from pathlib import Path
 import sqlalchemy as sa
 import typer
 
-from taskkernel.coordinator.cli.common import Exit, emit, get_ctx, say
+from taskkernel.coordinator.cli.common import Exit, emit, get_ctx, say, warn
 from taskkernel.kernel.commands import TaskCommandKernel
 from taskkernel.kernel.store.db import DatabaseCorrupt, is_corruption
 from taskkernel.kernel.verify import VerifyReport, corrupt_report
@@ -55,17 +55,17 @@ def verify(ctx: typer.Context, repair: bool = typer.Option(False, "--repair",
         if not is_corruption(exc):
             raise
         report = corrupt_report(str(exc.orig))
-    emit(report.as_json())
+    emit(report.as_json(), generic=False)
     if report.ok:
         say(("verified", "green"), f" {report.events} events, {report.tasks} tasks ({report.chain} chain)"
             + (f", repaired {report.repaired}" if report.repaired else ""))
         return
     first = next(p for p in report.problems if p["reason"] == report.reason)
-    say(("broken", "red"), f" ({report.reason}) at position {first['position']}: {first['detail']}")
+    warn(("broken", "red"), f" ({report.reason}) at position {first['position']}: {first['detail']}")
     if repair and report.chain_broken:
-        say(("refusing to repair", "red"), ": the chain is not proven, so the events cannot be trusted to rebuild "
+        warn(("refusing to repair", "red"), ": the chain is not proven, so the events cannot be trusted to rebuild "
             "anything from")
     elif repair and report.repair_refused:
-        say(("refusing to repair", "red"), ": a receipt or a stored task remembers more than the log holds, so the "
+        warn(("refusing to repair", "red"), ": a receipt or a stored task remembers more than the log holds, so the "
             "log may have lost events; rebuilding from it would hide the loss (docs/durability.md)")
     raise typer.Exit(int(Exit.REJECTED))

@@ -1,0 +1,171 @@
+"""One output layer for every command (docs/cli.md, "Output").
+
+On a terminal, people get a human rendering on stdout: tables, colours, one-line summaries. When stdout is
+not a terminal, or with ``--json``, stdout carries exactly one JSON document per result (or JSON lines for
+streams) and the human lines go to stderr, without tables. Data is never read as markup: every string is
+printed as the characters it holds (a subject ``[/b]`` is ``[/b]``). Errors have one envelope,
+``{"status": "error", "code", "message"}``; refusals keep ``{"status": "rejected", "reason", "message"}``.
+
+rich is imported only when something is rendered for a person: scripts pay for JSON alone.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterable
+from enum import IntEnum
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import typer
+
+if TYPE_CHECKING:
+    from rich.console import Console, RenderableType
+
+Part = str | tuple[str, str]  # plain text, or (text, rich style)
+Render = Callable[[Any], None]
+
+
+class Exit(IntEnum):
+    """Process exit codes (docs/cli.md). 64/65 follow sysexits.h."""
+
+    OK = 0
+    INTERNAL = 1  # also: an infrastructure fault (database unreachable, disk full, …)
+    REJECTED = 2  # also: replay unknown, verify found a break, gate BLOCK, doctor unhealthy
+    USAGE = 64
+    DATAERR = 65
+
+
+_json_forced = False
+_consoles: dict[str, Console] = {}
+
+
+def force_json(value: bool = True) -> None:
+    """``--json`` (anywhere on the command line): JSON on stdout even on a terminal."""
+    global _json_forced
+    _json_forced = _json_forced or value
+
+
+def json_mode() -> bool:
+    return _json_forced or not sys.stdout.isatty()
+
+
+def human_mode() -> bool:
+    return not json_mode()
+
+
+def _console(stream: str) -> Console:
+    if stream not in _consoles:
+        from rich.console import Console
+
+        _consoles[stream] = Console(stderr=stream == "stderr", markup=False, highlight=False, emoji=False)
+    return _consoles[stream]
+
+
+def people() -> Console:
+    """Where lines for people go: stdout in human mode, stderr when stdout carries JSON."""
+    return _console("stdout" if human_mode() else "stderr")
+
+
+def _plain(parts: Iterable[Part]) -> str:
+    return "".join(p if isinstance(p, str) else p[0] for p in parts)
+
+
+def say(*parts: Part) -> None:
+    """One line for people. Plain strings print exactly as they are, ``(text, style)`` pairs styled."""
+    if json_mode() and not sys.stderr.isatty():  # a script's stderr: plain text, no rich import
+        sys.stderr.write(_plain(parts) + "\n")
+        sys.stderr.flush()
+        return
+    from rich.text import Text
+
+    people().print(Text.assemble(*parts))
+
+
+def warn(*parts: Part) -> None:
+    """A warning or an error line: always on stderr, whatever the mode."""
+    if not sys.stderr.isatty():
+        sys.stderr.write(_plain(parts) + "\n")
+        sys.stderr.flush()
+        return
+    from rich.text import Text
+
+    _console("stderr").print(Text.assemble(*parts))
+
+
+def show(renderable: RenderableType, *, story: bool = False) -> None:
+    """A table or rule for people: on stdout in human mode. With JSON on stdout it is dropped (a table no
+    script reads is only cost), unless it is part of a ``story`` (the demo), which then goes to stderr."""
+    if human_mode() or story:
+        people().print(renderable)
+
+
+def write_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, ensure_ascii=False, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def emit(obj: Any, render: Render | None = None, *, generic: bool = True) -> None:
+    """A command's result. JSON mode: the document on stdout. Human mode: ``render(obj)`` when given, else
+    a generic table of the document, or nothing when ``generic`` is False (the command's ``say`` lines
+    are its human rendering)."""
+    if json_mode():
+        write_json(obj)
+    elif render is not None:
+        render(obj)
+    elif generic:
+        show(table_of(obj))
+
+
+def fail(code: Exit, message: str, *, error: str | None = None, **extra: Any) -> NoReturn:
+    """An error: the envelope on stdout in JSON mode, one readable line on stderr; exit ``code``.
+    ``error`` is the stable error code (default: the exit code's name, e.g. ``usage``)."""
+    if json_mode():
+        write_json({"status": "error", "code": error or code.name.lower(), "message": message, **extra})
+    warn(("error:", "red"), " ", message)
+    raise typer.Exit(int(code))
+
+
+def reject(reason: str, message: str, **extra: Any) -> NoReturn:
+    """A refusal the caller can act on: the reason code in JSON, one line on stderr, exit 2."""
+    if json_mode():
+        write_json({"status": "rejected", "reason": reason, "message": message, **extra})
+    warn(("rejected", "red"), f" {reason}: {message}")
+    raise typer.Exit(int(Exit.REJECTED))
+
+
+def cell(value: Any) -> str:
+    """A value as one table cell: scalars as themselves, structures as compact JSON."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool | int | float):
+        return json.dumps(value)
+    return json.dumps(value, ensure_ascii=False, default=str, separators=(", ", ": "))
+
+
+def table_of(obj: Any, title: str | None = None) -> RenderableType:
+    """A generic human rendering: a list of records as a table (one column per key), a record as key/value
+    rows, anything else as its text. Every cell is a Text, so data is never markup."""
+    from rich.table import Table
+    from rich.text import Text
+
+    if isinstance(obj, list) and obj and all(isinstance(r, dict) for r in obj):
+        keys: list[str] = []
+        for row in obj:
+            keys.extend(k for k in row if k not in keys)
+        table = Table(*keys, title=title)
+        for row in obj:
+            table.add_row(*(Text(cell(row.get(k))) for k in keys))
+        return table
+    if isinstance(obj, dict):
+        table = Table(show_header=False, box=None, title=title)
+        table.add_column(style="bold")
+        table.add_column()
+        for key, value in obj.items():
+            table.add_row(Text(str(key)), Text(cell(value)))
+        return table
+    if isinstance(obj, list) and not obj:
+        return Text("(none)")
+    return Text(cell(obj))
