@@ -29,11 +29,11 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("demo", "demo", "demo", "Run the coordinator demo on a fresh dev-team workspace (embedded SQLite, scripted "
           "agents, no network)."),
     Entry("verify", "verify", "verify", "Check the database file, the hash chain, every read model and the task "
-          "folders against the events; exit 0 if all hold, 2 at the first break."),
+          "folders against the events; exit 2 at the first break."),
     Entry("usage", "usage", "usage", "Usage per owner: units of work, wall time, tokens and cost."),
     Entry("goal", "goal", "app", "Goals: budgets, circuit breaker, terminal states."),
     Entry("session", "session", "app", "Acceptance-sequenced session log."),
-    Entry("gate", "gate", "app", "Execution gate: judge a trace, run the worked example."),
+    Entry("gate", "gate", "app", "Execution gate: is this planned action still supported by the trace, now?"),
     Entry("schedule", "schedule", "app", "Durable schedules for automations (docs/scheduler.md)."),
     Entry("fcop", "fcop_cmds", "app", "Whole-workspace FCoP operations (docs/import-and-migrate.md)."),
 )

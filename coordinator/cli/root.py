@@ -68,13 +68,17 @@ def command_named(args: list[str]) -> str | None:
 
 
 def _completion_words() -> list[str]:
-    """During shell completion the line being completed is in COMP_WORDS (bash, zsh, fish), not argv."""
+    """During shell completion the line being completed is in the environment, not argv: COMP_WORDS and
+    COMP_CWORD (bash), _TYPER_COMPLETE_ARGS (zsh, fish, PowerShell). The complete words, without the program."""
     try:
+        if "_TYPER_COMPLETE_ARGS" in os.environ:
+            line = os.environ["_TYPER_COMPLETE_ARGS"]
+            words = shlex.split(line)
+            return words[1:] if line.endswith(" ") else words[1:-1]
         words = shlex.split(os.environ.get("COMP_WORDS", ""))
-    except ValueError:
+        return words[1:int(os.environ.get("COMP_CWORD") or len(words))]
+    except ValueError:  # an unfinished quote: complete the command names
         return []
-    cword = int(os.environ.get("COMP_CWORD", len(words)) or 0)
-    return words[1:cword]  # the words before the one being completed, without the program name
 
 
 def _with_json_flag(command: Callable[..., Any]) -> Callable[..., Any]:
