@@ -30,6 +30,7 @@ bench: setup
 	$(BIN)/python bench/gate.py
 	$(BIN)/python bench/ingest_files.py
 	$(BIN)/python bench/ingest.py
+	$(BIN)/python bench/cli.py
 
 lint: setup
 	$(BIN)/ruff check kernel roles scheduler coordinator taskkernel tests bench examples

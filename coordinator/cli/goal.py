@@ -73,7 +73,7 @@ def show(ctx: typer.Context, goal_id: str) -> None:
     """State, reason, budget and what the root and its descendants spent."""
     goal = _service(ctx).show(goal_id)
     if goal is None:
-        fail(Exit.REJECTED, f"no goal {goal_id}")
+        reject("unknown_goal", f"no goal {goal_id} (see `taskkernel goal list`)")
     emit(goal)
 
 
