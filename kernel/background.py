@@ -20,9 +20,8 @@ import sqlalchemy as sa
 
 from taskkernel.kernel.canonical import canonical_json, utc_now_iso
 from taskkernel.kernel.store.db import Database
-from taskkernel.kernel.store.schema import tasks
-
-background_metadata = sa.MetaData()
+from taskkernel.kernel.store.schema import background_jobs as jobs
+from taskkernel.kernel.store.schema import metadata, tasks
 
 
 class BackgroundOutcome(StrEnum):
@@ -30,23 +29,6 @@ class BackgroundOutcome(StrEnum):
     STALE_RESULT = "stale_result"
     LEASE_LOST = "lease_lost"
 
-
-jobs = sa.Table(
-    "background_jobs",
-    background_metadata,
-    sa.Column("subject", sa.Text, primary_key=True),  # e.g. summary:TASK-…
-    sa.Column("task_id", sa.Text, nullable=False),
-    sa.Column("state", sa.Text, nullable=False),  # idle | scheduled | running
-    sa.Column("first_requested", sa.Text),
-    sa.Column("not_before", sa.Text),
-    sa.Column("rerun", sa.Boolean, nullable=False, server_default=sa.false()),
-    sa.Column("fencing", sa.Integer, nullable=False, server_default="0"),
-    sa.Column("lease_until", sa.Text),
-    sa.Column("based_on_revision", sa.Integer),
-    sa.Column("result", sa.Text),
-    sa.Column("result_revision", sa.Integer),
-    sa.Column("discarded", sa.Integer, nullable=False, server_default="0"),
-)
 
 
 def _iso(t: datetime) -> str:
@@ -68,7 +50,7 @@ class BackgroundJobs:
         self.debounce = timedelta(seconds=debounce)
         self.max_wait = timedelta(seconds=max_wait)
         self.lease = timedelta(seconds=lease)
-        db.create_schema(background_metadata)
+        db.create_schema(metadata)
 
     def request(self, subject: str, task_id: str, now: datetime | None = None) -> None:
         t = now or datetime.now(UTC)

@@ -25,11 +25,8 @@ from taskkernel.kernel.canonical import canonical_json, utc_now_iso
 from taskkernel.kernel.model.commands import TaskBudget
 from taskkernel.kernel.store.db import Database, UnitOfWork
 from taskkernel.kernel.store.events import EventStore, NewEvent
-from taskkernel.kernel.store.schema import metadata as kernel_metadata
-from taskkernel.kernel.usage import install as install_usage
-from taskkernel.kernel.usage import usage_table
-
-goals_metadata = sa.MetaData()
+from taskkernel.kernel.store.schema import goals, metadata
+from taskkernel.kernel.store.schema import usage as usage_table
 
 
 class GoalState(StrEnum):
@@ -54,21 +51,6 @@ class GoalReason(StrEnum):
 Budget = TaskBudget  # a goal's limits have a root task's fields and bounds: strict, finite, stored exactly
 
 
-goals = sa.Table(
-    "goals",
-    goals_metadata,
-    sa.Column("goal_id", sa.Text, primary_key=True),
-    sa.Column("root_task", sa.Text, nullable=False),
-    sa.Column("state", sa.Text, nullable=False),
-    sa.Column("reason", sa.Text),
-    sa.Column("budget", sa.Text, nullable=False),
-    sa.Column("breaker_threshold", sa.Integer, nullable=False),
-    sa.Column("consecutive_failures", sa.Integer, nullable=False, server_default="0"),
-    sa.Column("started_at", sa.Text, nullable=False),
-    sa.Column("ended_at", sa.Text),
-    sa.Index("ix_goals_root_state", "root_task", "state"),
-)
-
 TERMINAL = frozenset({GoalState.COMPLETE, GoalState.BLOCKED, GoalState.BUDGET_EXHAUSTED, GoalState.CANCELLED})
 
 
@@ -84,8 +66,7 @@ class GoalService:
     def __init__(self, db: Database, store: EventStore | None = None) -> None:
         self.db = db
         self.store = store or EventStore()
-        install_usage(db)
-        db.create_schema(kernel_metadata, goals_metadata)
+        db.create_schema(metadata)
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self, root_task: str, budget: Budget, breaker_threshold: int = 3) -> str:

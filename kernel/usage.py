@@ -18,35 +18,14 @@ import sqlalchemy as sa
 
 from taskkernel.kernel.canonical import JSON_SAFE_INT, utc_now_iso
 from taskkernel.kernel.store.db import Database, UnitOfWork
-
-usage_metadata = sa.MetaData()
-Amount = sa.Integer().with_variant(sa.BigInteger(), "postgresql")  # SQLite's INTEGER is 64-bit already
+from taskkernel.kernel.store.schema import metadata
+from taskkernel.kernel.store.schema import usage as usage_table
 
 
 class Feature(StrEnum):
     FOREGROUND = "foreground"
     AUTOMATION = "automation"
     BACKGROUND = "background"
-
-
-usage_table = sa.Table(
-    "usage",
-    usage_metadata,
-    sa.Column("usage_id", sa.Text, primary_key=True),  # e.g. run:<run_id>; idempotent re-recording
-    sa.Column("root_task", sa.Text),
-    sa.Column("task_id", sa.Text),
-    sa.Column("round", sa.Integer),
-    sa.Column("role", sa.Text, nullable=False),
-    sa.Column("agent", sa.Text, nullable=False),
-    sa.Column("feature", sa.Text, nullable=False),
-    sa.Column("wall_ms", Amount, nullable=False, server_default="0"),
-    sa.Column("exit_code", sa.Integer),
-    sa.Column("tokens_in", Amount, nullable=False, server_default="0"),
-    sa.Column("tokens_out", Amount, nullable=False, server_default="0"),
-    sa.Column("cost_usd", sa.Float, nullable=False, server_default="0"),
-    sa.Column("recorded_at", sa.Text, nullable=False),
-    sa.Index("ix_usage_root", "root_task"),
-)
 
 
 @dataclass(frozen=True)
@@ -74,7 +53,8 @@ class UsageRecord:
 
 
 def install(db: Database) -> None:
-    db.create_schema(usage_metadata)
+    """Create the core's tables, the usage ledger among them, if missing (``Database.create_schema``)."""
+    db.create_schema(metadata)
 
 
 def record_usage(uow: UnitOfWork, rec: UsageRecord) -> bool:

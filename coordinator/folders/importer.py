@@ -43,7 +43,8 @@ from taskkernel.coordinator.fcop import (
 from taskkernel.coordinator.fcop.filenames import TASK_ID_RE, normalize_reference
 from taskkernel.coordinator.fcop.safeio import locked
 from taskkernel.coordinator.folders.ingest import ARCHIVE_AREAS, REPORT_STATUS, file_key, taken_refusal, write_reason
-from taskkernel.coordinator.folders.tracking import FileTracker, Origin, folder_files
+from taskkernel.coordinator.folders.tracking import FileTracker, Origin
+from taskkernel.coordinator.tables import folder_files, folder_imports, metadata
 from taskkernel.kernel.canonical import utc_now_iso
 from taskkernel.kernel.commands import TaskCommandKernel
 from taskkernel.kernel.logging import get_logger
@@ -54,14 +55,6 @@ from taskkernel.kernel.store.db import Database
 from taskkernel.kernel.store.schema import tasks
 
 log = get_logger(__name__)
-import_metadata = sa.MetaData()
-folder_imports = sa.Table(
-    "folder_imports", import_metadata,
-    sa.Column("root", sa.Text, primary_key=True),  # the FCoP root, relative to the workspace: one import each
-    sa.Column("generation", sa.Text, nullable=False),
-    sa.Column("imported_at", sa.Text, nullable=False),
-    sa.Column("summary", sa.Text, nullable=False),
-)
 BATCH = 500
 MAX_SUBJECT = 500
 RISKS = frozenset(r.value for r in RiskLevel)
@@ -74,7 +67,7 @@ def root_key_of(fcop_root: Path, workspace_root: Path) -> str:
 
 def is_imported(db: Database, root_key: str) -> bool:
     """Has the FCoP root at ``root_key`` (its path in the workspace) been imported?"""
-    db.create_schema(import_metadata)
+    db.create_schema(metadata)
     with db.read() as conn:
         return conn.execute(sa.select(folder_imports.c.root).where(folder_imports.c.root == root_key)).first() \
             is not None
@@ -114,7 +107,7 @@ class Importer:
         self.tracker = tracker
         self.root_key = root_key
         self.batch_size = batch_size
-        kernel.db.create_schema(import_metadata)
+        kernel.db.create_schema(metadata)
 
     @classmethod
     def for_workspace(cls, kernel: TaskCommandKernel, fcop: FcopWorkspace, tracker: FileTracker,

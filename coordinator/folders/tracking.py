@@ -14,10 +14,10 @@ from pathlib import PurePosixPath
 import sqlalchemy as sa
 
 from taskkernel.coordinator.fcop.scan import StatKey
+from taskkernel.coordinator.tables import folder_files, folder_stats
+from taskkernel.coordinator.tables import metadata as folders_metadata
 from taskkernel.kernel.canonical import utc_now_iso
 from taskkernel.kernel.store.db import Database
-
-folders_metadata = sa.MetaData()
 
 
 class Origin(StrEnum):
@@ -26,29 +26,6 @@ class Origin(StrEnum):
     REFUSED = "refused"  # read, but its command was rejected (a reason file sits beside it)
     QUARANTINED = "quarantined"
     KEPT = "kept"  # malformed, but history: found by the import and left where it was (never quarantined)
-
-
-folder_files = sa.Table(
-    "folder_files",
-    folders_metadata,
-    sa.Column("rel", sa.Text, primary_key=True),
-    sa.Column("sha256", sa.Text, nullable=False),
-    sa.Column("task_id", sa.Text),
-    sa.Column("origin", sa.Text, nullable=False),
-    sa.Column("note", sa.Text),
-    sa.Column("updated_at", sa.Text, nullable=False),
-    sa.Index("ix_folder_files_task", "task_id"),
-)
-
-
-# What the live scanner had handled when a process stopped: a file whose stat is unchanged is not read again.
-folder_stats = sa.Table(
-    "folder_stats",
-    folders_metadata,
-    sa.Column("rel", sa.Text, primary_key=True),
-    sa.Column("stat", sa.Text, nullable=False),  # "size:mtime_ns:inode:ctime_ns"
-    sa.Column("sha256", sa.Text, nullable=False),
-)
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,9 @@ from enum import StrEnum
 
 import sqlalchemy as sa
 
+from taskkernel.coordinator.tables import metadata, runs
 from taskkernel.kernel.canonical import utc_now_iso
 from taskkernel.kernel.store.db import Database, UnitOfWork
-
-runs_metadata = sa.MetaData()
 
 
 class RunState(StrEnum):
@@ -37,32 +36,6 @@ class Purpose(StrEnum):
     CHILDREN = "children"  # the parent's driver is told a child moved
 
 
-runs = sa.Table(
-    "runs",
-    runs_metadata,
-    sa.Column("run_id", sa.Text, primary_key=True),
-    sa.Column("task_id", sa.Text, nullable=False),
-    sa.Column("round", sa.Integer, nullable=False),
-    sa.Column("role", sa.Text, nullable=False),
-    sa.Column("purpose", sa.Text, nullable=False),
-    sa.Column("state", sa.Text, nullable=False),
-    sa.Column("attempt", sa.Integer, nullable=False, server_default="0"),
-    sa.Column("max_attempts", sa.Integer, nullable=False),
-    sa.Column("fencing", sa.Integer, nullable=False, server_default="0"),
-    sa.Column("lease_owner", sa.Text),
-    sa.Column("lease_until", sa.Text),
-    sa.Column("not_before", sa.Text, nullable=False),
-    sa.Column("exit_code", sa.Integer),
-    sa.Column("last_error", sa.Text),
-    sa.Column("created_at", sa.Text, nullable=False),
-    sa.Column("ended_at", sa.Text),
-    # What the holder started, cleared when it ends the run: a takeover must find a crashed holder's agent.
-    sa.Column("token_hash", sa.Text),  # SHA-256 of the run's token, to revoke it as stale_lease
-    sa.Column("agent_host", sa.Text),  # host and boot: a pid means nothing on another machine or after a reboot
-    sa.Column("agent_pgid", sa.Integer),
-    sa.Column("agent_start", sa.BigInteger),  # /proc/<pid>/stat field 22: tells a recycled pid apart
-    sa.Index("ix_runs_due", "state", "not_before"),
-)
 AGENT_COLUMNS = ("token_hash", "agent_host", "agent_pgid", "agent_start")
 _CLEARED = dict.fromkeys(AGENT_COLUMNS)
 
@@ -105,7 +78,7 @@ class RunLedger:
         self.owner = owner
         self.lease = timedelta(seconds=lease_seconds)
         self.role_leases = {role: timedelta(seconds=s) for role, s in (role_leases or {}).items()}
-        db.create_schema(runs_metadata)
+        db.create_schema(metadata)
         self._add_missing_columns()
 
     def _add_missing_columns(self) -> None:

@@ -1,4 +1,4 @@
-"""Session log tables (own MetaData; ``install(db)`` creates them, idempotently).
+"""The session log's tables, all of them (own MetaData; ``install(db)`` creates them, idempotently).
 
 ``session_counter`` is the per-session counter row: ``last_seq`` (acceptance sequence),
 ``last_record`` (record position of everything received, accepted or not),
@@ -63,13 +63,9 @@ _installed: weakref.WeakSet[Database] = weakref.WeakSet()
 
 
 def install(db: Database) -> None:
-    """Create the tables (if missing) under the write lock, so concurrent first users do not race."""
+    """Create the tables if missing (``Database.create_schema``: under the writer lock, so concurrent first users
+    do not race, and never in a database whose schema is behind the code)."""
     if db in _installed:
         return
-    # Check with a plain read first: it cannot block on a write transaction the caller may hold.
-    with db.read() as conn:
-        present = all(sa.inspect(conn).has_table(t.name) for t in metadata.sorted_tables)
-    if not present:
-        with db.write() as uow:
-            metadata.create_all(uow.conn)
+    db.create_schema(metadata)
     _installed.add(db)

@@ -1,4 +1,9 @@
-"""Kernel tables (SQLAlchemy Core). JSON is stored as canonical text so hashes stay reproducible."""
+"""The core's tables (SQLAlchemy Core), all of them: the event store and its read models, credentials, and the
+usage ledger, goals and background jobs. JSON is stored as canonical text so hashes stay reproducible.
+
+Every component keeps its tables in one module like this one (kernel/sessionlog/tables.py, scheduler/tables.py,
+coordinator/tables.py); the migrations that change them live in coordinator/migrations/ (docs/migrations.md).
+A change to a table here is a new migration there: tests/test_migrations.py fails until both agree."""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ metadata = sa.MetaData()
 
 # INTEGER on SQLite (a rowid alias: fastest), BIGINT on PostgreSQL.
 Position = sa.Integer().with_variant(sa.BigInteger(), "postgresql")
+Amount = sa.Integer().with_variant(sa.BigInteger(), "postgresql")  # SQLite's INTEGER is 64-bit already
 
 events = sa.Table(
     "events",
@@ -101,4 +107,59 @@ store_meta = sa.Table(
     metadata,
     sa.Column("name", sa.Text, primary_key=True),
     sa.Column("value", sa.Text, nullable=False),
+)
+
+
+# Usage ledger (kernel/usage.py): one row per unit of work, inserted once, never updated.
+usage = sa.Table(
+    "usage",
+    metadata,
+    sa.Column("usage_id", sa.Text, primary_key=True),  # e.g. run:<run_id>; idempotent re-recording
+    sa.Column("root_task", sa.Text),
+    sa.Column("task_id", sa.Text),
+    sa.Column("round", sa.Integer),
+    sa.Column("role", sa.Text, nullable=False),
+    sa.Column("agent", sa.Text, nullable=False),
+    sa.Column("feature", sa.Text, nullable=False),
+    sa.Column("wall_ms", Amount, nullable=False, server_default="0"),
+    sa.Column("exit_code", sa.Integer),
+    sa.Column("tokens_in", Amount, nullable=False, server_default="0"),
+    sa.Column("tokens_out", Amount, nullable=False, server_default="0"),
+    sa.Column("cost_usd", sa.Float, nullable=False, server_default="0"),
+    sa.Column("recorded_at", sa.Text, nullable=False),
+    sa.Index("ix_usage_root", "root_task"),
+)
+
+# Goals (kernel/goals.py): a root task run under a budget.
+goals = sa.Table(
+    "goals",
+    metadata,
+    sa.Column("goal_id", sa.Text, primary_key=True),
+    sa.Column("root_task", sa.Text, nullable=False),
+    sa.Column("state", sa.Text, nullable=False),
+    sa.Column("reason", sa.Text),
+    sa.Column("budget", sa.Text, nullable=False),
+    sa.Column("breaker_threshold", sa.Integer, nullable=False),
+    sa.Column("consecutive_failures", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("started_at", sa.Text, nullable=False),
+    sa.Column("ended_at", sa.Text),
+    sa.Index("ix_goals_root_state", "root_task", "state"),
+)
+
+# Background jobs (kernel/background.py): single-flight, debounced work per subject.
+background_jobs = sa.Table(
+    "background_jobs",
+    metadata,
+    sa.Column("subject", sa.Text, primary_key=True),  # e.g. summary:TASK-…
+    sa.Column("task_id", sa.Text, nullable=False),
+    sa.Column("state", sa.Text, nullable=False),  # idle | scheduled | running
+    sa.Column("first_requested", sa.Text),
+    sa.Column("not_before", sa.Text),
+    sa.Column("rerun", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("fencing", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("lease_until", sa.Text),
+    sa.Column("based_on_revision", sa.Integer),
+    sa.Column("result", sa.Text),
+    sa.Column("result_revision", sa.Integer),
+    sa.Column("discarded", sa.Integer, nullable=False, server_default="0"),
 )

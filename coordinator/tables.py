@@ -1,0 +1,72 @@
+"""The coordinator's tables (SQLAlchemy Core), all of them: the run ledger and what the folder adapter knows about
+each file and each imported FCoP root.
+
+Like kernel/store/schema.py, kernel/sessionlog/tables.py and scheduler/tables.py, this is the one place these
+tables are defined; a change here is a new migration in coordinator/migrations/ (docs/migrations.md).
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+metadata = sa.MetaData()
+
+# Run ledger (runners/ledger.py): one row per agent wake-up, claimed under a lease with a fencing token.
+runs = sa.Table(
+    "runs",
+    metadata,
+    sa.Column("run_id", sa.Text, primary_key=True),
+    sa.Column("task_id", sa.Text, nullable=False),
+    sa.Column("round", sa.Integer, nullable=False),
+    sa.Column("role", sa.Text, nullable=False),
+    sa.Column("purpose", sa.Text, nullable=False),
+    sa.Column("state", sa.Text, nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("max_attempts", sa.Integer, nullable=False),
+    sa.Column("fencing", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("lease_owner", sa.Text),
+    sa.Column("lease_until", sa.Text),
+    sa.Column("not_before", sa.Text, nullable=False),
+    sa.Column("exit_code", sa.Integer),
+    sa.Column("last_error", sa.Text),
+    sa.Column("created_at", sa.Text, nullable=False),
+    sa.Column("ended_at", sa.Text),
+    # What the holder started, cleared when it ends the run: a takeover must find a crashed holder's agent.
+    sa.Column("token_hash", sa.Text),  # SHA-256 of the run's token, to revoke it as stale_lease
+    sa.Column("agent_host", sa.Text),  # host and boot: a pid means nothing on another machine or after a reboot
+    sa.Column("agent_pgid", sa.Integer),
+    sa.Column("agent_start", sa.BigInteger),  # /proc/<pid>/stat field 22: tells a recycled pid apart
+    sa.Index("ix_runs_due", "state", "not_before"),
+)
+
+# What the adapter knows about each file (folders/tracking.py): the version it last ingested or wrote, for which task.
+folder_files = sa.Table(
+    "folder_files",
+    metadata,
+    sa.Column("rel", sa.Text, primary_key=True),
+    sa.Column("sha256", sa.Text, nullable=False),
+    sa.Column("task_id", sa.Text),
+    sa.Column("origin", sa.Text, nullable=False),
+    sa.Column("note", sa.Text),
+    sa.Column("updated_at", sa.Text, nullable=False),
+    sa.Index("ix_folder_files_task", "task_id"),
+)
+
+# What the live scanner had handled when a process stopped: a file whose stat is unchanged is not read again.
+folder_stats = sa.Table(
+    "folder_stats",
+    metadata,
+    sa.Column("rel", sa.Text, primary_key=True),
+    sa.Column("stat", sa.Text, nullable=False),  # "size:mtime_ns:inode:ctime_ns"
+    sa.Column("sha256", sa.Text, nullable=False),
+)
+
+# FCoP roots already imported as history (folders/importer.py): one import each.
+folder_imports = sa.Table(
+    "folder_imports",
+    metadata,
+    sa.Column("root", sa.Text, primary_key=True),  # the FCoP root, relative to the workspace
+    sa.Column("generation", sa.Text, nullable=False),
+    sa.Column("imported_at", sa.Text, nullable=False),
+    sa.Column("summary", sa.Text, nullable=False),
+)
