@@ -16,8 +16,8 @@ What is checked, per document:
 
 Names that are not repository paths are left alone: FCoP workspace paths (`_lifecycle/inbox/`, `reports/`, the
 workspace root `docs/agents/`), envelope file names (`TASK-….md`), names with placeholders (`<name>`, `…`,
-`{a,b}`), absolute and `./` paths (examples such as `/etc/passwd`) and glob patterns outside the repository's own
-folders.
+`{a,b}`, `NNNN_what.py`, `YYYYMMDD`), absolute and `./` paths (examples such as `/etc/passwd`) and glob
+patterns outside the repository's own folders.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ SKIP_DIRS = {"build", "node_modules", "__pycache__"}  # and every dot folder but
 WORKSPACE_PATHS = ("docs/agents",)
 FILE_SUFFIXES = (".md", ".py", ".toml", ".txt", ".json", ".yml", ".yaml", ".sh", ".cfg", ".ini")
 ENVELOPE_PREFIXES = ("TASK-", "REPORT-", "ISSUE-", "REVIEW-")
-PLACEHOLDER = re.compile(r"[<>…{}\s]|\.\.\.")
+# `<name>`, `…`, `{a,b}`, and upper-case stand-ins such as `NNNN_what.py` or `YYYYMMDD`
+PLACEHOLDER = re.compile(r"[<>…{}\s]|\.\.\.|(?<![A-Za-z])(?:N{3,}|X{3,}|YYYY(?:MMDD)?)(?![A-Za-z])")
 SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 
 FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
@@ -331,6 +332,7 @@ def test_a_problem_names_its_line() -> None:
     "Files: `_lifecycle/inbox/`, `reports/`, `docs/agents/`, `TASK-20260101-001-PM-to-DEV.md`, `<root>/.locks/`.",
     "Code: `coordinator/fcop/filenames.py`, `folders/ingest.py`, `tests/test_fcop_*.py`, `python bench/gate.py`.",
     "Not a link: `[x](../../outside.md)`.",
+    "A new file: `coordinator/migrations/versions/NNNN_what.py`, `tests/test_YYYYMMDD.py`.",
     "```\n[x](../../outside.md) `../../y.md` §1\n```",
     "A ghost: `role-switch-20260115.md`. Examples: `/etc/passwd`, `fcop.json`, `taskkernel.toml`, "
     "`ledger/views/PM.todo.md`, `Europe/Berlin`.",
