@@ -3,18 +3,26 @@ damaged file), then the hash chain with the workspace's key and its sealed head 
 append left it), then every receipt against the events it names, then every projection rebuilt from events.
 ``--repair`` rebuilds projections only, and never while the store is unproven: a rewrite that recomputed the
 chain, or a log that lost events the read model or a receipt still remembers, would otherwise be copied into
-the read model."""
+the read model.
+
+Every step streams, so a verify costs constant memory in the size of the store (plus the problems it reports): the
+chain is walked in bounded batches, receipts through a streaming cursor, and each task is rebuilt from its events,
+compared with its stored row and dropped (kernel/projections.py). On PostgreSQL the checks read one snapshot
+(REPEATABLE READ), as SQLite's read transaction does, so a command committed meanwhile is never half seen."""
 
 from __future__ import annotations
 
+import bisect
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from taskkernel.kernel.projections import PROJECTION_AHEAD, compare_tasks, rebuild_tasks, repair_tasks
+from taskkernel.kernel.projections import BATCH, PROJECTION_AHEAD, compare_tasks, iter_rebuilt_tasks, repair_tasks
 from taskkernel.kernel.store.chain import read_head, read_record
 from taskkernel.kernel.store.db import Database, DatabaseCorrupt, is_corruption
 from taskkernel.kernel.store.events import EventStore, log_end, verify_chain
@@ -70,8 +78,9 @@ class VerifyReport:
         return self.chain_broken or any(p["reason"] in UNPROVEN_REASONS for p in self.problems)
 
     def add(self, kind: str, reason: str, position: int, detail: str, **extra: Any) -> None:
-        self.problems.append({"kind": kind, "reason": reason, "position": position, "detail": detail, **extra})
-        self.problems.sort(key=lambda p: p["position"])
+        """Keep problems ordered by position, in the order they were found within one position."""
+        bisect.insort_right(self.problems, {"kind": kind, "reason": reason, "position": position, "detail": detail,
+                                            **extra}, key=lambda p: p["position"])
 
     def as_json(self) -> dict[str, Any]:
         return {"status": "ok" if self.ok else "broken", "reason": self.reason,
@@ -86,9 +95,10 @@ def corrupt_report(detail: str) -> VerifyReport:
     return report
 
 
-def verify(db: Database, store: EventStore, *, repair: bool = False) -> VerifyReport:
+def verify(db: Database, store: EventStore, *, repair: bool = False, batch: int = BATCH) -> VerifyReport:
+    """``batch``: tasks compared (and rows fetched from a cursor) at a time; memory does not grow with the store."""
     try:
-        return _verify(db, store, repair)
+        return _verify(db, store, repair, batch)
     except DatabaseCorrupt as exc:
         return corrupt_report(str(exc))
     except sa.exc.DatabaseError as exc:  # a damaged page met while reading events or read models
@@ -97,12 +107,27 @@ def verify(db: Database, store: EventStore, *, repair: bool = False) -> VerifyRe
         raise
 
 
-def _verify(db: Database, store: EventStore, repair: bool) -> VerifyReport:
+@contextmanager
+def _snapshot(db: Database) -> Iterator[Connection]:
+    """One read snapshot for every check: SQLite's read transaction is one; PostgreSQL's default (READ COMMITTED)
+    takes a snapshot per statement, which would let a command committed between the event scan and the lookup of
+    its stored row look like a projection ahead of its events."""
+    if not db.is_postgres:
+        with db.read() as conn:
+            yield conn
+        return
+    with db.engine.connect() as conn:
+        conn = conn.execution_options(isolation_level="REPEATABLE READ")
+        with conn.begin():
+            yield conn
+
+
+def _verify(db: Database, store: EventStore, repair: bool, batch: int) -> VerifyReport:
     findings = db.integrity_problems()
     if findings:
         return corrupt_report("integrity_check: " + "; ".join(findings[:5]))
     report = VerifyReport()
-    with db.read() as conn:
+    with _snapshot(db) as conn:
         report.events = conn.execute(sa.select(sa.func.count()).select_from(events)).scalar() or 0
         report.chain = read_record(conn).algorithm
         head = read_head(conn)
@@ -110,24 +135,26 @@ def _verify(db: Database, store: EventStore, repair: bool) -> VerifyReport:
         brk = verify_chain(store, conn, db.chain)
         if brk is not None:
             report.add("hash_chain", brk.reason, brk.global_pos, brk.detail)
-        _check_receipts(conn, report)
-        rebuilt, last_pos = rebuild_tasks(store, conn)
-        report.tasks = len(rebuilt)
-        drifts = compare_tasks(conn, rebuilt, last_pos)
+        _check_receipts(conn, report, batch)
+        comparison = compare_tasks(conn, iter_rebuilt_tasks(store, conn, batch), batch)
+        report.tasks = comparison.tasks
+    drifts = comparison.drifts
     for d in drifts:
         if d.reason == PROJECTION_AHEAD:
             report.add("projection", d.reason, d.position, d.detail, task_id=d.task_id)
     drifts = [d for d in drifts if d.reason != PROJECTION_AHEAD]
     if drifts and repair and not report.repair_refused:
+        # rebuilt again under the writer lock, streaming as well: from the log as it is now, so a command
+        # committed since the check is not undone
         with db.write() as uow:
-            report.repaired = repair_tasks(uow.conn, rebuilt, last_pos)
+            report.repaired = repair_tasks(uow.conn, iter_rebuilt_tasks(store, uow.conn, batch), batch)
         drifts = []
     for d in drifts:
         report.add("projection", d.reason, d.position, d.detail, task_id=d.task_id)
     return report
 
 
-def _check_receipts(conn: Connection, report: VerifyReport) -> None:
+def _check_receipts(conn: Connection, report: VerifyReport, batch: int = BATCH) -> None:
     """Every receipt must name events that exist, belong to its task's stream and carry its command: a receipt
     past the log's end means the log lost its newest events (hash_chain, where the log now ends plus one); one
     that names another task's or another command's events, or a revision its event does not have, was edited
@@ -139,19 +166,21 @@ def _check_receipts(conn: Connection, report: VerifyReport) -> None:
          .outerjoin(first, first.c.global_pos == receipts.c.first_pos)
          .outerjoin(last, last.c.global_pos == receipts.c.last_pos)
          .order_by(receipts.c.first_pos))
-    past_end: list[str] = []
-    for key, task_id, first_pos, last_pos, result, first_stream, last_stream, version, meta in conn.execute(q):
+    past_end, first_past_end = 0, ""
+    rows = conn.execute(q.execution_options(yield_per=batch))
+    for key, task_id, first_pos, last_pos, result, first_stream, last_stream, version, meta in rows:
         shown = key.split("\x1f", 1)[-1]  # the caller's idempotency key, without the principal
         if max(first_pos, last_pos) > end:
-            past_end.append(shown)
+            first_past_end = first_past_end if past_end else shown
+            past_end += 1
             continue
         problem = _receipt_problem(task_id, first_pos, last_pos, result, first_stream, last_stream, version, meta,
                                    key)
         if problem:
             report.add("receipt", RECEIPT_MISMATCH, first_pos, f"receipt {shown!r}: {problem}", task_id=task_id)
     if past_end:
-        report.add("receipt", HASH_CHAIN, end + 1, f"{len(past_end)} receipt(s) name events past the log's end "
-                   f"(position {end}), e.g. {past_end[0]!r}: the newest events were deleted")
+        report.add("receipt", HASH_CHAIN, end + 1, f"{past_end} receipt(s) name events past the log's end "
+                   f"(position {end}), e.g. {first_past_end!r}: the newest events were deleted")
 
 
 def _receipt_problem(task_id: str | None, first_pos: int, last_pos: int, result: str, first_stream: str | None,
