@@ -1,0 +1,140 @@
+"""Reads of the task read model that scale: one page at a time, or every task streamed in constant memory.
+
+Pages are keyed on ``task_id`` (keyset pagination: ``WHERE task_id > :after ORDER BY task_id LIMIT n``), never on
+an offset, so page 1000 costs what page 1 costs and a task created or moved meanwhile never shifts the others.
+With a state the query reads ``WHERE state = :state AND task_id > :after ORDER BY task_id``: an index on
+``tasks(state, task_id)`` serves it as one range scan; without, the primary key does. A page is the first ``limit``
+rows of that order and a cursor naming where it ended. The cursor is opaque (URL-safe base64 of a small JSON
+object): it carries the filters it was made for, so a cursor from another listing is refused with a clear error
+instead of silently continuing a different one. Order is task id order: creation day, then the sequence as text
+(``TASK-20250101-1000`` sorts before ``TASK-20250101-999``; ids keep at least three digits).
+
+The listed fields of a task are TASK_LIST_FIELDS, taken from its stored document.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Generator
+from typing import Any, NamedTuple
+
+import orjson
+import sqlalchemy as sa
+
+from taskkernel.kernel.canonical import canonical_json
+from taskkernel.kernel.model.task import TaskState
+from taskkernel.kernel.store.db import Database
+from taskkernel.kernel.store.schema import tasks
+
+TASK_LIST_FIELDS = ("task_id", "state", "revision", "round", "sender", "recipient", "subject", "priority",
+                    "risk_level", "parent", "root", "thread_key")
+DEFAULT_LIMIT = 50
+MAX_LIMIT = 1000  # a page is held in memory; more than this is a stream (iter_tasks)
+BATCH = 1000  # rows per fetch when streaming
+STATES = frozenset(s.value for s in TaskState)
+_CURSOR_VERSION = 1
+
+
+class TaskQueryError(ValueError):
+    """A listing the caller cannot have as asked: a cursor that is not one, or is from another listing; an unknown
+    state; a limit out of range. The message says what to do (the CLI reports it as a usage error)."""
+
+
+class TaskPage(NamedTuple):
+    rows: list[dict[str, Any]]  # TASK_LIST_FIELDS of each task, in task id order
+    next_cursor: str | None  # pass as ``after`` for the next page; None: this was the last page
+
+
+def task_row(doc_text: str | bytes) -> dict[str, Any]:
+    """The listed fields of a stored task document (a field the document lacks is null)."""
+    doc = orjson.loads(doc_text)
+    return {k: doc.get(k) for k in TASK_LIST_FIELDS}
+
+
+def _filters(state: str | None, role: str | None) -> dict[str, str | None]:
+    if state is not None and state not in STATES:
+        raise TaskQueryError(f"{state!r} is not a task state; choose one of {', '.join(s.value for s in TaskState)}")
+    return {"state": state, "role": role}
+
+
+def _describe(filters: dict[str, str | None]) -> str:
+    shown = [f"{name} {value}" for name, value in filters.items() if value is not None]
+    return "all tasks" if not shown else "tasks with " + " and ".join(shown)
+
+
+def encode_cursor(last_task_id: str, state: str | None = None, role: str | None = None) -> str:
+    body = canonical_json({"v": _CURSOR_VERSION, "after": last_task_id, **_filters(state, role)})
+    return base64.urlsafe_b64encode(body.encode("utf-8")).decode("ascii").rstrip("=")
+
+
+def decode_cursor(cursor: str, state: str | None = None, role: str | None = None) -> str:
+    """The task id a cursor continues after; TaskQueryError if it is not a cursor or belongs to other filters."""
+    wanted = _filters(state, role)
+    try:
+        body = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("utf-8"))
+        after = body["after"]
+        made_for = {"state": body["state"], "role": body["role"]}
+        if body["v"] != _CURSOR_VERSION or not isinstance(after, str):
+            raise ValueError("unknown cursor version")
+    except (ValueError, KeyError, TypeError, binascii.Error, UnicodeDecodeError, AttributeError):
+        raise TaskQueryError(f"{cursor[:40]!r} is not a cursor this listing printed; start again without "
+                             "a cursor") from None
+    if made_for != wanted:
+        raise TaskQueryError(f"this cursor continues a listing of {_describe(made_for)}, not of "
+                             f"{_describe(wanted)}: repeat the filters it was made with, or start again without "
+                             "a cursor")
+    return after
+
+
+def _query(state: str | None, role: str | None, after: str | None) -> sa.Select[Any]:
+    q = sa.select(tasks.c.task_id, tasks.c.doc)
+    if state is not None:
+        q = q.where(tasks.c.state == state)
+    if role is not None:
+        q = q.where(tasks.c.recipient == role)
+    if after is not None:
+        q = q.where(tasks.c.task_id > after)
+    return q.order_by(tasks.c.task_id)
+
+
+def page_tasks(db: Database, *, state: str | None = None, role: str | None = None, limit: int = DEFAULT_LIMIT,
+               after: str | None = None) -> TaskPage:
+    """One page of tasks in task id order: those in ``state`` and addressed to ``role`` (the recipient), when
+    given, after the cursor ``after`` (a ``next_cursor`` of the same listing). At most ``limit`` rows (1 to
+    MAX_LIMIT) and the cursor of the next page, or None when no task follows."""
+    if not 1 <= limit <= MAX_LIMIT:
+        raise TaskQueryError(f"a page holds 1 to {MAX_LIMIT} tasks, not {limit}; list them all as a stream instead")
+    after_id = _start(state, role, after)
+    with db.read() as conn:
+        found = conn.execute(_query(state, role, after_id).limit(limit + 1)).all()
+    rows = [task_row(doc) for _, doc in found[:limit]]
+    more = len(found) > limit
+    return TaskPage(rows, encode_cursor(found[limit - 1][0], state, role) if more else None)
+
+
+def iter_tasks(db: Database, state: str | None = None, role: str | None = None, *, after: str | None = None,
+               batch: int = BATCH) -> Generator[dict[str, Any], None, None]:
+    """Every task of the listing, in task id order, streamed: one read snapshot and a cursor fetching ``batch``
+    rows at a time (server-side on PostgreSQL), so memory does not grow with the store. The read transaction
+    stays open until the iterator is exhausted or closed: wrap it in ``contextlib.closing`` when you may stop
+    early. Filters and ``after`` as in ``page_tasks``, checked at the call (TaskQueryError), before any read."""
+    return _stream(db, state, role, _start(state, role, after), batch)
+
+
+def _start(state: str | None, role: str | None, after: str | None) -> str | None:
+    """Check the filters and the cursor; the task id to continue after."""
+    _filters(state, role)
+    return decode_cursor(after, state, role) if after is not None else None
+
+
+def _stream(db: Database, state: str | None, role: str | None, after_id: str | None,
+            batch: int) -> Generator[dict[str, Any], None, None]:
+    with db.read() as conn:
+        result = conn.execute(_query(state, role, after_id).execution_options(yield_per=batch))
+        try:
+            for _, doc in result:
+                yield task_row(doc)
+        finally:
+            result.close()
