@@ -32,6 +32,9 @@ class ReasonCode(StrEnum):
     PERMISSION_REQUIRED = "permission_required"
     GATE_BLOCKED = "gate_blocked"
     GATE_INSUFFICIENT_EVIDENCE = "gate_insufficient_evidence"
+    # The database's schema against this code's (kernel/store/version.py, docs/migrations.md)
+    SCHEMA_BEHIND = "schema_behind"  # an older revision (or none yet): `taskkernel db upgrade` first
+    SCHEMA_AHEAD = "schema_ahead"  # a revision this code does not know: a newer release upgraded the database
 
 
 class KernelError(Exception):

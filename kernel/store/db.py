@@ -25,6 +25,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
 from taskkernel.kernel.private import FILE_MODE, narrow
+from taskkernel.kernel.store import version
 from taskkernel.kernel.store.chain import Appending, Chain, ChainKeyError, read_record
 
 # Any constant works; it only has to be the same in every process sharing a database.
@@ -162,6 +163,11 @@ class Database:
     def create_schema(self, *metadatas: sa.MetaData) -> None:
         """Create missing tables under the writer lock, so processes starting together never race on DDL
         (SQLite: ``database is locked`` on the read-to-write upgrade; PostgreSQL: duplicate catalog rows).
+
+        Only where this code's table definitions are the schema (docs/migrations.md): in an empty database,
+        which is then stamped at this code's revision (``version.HEAD``), or in one already stamped at it. A
+        database at any other revision — older, an unstamped release 0.1.0 one, or one this code does not know —
+        is never patched: ``KernelError`` schema_behind / schema_ahead, and ``taskkernel db upgrade`` moves it.
         Raises DatabaseCorrupt when the file is damaged or not a database."""
         wanted = {name for md in metadatas for name in md.tables}
         with self._corruption_raised():
@@ -169,8 +175,20 @@ class Database:
                 if wanted <= set(sa.inspect(conn).get_table_names()):
                     return
             with self.write() as uow:
+                found = version.inspect(uow.conn)
+                if wanted <= found.tables:
+                    return
+                if not found.empty and (problem := version.mismatch(found)) is not None:
+                    raise problem
                 for md in metadatas:
                     md.create_all(uow.conn)
+                if found.empty:
+                    version.stamp(uow.conn, version.HEAD)
+
+    def schema_version(self) -> version.Found:
+        """The schema state of this database: its revision and tables (kernel/store/version.py)."""
+        with self._corruption_raised(), self.read() as conn:
+            return version.inspect(conn)
 
     def use_chain_key(self, load_key: Callable[[], bytes | None], create_key: Callable[[], bytes]) -> None:
         """Take the chain key from a workspace (composition roots only). Under the writer lock, so processes

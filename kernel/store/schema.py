@@ -59,7 +59,7 @@ tasks = sa.Table(
     sa.Column("doc", sa.Text, nullable=False),
     sa.Column("last_pos", Position, nullable=False),
     sa.Index("ix_tasks_parent", "parent"),
-    sa.Index("ix_tasks_state", "state"),
+    sa.Index("ix_tasks_state_task_id", "state", "task_id"),  # a state's tasks in id order: `task list` pages
 )
 
 # Side effects that leave the database, written with the events and performed afterwards.

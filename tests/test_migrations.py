@@ -1,0 +1,193 @@
+"""Schema migrations (docs/migrations.md): every table under version control, a database from release 0.1.0
+upgrades to head without losing an event and still verifies, and nothing patches a database behind the code.
+
+The release fixture (tests/fixtures/release-0.1.0/) is a workspace that release made; every test works on a copy.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+
+from taskkernel.coordinator import schema
+from taskkernel.kernel.background import BackgroundJobs
+from taskkernel.kernel.reasons import KernelError
+from taskkernel.kernel.store import version
+from taskkernel.kernel.store.db import Database, with_pg_schema
+from taskkernel.kernel.store.schema import metadata as core_metadata
+from tests.conftest import pg_base_url
+from tests.schema_shape import describe
+
+RELEASE = Path(__file__).resolve().parent / "fixtures" / "release-0.1.0"
+BASELINE, HEAD = version.BASELINE, version.HEAD
+
+
+def release_workspace(tmp_path: Path) -> Path:
+    """A copy of the release 0.1.0 workspace, its private files as private as `init` made them."""
+    root = tmp_path / "release"
+    shutil.copytree(RELEASE, root)
+    (root / ".taskkernel").chmod(0o700)
+    for f in (root / ".taskkernel").iterdir():
+        f.chmod(0o600)
+    return root
+
+
+def sqlite_url(root: Path) -> str:
+    return f"sqlite:///{root / '.taskkernel' / 'kernel.db'}"
+
+
+def events(url: str) -> list[tuple[Any, ...]]:
+    """Every event's position, stream, version, type and hash, read without taskkernel."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return [tuple(r) for r in conn.exec_driver_sql(
+                "SELECT global_pos, stream_id, stream_version, event_type, hash FROM events ORDER BY global_pos")]
+    finally:
+        engine.dispose()
+
+
+def shape(url: str) -> dict[str, Any]:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return describe(conn)
+    finally:
+        engine.dispose()
+
+
+def without_version_table(found: dict[str, Any]) -> dict[str, Any]:
+    return {key: [row for row in rows if version.VERSION_TABLE not in row[:3]] for key, rows in found.items()}
+
+
+def snapshot(dialect: str) -> dict[str, Any]:
+    return json.loads((RELEASE / f"schema.{dialect}.json").read_text())
+
+
+def stamp_of(url: str) -> list[str]:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            if not sa.inspect(conn).has_table(version.VERSION_TABLE):
+                return []
+            return list(conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalars())
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
+def other_url(any_url: str, tmp_path: Path) -> Iterator[str]:
+    """A second empty database on the same backend as ``any_url``."""
+    if any_url.startswith("sqlite"):
+        yield f"sqlite:///{tmp_path / 'other.db'}"
+        return
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    admin = sa.create_engine(pg_base_url())
+    with admin.begin() as conn:
+        conn.exec_driver_sql(f"CREATE SCHEMA {name}")
+    try:
+        yield with_pg_schema(pg_base_url(), name)
+    finally:
+        with admin.begin() as conn:
+            conn.exec_driver_sql(f"DROP SCHEMA {name} CASCADE")
+        admin.dispose()
+
+
+# -- the revisions ------------------------------------------------------------------------------------------------
+def test_the_core_lists_alembics_revisions_in_order() -> None:
+    scripts = ScriptDirectory.from_config(schema.alembic_config())
+    history = [s.revision for s in reversed(list(scripts.walk_revisions()))]
+    assert tuple(history) == version.REVISIONS
+    assert scripts.get_current_head() == HEAD == schema.HEAD
+    for s in scripts.walk_revisions():
+        assert Path(s.path).name == f"{s.revision}.py"
+
+
+def test_the_baseline_builds_exactly_what_release_0_1_made(any_url: str) -> None:
+    db = Database(any_url)
+    assert schema.status(db) == (None, HEAD)
+    schema.upgrade(db, BASELINE)
+    db.dispose()
+    assert without_version_table(shape(any_url)) == snapshot(sa.make_url(any_url).get_backend_name())
+    assert stamp_of(any_url) == [BASELINE]
+
+
+def test_the_migrations_build_exactly_what_the_table_modules_create(any_url: str, other_url: str) -> None:
+    """Head by the migrations (from nothing) and head by create_all + stamp (how `init` makes a database) are
+    one schema: every column, type, default, constraint, index, and the version table itself."""
+    migrated, created = Database(any_url), Database(other_url)
+    before, after = schema.upgrade(migrated)
+    assert (before.current, after.current, after.behind) == (None, HEAD, False)
+    assert schema.ensure(created) == (HEAD, HEAD)
+    with migrated.read() as conn:
+        assert compare_metadata(MigrationContext.configure(conn), schema.target_metadata()) == []
+    migrated.dispose()
+    created.dispose()
+    assert shape(any_url) == shape(other_url)
+    assert stamp_of(any_url) == stamp_of(other_url) == [HEAD]
+
+
+def test_a_state_pages_in_task_id_order_from_one_index(sqlite_url: str) -> None:
+    """Revision 2: `WHERE state = ? AND task_id > ? ORDER BY task_id` reads one index range, in order."""
+    db = Database(sqlite_url)
+    schema.ensure(db)
+    with db.read() as conn:
+        plan = " ".join(str(r[-1]) for r in conn.exec_driver_sql(
+            "EXPLAIN QUERY PLAN SELECT task_id, doc FROM tasks WHERE state = 'inbox' AND task_id > 'TASK-1' "
+            "ORDER BY task_id LIMIT 50"))
+    db.dispose()
+    assert "ix_tasks_state_task_id" in plan and "TEMP B-TREE" not in plan, plan
+
+
+# -- opening a database -------------------------------------------------------------------------------------------
+def test_a_database_created_on_open_is_stamped_at_head_and_filled_in_at_head(sqlite_url: str) -> None:
+    """Code that builds a Database directly (tests, tools) still creates tables on open; the first creation
+    stamps the database at head, so it is never mistaken for an older one later."""
+    db = Database(sqlite_url)
+    db.create_schema(core_metadata)
+    assert schema.status(db) == (HEAD, HEAD)
+    future = sa.MetaData()
+    sa.Table("added_later", future, sa.Column("id", sa.Integer, primary_key=True))
+    db.create_schema(future)  # at head: a missing table is created
+    assert "added_later" in db.schema_version().tables
+    db.dispose()
+
+
+def test_nothing_patches_a_database_behind_or_ahead_of_the_code(tmp_path: Path) -> None:
+    root = release_workspace(tmp_path)
+    url = sqlite_url(root)
+    before = shape(url)
+    db = Database(url)
+    with pytest.raises(KernelError, match="schema_behind: .*taskkernel db upgrade"):
+        BackgroundJobs(db)  # release 0.1.0 never made this table in that workspace: it is not made now either
+    with pytest.raises(KernelError, match="schema_behind"):
+        schema.require_current(db)
+    assert shape(url) == before  # not stamped, nothing created
+
+    schema.ensure(db)  # adopted: stamped at the baseline, the table it lacked made as that release made it
+    assert schema.status(db) == (BASELINE, HEAD) and schema.status(db).behind
+    future = sa.MetaData()
+    sa.Table("added_later", future, sa.Column("id", sa.Integer, primary_key=True))
+    with pytest.raises(KernelError, match="schema_behind"):
+        db.create_schema(future)
+    assert "added_later" not in db.schema_version().tables
+
+    with db.write() as uow:
+        version.stamp(uow.conn, "9999_from_the_future")
+    found = schema.status(db)
+    assert found.ahead and not found.behind
+    for attempt in (lambda: db.create_schema(future), lambda: schema.require_current(db), lambda: schema.upgrade(db)):
+        with pytest.raises(KernelError, match="schema_ahead"):
+            attempt()
+    assert stamp_of(url) == ["9999_from_the_future"]
+    db.dispose()
