@@ -2,12 +2,14 @@
 upgrades to head without losing an event and still verifies, and nothing patches a database behind the code.
 
 The release fixture (tests/fixtures/release-0.1.0/) is a workspace that release made; every test works on a copy.
+The CLI runs in its own processes, as a user runs it (tests/cli_support.py).
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,11 +27,14 @@ from taskkernel.kernel.reasons import KernelError
 from taskkernel.kernel.store import version
 from taskkernel.kernel.store.db import Database, with_pg_schema
 from taskkernel.kernel.store.schema import metadata as core_metadata
+from tests.cli_support import CLI, Run, cli_env, run, taskkernel
 from tests.conftest import pg_base_url
 from tests.schema_shape import describe
 
 RELEASE = Path(__file__).resolve().parent / "fixtures" / "release-0.1.0"
 BASELINE, HEAD = version.BASELINE, version.HEAD
+CREATE = ('{"type":"create_task","idempotency_key":"%s","payload":{"sender":"ADMIN","recipient":"PM",'
+          '"subject":"%s"}}')
 
 
 def release_workspace(tmp_path: Path) -> Path:
@@ -190,4 +195,137 @@ def test_nothing_patches_a_database_behind_or_ahead_of_the_code(tmp_path: Path) 
         with pytest.raises(KernelError, match="schema_ahead"):
             attempt()
     assert stamp_of(url) == ["9999_from_the_future"]
+    db.dispose()
+
+
+# -- the release 0.1.0 workspace, through the CLI ----------------------------------------------------------------
+def test_a_release_0_1_workspace_upgrades_to_head_without_losing_an_event(tmp_path: Path) -> None:
+    root = release_workspace(tmp_path)
+    url = sqlite_url(root)
+    logged = events(url)
+    assert len(logged) == 17
+
+    current = run("db", "current", cwd=root)
+    assert current.code == 0, current.err
+    assert current.json == {"status": "ok", "current": BASELINE, "head": HEAD, "behind": True, "ahead": False}
+    assert stamp_of(url) == [BASELINE]  # recognised as the baseline and stamped, not recreated
+    assert events(url) == logged
+
+    for refused in (run("submit", cwd=root, stdin=CREATE % ("k1", "too early")), run("up", "--once", cwd=root)):
+        assert refused.code == 2, refused.out + refused.err
+        assert refused.json["reason"] == "schema_behind"
+        assert "taskkernel db upgrade" in refused.json["message"]
+    assert events(url) == logged
+    assert run("verify", cwd=root).code == 0  # reading and proving still work on the older schema
+
+    upgraded = run("db", "upgrade", cwd=root)
+    assert upgraded.code == 0, upgraded.err
+    assert upgraded.json == {"status": "ok", "from": BASELINE, "to": HEAD, "head": HEAD, "upgraded": True}
+    assert events(url) == logged  # every event, its position and its hash
+    verified = run("verify", cwd=root)
+    assert (verified.code, verified.json["events"], verified.json["head"]["position"]) == (0, 17, 17), verified.out
+
+    again = run("db", "upgrade", cwd=root)
+    assert (again.code, again.json["upgraded"], again.json["to"]) == (0, False, HEAD)
+    assert run("db", "current", cwd=root).json["behind"] is False
+
+    created = run("submit", cwd=root, stdin=CREATE % ("k2", "after the upgrade"))
+    assert (created.code, created.json["status"]) == (0, "accepted"), created.out + created.err
+    assert run("up", "--once", cwd=root).code == 0
+    assert events(url)[:17] == logged
+    assert run("verify", cwd=root).code == 0
+
+
+def test_the_upgraded_release_database_is_the_schema_a_new_one_gets(tmp_path: Path) -> None:
+    root = release_workspace(tmp_path)
+    assert run("db", "upgrade", cwd=root).code == 0
+    fresh = tmp_path / "fresh"
+    assert run("init", str(fresh), cwd=tmp_path).code == 0
+    assert shape(sqlite_url(root)) == shape(sqlite_url(fresh))
+
+
+def test_only_the_owner_upgrades_and_anyone_may_ask(tmp_path: Path) -> None:
+    root = release_workspace(tmp_path)
+    dev = taskkernel("token", "issue", "DEV", cwd=root)
+    assert dev.returncode == 0, dev.stderr
+    token = {"TASKKERNEL_TOKEN": dev.stdout.strip()}
+    refused = taskkernel("db", "upgrade", cwd=root, env=token)
+    assert refused.returncode == 2
+    assert json.loads(refused.stdout)["reason"] == "role_not_authorized"
+    asked = taskkernel("db", "current", cwd=root, env=token)
+    assert asked.returncode == 0 and json.loads(asked.stdout)["behind"] is True
+    assert stamp_of(sqlite_url(root)) == [BASELINE]
+
+
+def test_a_new_workspace_is_at_head(tmp_path: Path) -> None:
+    root = tmp_path / "new"
+    assert run("init", str(root), cwd=tmp_path).code == 0
+    current = run("db", "current", cwd=root)
+    assert current.json == {"status": "ok", "current": HEAD, "head": HEAD, "behind": False, "ahead": False}
+    assert run("db", "upgrade", cwd=root).json["upgraded"] is False
+
+
+def test_a_database_a_newer_release_upgraded_is_refused_not_touched(tmp_path: Path) -> None:
+    root = tmp_path / "ws"
+    assert run("init", str(root), cwd=tmp_path).code == 0
+    url = sqlite_url(root)
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE alembic_version SET version_num = '0999_newer'")
+    engine.dispose()
+    current = run("db", "current", cwd=root)
+    assert (current.code, current.json["ahead"], current.json["behind"]) == (0, True, False)
+    for refused in (run("db", "upgrade", cwd=root), run("submit", cwd=root, stdin=CREATE % ("k", "x"))):
+        assert (refused.code, refused.json["reason"]) == (2, "schema_ahead"), refused.out + refused.err
+    assert stamp_of(url) == ["0999_newer"]
+
+
+def test_processes_opening_and_upgrading_one_release_database_together_do_it_once(tmp_path: Path) -> None:
+    root = release_workspace(tmp_path)
+    logged = events(sqlite_url(root))
+    jobs = [["db", "upgrade"]] * 3 + [["db", "current"]] * 3
+    procs = [subprocess.Popen([*CLI, *args], cwd=root, env=cli_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for args in jobs]
+    done = [Run(p.wait(180), p.stdout.read() if p.stdout else "", p.stderr.read() if p.stderr else "")
+            for p in procs]
+    for args, r in zip(jobs, done, strict=True):
+        assert r.code == 0, (args, r.out, r.err)
+    assert sum(r.json["upgraded"] for r in done[:3]) == 1
+    assert stamp_of(sqlite_url(root)) == [HEAD]
+    assert events(sqlite_url(root)) == logged
+    assert run("verify", cwd=root).code == 0
+
+
+# -- PostgreSQL ---------------------------------------------------------------------------------------------------
+def test_a_release_0_1_postgresql_database_upgrades_without_losing_an_event(tmp_path: Path, pg_url: str) -> None:
+    """A PostgreSQL workspace as release 0.1.0 left it (the schema its snapshot shows, no version table):
+    made here by taking a workspace of this code back to the baseline and removing the stamp."""
+    root = tmp_path / "ws"
+    made = taskkernel("init", str(root), cwd=tmp_path, env={"TASKKERNEL_DB": pg_url})
+    assert made.returncode == 0, made.stderr
+    for i in range(3):
+        assert run("submit", cwd=root, stdin=CREATE % (f"k{i}", f"task {i}")).code == 0
+    assert run("up", "--once", cwd=root).code == 0
+    db = Database(pg_url)
+    with db.write() as uow:
+        from alembic import command
+
+        command.downgrade(schema.alembic_config(uow.conn), BASELINE)
+        version.version_table.drop(uow.conn)
+    db.dispose()
+    assert shape(pg_url) == snapshot("postgresql")
+    logged = events(pg_url)
+    assert len(logged) >= 3
+
+    assert run("db", "current", cwd=root).json["behind"] is True
+    refused = run("submit", cwd=root, stdin=CREATE % ("k9", "too early"))
+    assert (refused.code, refused.json["reason"]) == (2, "schema_behind")
+    upgraded = run("db", "upgrade", cwd=root)
+    assert upgraded.json == {"status": "ok", "from": BASELINE, "to": HEAD, "head": HEAD, "upgraded": True}
+    assert events(pg_url) == logged
+    assert run("verify", cwd=root).code == 0
+    assert run("db", "upgrade", cwd=root).json["upgraded"] is False
+    db = Database(pg_url)
+    with db.read() as conn:
+        assert compare_metadata(MigrationContext.configure(conn), schema.target_metadata()) == []
     db.dispose()
