@@ -9,6 +9,7 @@ A rejected command writes nothing and triggers no effect.
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -63,6 +64,8 @@ class RolePolicy(Protocol):
     leader: str
 
     def get(self, code: str) -> Any: ...
+
+    def known(self, code: str) -> bool: ...
 
     def codes(self) -> list[str]: ...
 
@@ -302,6 +305,9 @@ class TaskCommandKernel:
                 and principal.task_id == doc["task_id"]:
             raise KernelError(R.ROLE_NOT_AUTHORIZED,
                               f"credential is for round {principal.round}; the task is in round {doc['round']}")
+        if cmd.type is CommandType.CREATE_TASK:
+            assert isinstance(payload, CreateTaskPayload)
+            self._check_known_roles(payload)
         if isinstance(payload, CreateTaskPayload) and doc is not None:
             self._check_inherited_policy(payload, doc)
         if principal.is_admin:
@@ -337,6 +343,17 @@ class TaskCommandKernel:
             if principal.role not in members:
                 raise KernelError(R.ROLE_NOT_AUTHORIZED,
                                   f"{principal.role} takes no part in {parent['task_id']} and cannot add children")
+
+    def _check_known_roles(self, payload: CreateTaskPayload) -> None:
+        """A new task is for roles the team has (ADMIN, the team, installed role packages): one for any other
+        role would never be run. History (``adopt_task``) is the record of the past and is taken as it is."""
+        for field in ("recipient", "driver", "done_authority", "archive_authority"):
+            role = getattr(payload, field)
+            if role is not None and not self.roles.known(role):
+                codes = self.roles.codes()
+                guess = difflib.get_close_matches(role, codes, n=1, cutoff=0.6)
+                raise KernelError(R.UNKNOWN_ROLE, f"{field} {role} is not a role of the team ({', '.join(codes)})"
+                                  + (f"; did you mean {guess[0]}?" if guess else ""))
 
     @staticmethod
     def _check_inherited_policy(payload: CreateTaskPayload, parent: dict[str, Any]) -> None:

@@ -25,6 +25,7 @@ class ReasonCode(StrEnum):
     STALE_TASK_REVISION = "stale_task_revision"
     STALE_ROUND = "stale_round"
     ROLE_NOT_AUTHORIZED = "role_not_authorized"
+    UNKNOWN_ROLE = "unknown_role"  # a new task names a role the team does not have (it would never be run)
     POLICY_ESCALATION = "policy_escalation"
     ILLEGAL_TRANSITION = "illegal_transition"
     CHILD_TASKS_OPEN = "child_tasks_open"

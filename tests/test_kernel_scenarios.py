@@ -285,7 +285,12 @@ def test_24_unknown_role_gets_least_privilege(h: Harness) -> None:
     stranger = Principal("AUDITOR", "x")
     assert h.kernel.submit({"type": "create_task", "idempotency_key": "u1", "payload": {
         "sender": "AUDITOR", "recipient": "PM", "subject": "hi"}}, stranger).reason == "role_not_authorized"
-    tid = h.create(recipient="AUDITOR").task_id
+    refused = h.create(recipient="AUDITOR")  # a new task is only for a role of the team: nothing would run it
+    assert refused.reason == "unknown_role" and "AUDITOR is not a role of the team" in refused.message
+    tid = "TASK-20260101-001"  # history names whom it names: an imported task for AUDITOR is kept as it was
+    assert h.kernel.submit({"type": "adopt_task", "task_id": tid, "idempotency_key": "a1", "payload": {
+        "sender": "ADMIN", "recipient": "AUDITOR", "subject": "old", "state": "inbox", "round": 0,
+        "source": f"_lifecycle/inbox/{tid}-ADMIN-to-AUDITOR.md"}}, ADMIN).status == "accepted"
     assert h.cmd("claim", tid, stranger).status == "accepted"  # it may drive what is addressed to it
 
 
