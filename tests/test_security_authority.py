@@ -106,7 +106,7 @@ def test_forged_import_gives_no_grant(ws: Ws, tmp_path: Path) -> None:
 
 def test_signed_export_keeps_provenance_and_a_tampered_line_loses_it(ws: Ws, tmp_path: Path) -> None:
     for i, kind in enumerate(("message", "allow")):
-        payload = {"text": "go"} if kind == "message" else {"permission": "approve", "scope": "task:T"}
+        payload = {"text": "go"} if kind == "message" else {"permission": "approve", "scope": "task:TASK-20260101-001"}
         assert ws.run("session", "accept", "s1", "--kind", kind, "--input-id", f"i{i}",
                       "--payload", json.dumps(payload)).code == 0
     lines = [json.loads(x) for x in ws.run("session", "export", "s1").out.splitlines()]

@@ -20,6 +20,7 @@ from sqlalchemy.engine import Connection
 from taskkernel.kernel.canonical import canonical_json, digest, utc_now_iso
 from taskkernel.kernel.model.principal import ADMIN, Principal
 from taskkernel.kernel.sessionlog.authority import DEFAULT_ADMIN_SESSIONS, check_read, check_write, initial_owner
+from taskkernel.kernel.sessionlog.grants import check_grant
 from taskkernel.kernel.sessionlog.interchange import dump_lines
 from taskkernel.kernel.sessionlog.models import (
     AcceptResult,
@@ -93,13 +94,16 @@ class SessionLog:
         ``accepted_by`` is the principal the host accepted the input from (from its credential, never
         from the payload); the execution gate derives trust from it. With ``writer``, the session's
         write rules (authority.py) are checked and the owner claimed in the same transaction, and
-        ``accepted_by`` is the writer.
+        ``accepted_by`` is the writer. An ``allow``/``revoke`` whose permission and scope no consumer reads is
+        refused ``invalid_grant`` before anything is written (grants.py).
         """
+        si = coerce_input(inp)
         with self.db.write() as uow:
             if writer is not None:
-                self._authorize(uow.conn, session, writer, coerce_input(inp).kind.value)
+                self._authorize(uow.conn, session, writer, si.kind.value)
                 accepted_by = writer.provenance
-            return self.accept_in(uow.conn, session, inp, accepted_by=accepted_by)
+            check_grant(si.kind, si.payload)  # every surface's door: a grant nothing could read is never stored
+            return self.accept_in(uow.conn, session, si, accepted_by=accepted_by)
 
     def accept_in(self, conn: Connection, session: str, inp: SessionInput | Mapping[str, Any], *,
                   accepted_by: str | None = None) -> AcceptResult:

@@ -48,6 +48,7 @@ class SessionReason(StrEnum):
     UNKNOWN_SESSION = "unknown_session"  # no record of this session
     UNREADABLE_FILE = "unreadable_file"  # interchange file missing, not UTF-8 JSON lines, or invalid record
     NOT_AUTHORIZED = "role_not_authorized"  # the caller may not write (or read) this session, or this kind
+    INVALID_GRANT = "invalid_grant"  # an allow/revoke whose permission and scope nothing reads (grants.py)
 
 
 class SessionLogError(Exception):
