@@ -24,6 +24,7 @@ from sqlalchemy.engine import Connection
 from taskkernel.kernel.canonical import canonical_json
 from taskkernel.kernel.model.principal import Principal
 from taskkernel.scheduler.authority import check_create, check_manage
+from taskkernel.scheduler.inputs import KnownRoles, check_inputs
 from taskkernel.scheduler.ledger import Ledger, ScheduleRow
 from taskkernel.scheduler.models import (
     MAX_BACKFILL,
@@ -43,9 +44,12 @@ _MICRO = timedelta(microseconds=1)
 
 
 class Schedules:
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: Ledger, roles: KnownRoles | None = None) -> None:
+        """``roles``: the team's (the kernel's role registry); given, ``add`` refuses a schedule whose owner or
+        template names a role the team does not have (``unknown_role``): its every fire would be refused."""
         self.ledger = ledger
         self.db = ledger.db
+        self.roles = roles
 
     # -- reading ----------------------------------------------------------------------------------
 
@@ -151,6 +155,8 @@ class Schedules:
         """Add schedules in one transaction (all or none), each recording ``by`` as its creator."""
         if by is not None:
             specs = [check_create(by, spec) for spec in specs]
+        for spec in specs:
+            check_inputs(spec, self.roles)
         # Nominal occurrences at or after the creation instant belong to the schedule.
         watermark = now - _MICRO
         rows = []

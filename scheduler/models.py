@@ -40,6 +40,8 @@ class ScheduleError(StrEnum):
     LEASE_LOST = "lease_lost"
     ROLE_NOT_AUTHORIZED = "role_not_authorized"  # the caller's credential may not do this (the kernel's code)
     SCHEDULE_INVALID = "schedule_invalid"  # a stored definition cannot be read or computed: set aside, never run
+    UNKNOWN_ROLE = "unknown_role"  # the owner or a template role is not a role of the team (the kernel's code)
+    INVALID_GRANT = "invalid_grant"  # an allow/revoke payload nothing reads (the session log's code)
 
 
 CLOCK_JUMP = "clock_jump"  # why a watermark was clamped: it stood further ahead of the clock than allowed

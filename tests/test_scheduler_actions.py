@@ -94,7 +94,7 @@ def test_create_task_rerun_after_sigkill_creates_exactly_one_task(any_url: str, 
 
 
 def test_create_task_rejected_by_the_kernel_is_a_failed_occurrence(sqlite_db: Database) -> None:
-    add_create_task(sqlite_db, {"recipient": "not a role!", "subject": "x"})
+    add_create_task(sqlite_db, {"recipient": "DEVV", "subject": "x"})  # added without the team: refused at the fire
     SchedulerRuntime(sqlite_db, kernel_registry(sqlite_db), owner="a").tick(minutes(10))
     row = occ(sqlite_db)[KEY]
     assert row.state == "failed" and row.detail.startswith("action_rejected:")

@@ -41,7 +41,7 @@ from taskkernel.scheduler.tables import install
 app = typer.Typer(no_args_is_help=True, help="Durable schedules for automations (docs/scheduler.md).")
 
 _REJECTED = {ScheduleError.SCHEDULE_NOT_FOUND, ScheduleError.SCHEDULE_EXISTS, ScheduleError.BACKFILL_TOO_LARGE,
-             ScheduleError.SCHEDULE_INVALID}
+             ScheduleError.SCHEDULE_INVALID, ScheduleError.UNKNOWN_ROLE, ScheduleError.INVALID_GRANT}
 # How `add` names a field in messages: the flag that sets it.
 FLAGS = {"cron": "--cron", "every": "--every", "at": "--at", "calendar": "--calendar", "tz": "--tz",
          "misfire": "--misfire", "catchup_window": "--catchup-window", "catchup_max": "--catchup-max",
@@ -157,6 +157,7 @@ def add(
 ) -> None:
     """Add a schedule (exactly one of --cron, --every, --at, --calendar); it acts as the caller's role."""
     schedules, principal = _open(ctx)
+    schedules.roles = get_ctx(ctx).kernel().roles  # the owner and the template's roles must be the team's
     try:
         act = _action(action, template, session, kind, payload, callable_name, idempotent, only_if_changed,
                       watch, fuse, max_attempts)
