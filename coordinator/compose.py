@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from taskkernel.coordinator.config import GateTable
 from taskkernel.coordinator.fcop import EnvelopeKind, FcopError, open_workspace
 from taskkernel.coordinator.fcop.numbering import sequences_in_use
 from taskkernel.coordinator.folders.projection import PROJECT_RULE
@@ -33,11 +34,11 @@ def build_kernel(db: Database, workspace: Workspace | None) -> TaskCommandKernel
     db.create_schema(metadata)
     log = SessionLog(db, workspace.grant_sessions) if workspace else SessionLog(db)
     store = EventStore(task_upcasters())
-    gate_cfg = (workspace.config.get("gate", {}) if workspace else {})
-    gate = GateGuard(log, store, default_session=gate_cfg.get("session", "admin"),
-                     protected_by_risk={**DEFAULT_PROTECTED, **gate_cfg.get("protected", {})},
-                     protected_by_role=gate_cfg.get("roles", {}))
-    folders = workspace is not None and workspace.config.get("folders", {}).get("enabled", True)
+    gate_cfg = workspace.config.gate if workspace else GateTable()
+    gate = GateGuard(log, store, default_session=gate_cfg.session,
+                     protected_by_risk={**DEFAULT_PROTECTED, **gate_cfg.protected},
+                     protected_by_role=gate_cfg.roles)
+    folders = workspace is not None and workspace.config.folders.enabled
     return TaskCommandKernel(db, roles, effect_rules=STANDARD_EFFECTS, store=store,
                              guards=[HumanGrantGuard(log), gate],
                              numbers_in_use=_task_numbers_on_disk(workspace.root) if folders and workspace else None)

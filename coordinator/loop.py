@@ -74,20 +74,23 @@ class Coordinator:
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
         roles = self.kernel.roles
         handlers = {code: spec.handler for code in roles.codes() if (spec := roles.get(code)).handler}
-        self.dispatcher = Dispatcher(self.kernel, workspace.root, runner_specs(workspace.config),
+        # A runner for a role the team lacks, a program not installed, an OS user it cannot become: refused
+        # here (ConfigError, a ValueError: `up` exits 64), never found out when a task's run fails.
+        specs = runner_specs(workspace.config, root=workspace.root, roles=roles)
+        self.dispatcher = Dispatcher(self.kernel, workspace.root, specs,
                                      owner=self.owner, leader=team.leader, handlers=handlers,
                                      task_file=self._task_file)
         self.stages: dict[str, Stage] = {}  # further adapters (scheduler) register here
         self.failing: dict[str, StageFailure] = {}  # stages whose last run failed, for logs and the live view
-        folder_cfg = workspace.config.get("folders", {})
+        folder_cfg = workspace.config.folders
         self.folders: FolderAdapter | None = None
-        if folder_cfg.get("enabled", True):
+        if folder_cfg.enabled:
             self.folders = FolderAdapter(self.kernel, workspace.root, settle_s=settle_s, grace_s=grace_s,
-                                         submit_on_done_report=folder_cfg.get("submit_on_done_report", True))
+                                         submit_on_done_report=folder_cfg.submit_on_done_report)
             self.add_stage("ingest", self.folders.ingest_pass)
         self.tools = OutboxRelay(db, {PERFORM_EFFECT: ToolExecutor(self.kernel, workspace.root)})
         self.add_stage("actions", self.tools.run_pending)
-        self.automations = Automations(self.kernel, self.owner, workspace.config.get("scheduler", {}),
+        self.automations = Automations(self.kernel, self.owner, workspace.config.scheduler.as_mapping(),
                                        session_log=SessionLog(db, workspace.grant_sessions))
         self.add_stage("automations", self.automations.tick)  # `run` replaces it by the scheduler's own timer
         if self.folders is not None:

@@ -10,21 +10,32 @@ from __future__ import annotations
 
 import json
 import os
-import tomllib
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from taskkernel.coordinator.config import (
+    CONFIG_NAME,
+    MAX_ROLE_LEN,
+    NOT_TEAM,
+    ConfigError,
+    TaskkernelConfig,
+    TeamTable,
+    WorkspaceNotFound,
+    config_template,
+    load_config,
+)
 from taskkernel.coordinator.fcop.detect import CONFIG_NAME as FCOP_CONFIG
 from taskkernel.coordinator.fcop.detect import G2_MARKERS, LIFECYCLE_DIR, find_workspace_root
 from taskkernel.coordinator.fcop.errors import FcopError
-from taskkernel.coordinator.fcop.filenames import BROADCAST, RESERVED_ROLES, EnvelopeKind, is_role_code, parse_filename
+from taskkernel.coordinator.fcop.filenames import EnvelopeKind, parse_filename
 from taskkernel.kernel.canonical import utc_now_iso
 from taskkernel.kernel.private import private_dir, write_private
 
-CONFIG_NAME = "taskkernel.toml"
+__all__ = ["CONFIG_NAME", "ConfigError", "DEFAULT_TEAM", "Initialized", "TEAM_PRESETS", "Team", "Workspace",
+           "WorkspaceNotFound", "fcop_root_of", "init_workspace", "team_from_files"]
 STATE_DIR = ".taskkernel"
 DB_NAME = "kernel.db"
 OWNER_TOKEN_NAME = "owner.token"  # the owner's credential (0600), read by the owner's CLI
@@ -42,22 +53,7 @@ TEAM_PRESETS: dict[str, dict[str, Any]] = {
     "solo": {"mode": "solo", "team": "solo", "leader": "ME", "roles": ["ME"]},
 }
 DEFAULT_TEAM = "dev-team"
-_NOT_TEAM = RESERVED_ROLES | {BROADCAST}  # the human owner, the system and a broadcast are no team roles
-
-DEFAULT_TOML = """\
-# taskkernel workspace configuration (see docs/cli.md)
-[kernel]
-# "full": fsync every commit (survives kill -9 and power loss); "process": survives kill -9 only.
-durability = "full"
-# No token means no authority: the owner's CLI reads its credential from .taskkernel/owner.token (0600);
-# agents get only their run's scoped token (docs/security.md).
-require_token = true
-# database = "postgresql+psycopg://user@host/db"   # default: .taskkernel/kernel.db (SQLite, WAL)
-"""
-
-
-class WorkspaceNotFound(Exception):
-    pass
+_NOT_TEAM = NOT_TEAM  # the human owner, the system and a broadcast are no team roles
 
 
 @dataclass
@@ -71,8 +67,10 @@ class Team:
     source: str = "preset"
 
     @classmethod
-    def from_fcop_json(cls, data: dict[str, Any], source: str = FCOP_CONFIG) -> Team:
-        roles = [r["code"] if isinstance(r, dict) else str(r) for r in data.get("roles", [])]
+    def from_fcop_json(cls, data: Any, source: str = FCOP_CONFIG) -> Team:
+        if not isinstance(data, dict) or not isinstance(data.get("roles", []), list):
+            raise ValueError(f"{FCOP_CONFIG} must hold a JSON object whose roles is a list")
+        roles = [r["code"] if isinstance(r, dict) and "code" in r else str(r) for r in data.get("roles", [])]
         return cls(leader=str(data.get("leader") or (roles[0] if roles else "ADMIN")), roles=roles,
                    name=str(data.get("team") or data.get("mode") or "custom"), source=source)
 
@@ -83,17 +81,9 @@ class Team:
         return cls.from_fcop_json(TEAM_PRESETS[name], source="preset")
 
     @classmethod
-    def from_toml(cls, table: Any) -> Team:
-        """taskkernel.toml's ``[team]``: ``leader = "…"``, ``roles = [...]``, optionally ``name``."""
-        roles = table.get("roles") if isinstance(table, dict) else None
-        if not (isinstance(roles, list) and roles and all(isinstance(r, str) and is_role_code(r)
-                                                          and r not in _NOT_TEAM for r in roles)):
-            raise ValueError(f"[team] in {CONFIG_NAME} needs roles = [...]: role codes (A-Z, 0-9, _ and inner "
-                             f"hyphens) other than {', '.join(sorted(_NOT_TEAM))}")
-        leader = table.get("leader")
-        if leader not in roles:
-            raise ValueError(f"[team] leader in {CONFIG_NAME} must be one of its roles {roles}, not {leader!r}")
-        return cls(leader, roles, name=str(table.get("name", "custom")), source=CONFIG_NAME)
+    def from_toml(cls, table: TeamTable) -> Team:
+        """taskkernel.toml's ``[team]`` (validated with the file: role codes, the leader one of them)."""
+        return cls(table.leader, list(table.roles), name=table.name, source=CONFIG_NAME)
 
     def toml(self) -> str:
         """This team as taskkernel.toml's ``[team]`` table (role codes and preset names are plain ASCII)."""
@@ -106,7 +96,11 @@ class Team:
 @dataclass
 class Workspace:
     root: Path
-    config: dict[str, Any] = field(default_factory=dict)
+    config: TaskkernelConfig = field(default_factory=TaskkernelConfig)  # taskkernel.toml, validated
+
+    @property
+    def config_path(self) -> Path:
+        return self.root / CONFIG_NAME
 
     @property
     def state_dir(self) -> Path:
@@ -127,19 +121,18 @@ class Workspace:
 
     @property
     def database_url(self) -> str:
-        return str(self.config.get("kernel", {}).get("database") or f"sqlite:///{self.sqlite_path}")
+        return self.config.kernel.database or f"sqlite:///{self.sqlite_path}"
 
     @property
     def require_token(self) -> bool:
         """New workspaces say true; a workspace written before the setting existed keeps the old
         meaning (no token = the local owner) until its owner turns it on."""
-        return bool(self.config.get("kernel", {}).get("require_token", False))
+        return self.config.kernel.require_token
 
     @property
     def grant_sessions(self) -> frozenset[str]:
         """Sessions that hold grants and belong to ADMIN: `admin` and the gate's configured session."""
-        configured = self.config.get("gate", {}).get("session")
-        return frozenset({"admin", *([str(configured)] if configured else [])})
+        return frozenset({"admin", self.config.gate.session})
 
     @property
     def owner_token_path(self) -> Path:
@@ -151,21 +144,21 @@ class Workspace:
 
     @property
     def durability(self) -> str:
-        return str(self.config.get("kernel", {}).get("durability", "full"))
+        return self.config.kernel.durability
 
     def team(self) -> Team:
         """The FCoP root's fcop.json, else taskkernel.toml's ``[team]``, else the dev-team preset."""
         path = self.fcop_dir / FCOP_CONFIG
         if path.exists():
             return Team.from_fcop_json(json.loads(path.read_text(encoding="utf-8-sig")))
-        if "team" in self.config:
-            return Team.from_toml(self.config["team"])
+        if self.config.team is not None:
+            return Team.from_toml(self.config.team)
         return Team.preset(DEFAULT_TEAM)
 
     @classmethod
     def load(cls, root: Path) -> Workspace:
-        with open(root / CONFIG_NAME, "rb") as fh:
-            return cls(root.resolve(), tomllib.load(fh))
+        """The workspace at ``root``; a taskkernel.toml that cannot be used raises ``ConfigError``."""
+        return cls(root.resolve(), load_config(root / CONFIG_NAME))
 
     @classmethod
     def locate(cls, explicit: str | os.PathLike[str] | None = None) -> Workspace:
@@ -217,10 +210,10 @@ def team_from_files(fcop_root: Path) -> Team | None:
         fn = parse_filename(name)
         if fn is None:
             continue
-        roles.update(r for r in (fn.sender, fn.recipient) if r and r not in _NOT_TEAM)
-        if fn.sender and fn.sender not in _NOT_TEAM:
+        roles.update(r for r in (fn.sender, fn.recipient) if r and r not in _NOT_TEAM and len(r) <= MAX_ROLE_LEN)
+        if fn.sender and fn.sender in roles:
             senders[fn.sender] += 1
-        if fn.kind is EnvelopeKind.TASK and fn.sender == "ADMIN" and fn.recipient and fn.recipient not in _NOT_TEAM:
+        if fn.kind is EnvelopeKind.TASK and fn.sender == "ADMIN" and fn.recipient in roles:
             from_admin[fn.recipient] += 1
     if not roles:
         return None
@@ -247,15 +240,15 @@ def _file_names(root: Path) -> Iterator[str]:
             continue
 
 
-def _choose_team(fcop: Path, existing: bool, config: dict[str, Any], preset: str | None) -> tuple[Team, bool]:
+def _choose_team(fcop: Path, existing: bool, config: TaskkernelConfig, preset: str | None) -> tuple[Team, bool]:
     """The team `init` settles on, and whether it belongs in taskkernel.toml's ``[team]``."""
     if not existing:
         return Team.preset(preset or DEFAULT_TEAM), False  # written as the new layout's fcop.json
     fcop_json = fcop / FCOP_CONFIG
     if fcop_json.exists():
         current = Team.from_fcop_json(json.loads(fcop_json.read_text(encoding="utf-8-sig")))
-    elif "team" in config:
-        current = Team.from_toml(config["team"])
+    elif config.team is not None:
+        current = Team.from_toml(config.team)
     else:
         chosen = Team.preset(preset) if preset else team_from_files(fcop)
         return (chosen, True) if chosen else (Team.preset(DEFAULT_TEAM), False)
@@ -292,10 +285,7 @@ def init_workspace(root: Path, team: str | None = None, database: str | None = N
         raise ValueError(f"unknown team preset {team!r}; choose one of {', '.join(TEAM_PRESETS)}")
     root = root.resolve()
     config_path = root / CONFIG_NAME
-    config: dict[str, Any] = {}
-    if config_path.exists():
-        with open(config_path, "rb") as fh:
-            config = tomllib.load(fh)
+    config = load_config(config_path) if config_path.exists() else TaskkernelConfig()  # ConfigError: a ValueError
     fcop, existing = fcop_root_of(root)
     chosen, to_config = _choose_team(fcop, existing, config, team)
     root.mkdir(parents=True, exist_ok=True)
@@ -305,9 +295,8 @@ def init_workspace(root: Path, team: str | None = None, database: str | None = N
     (root / "workspace").mkdir(exist_ok=True)
     note = None
     if not config_path.exists():
-        text = DEFAULT_TOML if database is None else DEFAULT_TOML.replace(
-            '# database = "postgresql+psycopg://user@host/db"', f"database = {json.dumps(database)}")
-        write_private(config_path, (text + (chosen.toml() if to_config else "")).encode("utf-8"))  # may hold a password
+        text = config_template(database, chosen.toml() if to_config else None)
+        write_private(config_path, text.encode("utf-8"))  # may hold a password
     elif to_config:
         note = f"{config_path} exists and was left as it is; to use this team, add:{chosen.toml()}"
     ws = Workspace.load(root)

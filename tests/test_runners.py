@@ -106,10 +106,13 @@ def test_crashing_agent_is_retried_then_blocked_with_a_reason(tmp_path: Path) ->
 
 def test_timeout_and_missing_binary_are_failures_not_crashes(tmp_path: Path) -> None:
     sleeper = write_agent(tmp_path / "sleep.py", "import time\ntime.sleep(30)\n")
+    binary = write_agent(tmp_path / "agent-binary", "#!/bin/sh\nexit 0\n")
+    binary.chmod(0o755)
     ws = make_workspace(tmp_path / "ws", {
         "DEV": {"runner": "command", "argv": [sys.executable, str(sleeper)], "timeout": 0.5, "max_attempts": 1},
-        "QA": {"runner": "command", "argv": ["/nonexistent/agent-binary"], "max_attempts": 1}})
-    c = coordinator(ws)
+        "QA": {"runner": "command", "argv": [str(binary)], "max_attempts": 1}})
+    c = coordinator(ws)  # a binary missing when it starts is refused (tests/test_config.py); this one goes later
+    binary.unlink()
     dev_task = admin_task(c, subject="slow", recipient="DEV")
     qa_task = admin_task(c, subject="missing", recipient="QA")
     c.run_once()

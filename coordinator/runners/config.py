@@ -1,63 +1,40 @@
-"""Runner configuration per role, from `[roles.<ROLE>]` tables in taskkernel.toml.
+"""Runners as this machine can run them: the `[roles.<ROLE>]` tables of taskkernel.toml (the model is in
+taskkernel.coordinator.config) checked against the team, the OS users and the files here.
 
-Everything that widens what an agent holds (extra variables, another OS user) is explicit here and
-checked when the configuration loads, so a coordinator that could not honour it never starts.
+Everything that widens what an agent holds (extra variables, another OS user) is explicit in the file; what
+the file alone cannot tell — the program is installed, the user exists and this process can become it, the
+working folder exists, the role is one the team has — is checked here, so a coordinator that could not honour
+its configuration never starts (`up` refuses, exit 64) and `doctor` names every such problem.
 """
 
 from __future__ import annotations
 
 import os
 import pwd
-import re
-from enum import StrEnum
-from typing import Any
+import shutil
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from taskkernel.coordinator.config import (
+    CONFIG_INVALID,
+    RESERVED_ENV_PREFIX,
+    RUNNER_UNAVAILABLE,
+    ConfigError,
+    Problem,
+    RunnerKind,
+    RunnerSpec,
+    TaskkernelConfig,
+    argv_fields,
+    near,
+    parse_config,
+)
 
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-RESERVED_PREFIX = "TASKKERNEL_"  # the runner's own variables: the run's token and task, never the database URL
+RESERVED_PREFIX = RESERVED_ENV_PREFIX
+_LOAD_TIME = frozenset({"workspace", "role"})  # placeholders known before any task: argv[0] may use them
 
-
-class RunnerKind(StrEnum):
-    COMMAND = "command"
-    SCRIPTED = "scripted"
-
-
-class RunnerSpec(BaseModel):
-    """How one role's agent is run. Placeholders in argv: {task_file} {task_id} {round} {workspace} {role}."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    runner: RunnerKind
-    argv: list[str] = Field(default_factory=list)
-    cwd: str | None = None  # relative to the workspace root
-    env: dict[str, str] = Field(default_factory=dict)  # explicit values added to the agent's environment
-    pass_env: list[str] = Field(default_factory=list)  # coordinator variables the owner deliberately forwards
-    run_as: str | None = None  # OS user the command agent runs as (the coordinator must be root or that user)
-    timeout: float = Field(default=600.0, gt=0)
-    lease: float | None = Field(default=None, gt=0)  # seconds without renewal before a takeover; default timeout+60
-    max_attempts: int = Field(default=3, ge=1, le=20)
-    backoff: float = Field(default=2.0, ge=0)  # seconds before attempt n+1: backoff * 2**(n-1)
-    agent: str | None = None  # agent name recorded as `by`; default: <role>-agent
-
-    def model_post_init(self, _ctx: Any) -> None:
-        if self.runner is RunnerKind.COMMAND and not self.argv:
-            raise ValueError("a command runner needs a non-empty argv")
-        for name in [*self.env, *self.pass_env]:
-            if not _ENV_NAME.fullmatch(name):
-                raise ValueError(f"{name!r} is not an environment variable name")
-            if name.upper().startswith(RESERVED_PREFIX):
-                raise ValueError(f"{name} is set by the runner (the run's token and task; never the database URL)")
-        if self.run_as is not None:
-            if self.runner is not RunnerKind.COMMAND:
-                raise ValueError("run_as applies to command runners only (scripted agents run in the coordinator)")
-            check_switchable(self.run_as)
-
-    @property
-    def lease_seconds(self) -> float:
-        """A run's lease outlives its timeout unless the owner sets it: the coordinator renews it while the
-        agent runs, and a lease that lapses means another coordinator terminates the agent and re-runs."""
-        return self.lease if self.lease is not None else self.timeout + 60.0
+__all__ = ["RESERVED_PREFIX", "RunnerKind", "RunnerSpec", "binary_of", "check_switchable", "os_user",
+           "RoleNames", "runner_problems", "runner_specs", "unknown_roles"]
 
 
 def os_user(name: str) -> pwd.struct_passwd:
@@ -76,12 +53,94 @@ def check_switchable(name: str) -> pwd.struct_passwd:
     return user
 
 
-def runner_specs(config: dict[str, Any]) -> dict[str, RunnerSpec]:
-    """`{"roles": {"DEV": {...}}}` -> validated specs; a bad table raises with the role named."""
-    specs: dict[str, RunnerSpec] = {}
-    for role, table in (config.get("roles") or {}).items():
-        try:
-            specs[role.upper()] = RunnerSpec.model_validate(table)
-        except ValueError as exc:
-            raise ValueError(f"[roles.{role}] in taskkernel.toml: {exc}") from exc
-    return specs
+def binary_of(spec: RunnerSpec, role: str, root: Path) -> tuple[str | None, str | None]:
+    """(the program argv[0] starts, why it cannot be started). Resolved as the agent's start resolves it: a
+    name on the agent's PATH (``env.PATH``, else the coordinator's), a path with a ``/`` relative to ``cwd``.
+    (None, None): argv[0] names a placeholder only a task fills, so it is checked when the task runs."""
+    first = spec.argv[0]
+    if argv_fields(first) - _LOAD_TIME:
+        return None, None
+    program = first.format(workspace=str(root), role=role)
+    if "/" in program:
+        path = Path(program) if os.path.isabs(program) else (root / spec.cwd if spec.cwd else root) / program
+        if not path.exists():
+            return str(path), f"argv[0] {program!r} does not exist ({path})"
+        if not path.is_file() or not os.access(path, os.X_OK):
+            return str(path), f"argv[0] {program!r} is not an executable file ({path})"
+        return str(path), None
+    search = spec.env.get("PATH", os.environ.get("PATH", os.defpath))
+    found = shutil.which(program, path=search)
+    if found is None:
+        return None, f"argv[0] {program!r} is not on the agent's PATH; install it or give its full path"
+    return found, None
+
+
+def runner_problems(config: TaskkernelConfig, root: Path) -> dict[str, list[Problem]]:
+    """Per role table: what keeps this machine from running it (program, working folder, OS user)."""
+    out: dict[str, list[Problem]] = {}
+    for name, spec in config.roles.items():
+        table, found = f"roles.{name}", []
+        if spec.runner is RunnerKind.COMMAND:
+            _, missing = binary_of(spec, name.upper(), root)
+            if missing:
+                found.append(config.problem(table, "argv", missing))
+            if spec.cwd and not (root / spec.cwd).is_dir():
+                found.append(config.problem(table, "cwd", f"cwd {spec.cwd!r} is not a folder in the workspace "
+                                            f"({root / spec.cwd})"))
+            if spec.run_as is not None:
+                try:
+                    check_switchable(spec.run_as)
+                except ValueError as exc:
+                    found.append(config.problem(table, "run_as", str(exc)))
+        if found:
+            out[name] = found
+    return out
+
+
+def unknown_roles(config: TaskkernelConfig, known: Callable[[str], bool], codes: list[str]) -> list[Problem]:
+    """Role names the file uses that the team (and the installed role packages) does not have: a runner or a
+    gate rule for them would never apply."""
+    team = [c for c in codes if c != "ADMIN"]
+    out = []
+    for name in config.roles:
+        if not known(name.upper()):
+            guess = near(name, team)
+            out.append(config.problem(f"roles.{name}", None, f"{name.upper()} is not a role of the team "
+                                      f"({', '.join(team)})" + (f"; did you mean [roles.{guess}]?" if guess else ""),
+                                      f"[roles.{guess}]" if guess else None))
+    for name in config.gate.roles:
+        if not known(name):
+            guess = near(name, team)
+            out.append(config.problem("gate", "roles", f"roles: {name} is not a role of the team ({', '.join(team)})"
+                                      + (f"; did you mean {guess}?" if guess else ""), guess))
+    return out
+
+
+class RoleNames(Protocol):
+    """What runner_specs needs of the role registry (taskkernel.roles.registry.RoleRegistry)."""
+
+    def known(self, code: str) -> bool: ...
+
+    def codes(self) -> list[str]: ...
+
+
+def runner_specs(config: TaskkernelConfig | Mapping[str, Any], *, root: Path | None = None,
+                 roles: RoleNames | None = None) -> dict[str, RunnerSpec]:
+    """The runner of each role, by role code. A bad table raises ``ConfigError`` with the role named; given
+    ``roles`` (the registry), a table for a role the team lacks too; given ``root``, a program, folder or OS
+    user this machine cannot use (``runner_unavailable``). The OS user is always checked."""
+    cfg = config if isinstance(config, TaskkernelConfig) else parse_config(config)
+    if roles is not None and (problems := unknown_roles(cfg, roles.known, roles.codes())):
+        raise ConfigError.of(problems, code=CONFIG_INVALID)
+    if root is not None:
+        found = [p for ps in runner_problems(cfg, root).values() for p in ps]
+        if found:
+            raise ConfigError.of(found, code=RUNNER_UNAVAILABLE)
+    for name, spec in cfg.roles.items():
+        if spec.run_as is not None:
+            try:
+                check_switchable(spec.run_as)
+            except ValueError as exc:
+                raise ConfigError.of([cfg.problem(f"roles.{name}", "run_as", str(exc))],
+                                     code=RUNNER_UNAVAILABLE) from None
+    return {name.upper(): spec for name, spec in cfg.roles.items()}

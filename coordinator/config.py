@@ -1,0 +1,570 @@
+"""taskkernel.toml as one validated model (docs/config.md).
+
+Every table and key the code reads is declared here; anything else is an error, never silently ignored. A file
+that is not TOML, or does not fit the model, is one ``ConfigError`` whose message names the file, the table, the
+key and the line, and suggests the near miss (``taskkernel.toml, line 5: [rols.PM] is not a table taskkernel
+knows; did you mean [roles.PM]?``).
+
+What is checked here depends on the file alone, so every command checks it the same way, whoever runs it. What
+depends on the machine and the team (a runner's binary on PATH, its OS user, its working folder, a role the team
+has) is checked by `up` before it starts and by `doctor` (taskkernel.coordinator.runners.config).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+import string
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+
+from taskkernel.coordinator.fcop.filenames import BROADCAST, RESERVED_ROLES, is_role_code
+
+CONFIG_NAME = "taskkernel.toml"
+CONFIG_INVALID = "config_invalid"  # the file is not TOML, or does not fit the model
+CONFIG_UNREADABLE = "config_unreadable"  # the file cannot be read at all
+RUNNER_UNAVAILABLE = "runner_unavailable"  # a runner this machine cannot start (binary, OS user, folder)
+PLACEHOLDERS = ("task_file", "task_id", "round", "workspace", "role", "purpose")  # what a runner's argv may name
+NOT_TEAM = RESERVED_ROLES | {BROADCAST}  # the human owner, the system and a broadcast are no team roles
+MAX_ROLE_LEN = 32  # the kernel's role codes (kernel/model/commands.py)
+RISK_LEVELS = ("low", "medium", "high")  # irreversible tasks protect every operation: nothing to configure
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+RESERVED_ENV_PREFIX = "TASKKERNEL_"  # the runner's own variables: the run's token and task, never the database URL
+
+
+class KeyProblem(ValueError):
+    """A model-level check that can name the key it is about (so the message points at that key's line)."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class WorkspaceNotFound(Exception):
+    """No usable workspace here: no taskkernel.toml (or, as ``ConfigError``, one that cannot be used)."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with the file: where (table, key, line) and what, with the near miss if there is one."""
+
+    table: str | None  # "roles.DEV"; None: the top level
+    key: str | None
+    text: str
+    line: int | None = None
+    suggestion: str | None = None
+
+    def render(self, file: str = CONFIG_NAME) -> str:
+        where = f"{file}, line {self.line}" if self.line else file
+        return f"[{self.table}] in {where}: {self.text}" if self.table else f"{where}: {self.text}"
+
+    def as_json(self) -> dict[str, Any]:
+        return {"table": self.table, "key": self.key, "line": self.line, "message": self.render(),
+                **({"suggestion": self.suggestion} if self.suggestion else {})}
+
+
+class ConfigError(WorkspaceNotFound, ValueError):
+    """taskkernel.toml cannot be used. ``code`` is stable (docs/reason-codes.md): ``config_invalid``,
+    ``config_unreadable``, ``runner_unavailable``. A ``WorkspaceNotFound`` (every command that opens the
+    workspace reports it as a usage error, exit 64) and a ``ValueError`` (so do `up` and the kernel's wiring)."""
+
+    def __init__(self, message: str, *, code: str = CONFIG_INVALID, path: Path | None = None,
+                 problems: Sequence[Problem] = ()) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.path = path
+        self.problems = list(problems)
+
+    @classmethod
+    def of(cls, problems: Sequence[Problem], *, code: str = CONFIG_INVALID, path: Path | None = None) -> ConfigError:
+        more = f" (and {len(problems) - 1} more: run `taskkernel doctor`)" if len(problems) > 1 else ""
+        return cls(problems[0].render() + more, code=code, path=path, problems=problems)
+
+    def as_json(self) -> dict[str, Any]:
+        first = self.problems[0] if self.problems else None
+        return {"code": self.code, "message": self.message, "file": str(self.path) if self.path else None,
+                "table": first.table if first else None, "key": first.key if first else None,
+                "line": first.line if first else None, "problems": [p.as_json() for p in self.problems]}
+
+
+def near(word: str, candidates: Sequence[str]) -> str | None:
+    """The candidate ``word`` is most likely a misspelling of (case-insensitive), if any is close enough."""
+    lowered = {c.lower(): c for c in candidates}
+    found = difflib.get_close_matches(word.lower(), list(lowered), n=1, cutoff=0.6)
+    return lowered[found[0]] if found else None
+
+
+def placeholder_problem(arg: str) -> str | None:
+    """Why ``arg`` (one element of a runner's argv) is not a valid template, or None."""
+    try:
+        fields = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(arg) if f is not None]
+    except ValueError as exc:
+        return f"{json.dumps(arg)} is not a valid template ({exc}); write {{{{ and }}}} for literal braces"
+    for name, spec, conv in fields:
+        if name not in PLACEHOLDERS:
+            guess = near(name.split(".")[0].split("[")[0], PLACEHOLDERS) if name else None
+            hint = f"; did you mean {{{guess}}}?" if guess else ""
+            return (f"{{{name}}} in {json.dumps(arg)} is not a placeholder taskkernel fills{hint} (known: "
+                    + " ".join(f"{{{p}}}" for p in PLACEHOLDERS) + "; write {{ and }} for literal braces)")
+        if spec or conv:
+            return f"{json.dumps(arg)}: placeholders take no conversion or format spec ({{{name}}} only)"
+    return None
+
+
+def argv_fields(arg: str) -> set[str]:
+    """The placeholders one (valid) argv element names."""
+    return {f for _, f, _, _ in string.Formatter().parse(arg) if f}
+
+
+class _Table(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class KernelTable(_Table):
+    """``[kernel]``: where the store is and how it behaves."""
+
+    durability: Literal["full", "process"] = "full"
+    # Absent: a workspace written before the setting existed keeps the old meaning (no token = the local owner).
+    require_token: bool = False
+    database: str | None = Field(default=None, min_length=1)
+
+    @field_validator("database")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is not None:
+            from sqlalchemy.engine import make_url  # only when a URL is configured
+            from sqlalchemy.exc import ArgumentError
+
+            try:
+                make_url(value)
+            except ArgumentError:
+                raise ValueError("not a database URL (sqlite:///path/to/file.db or "
+                                 "postgresql+psycopg://user@host/db)") from None
+        return value
+
+
+class TeamTable(_Table):
+    """``[team]``: used when the FCoP folder has no fcop.json (which takes precedence)."""
+
+    name: str = Field(default="custom", min_length=1)
+    leader: str
+    roles: list[str] = Field(min_length=1)
+
+
+class RunnerKind(StrEnum):
+    COMMAND = "command"
+    SCRIPTED = "scripted"
+
+
+_COMMAND_ONLY = ("argv", "cwd", "env", "pass_env", "run_as")
+
+
+class RunnerSpec(_Table):
+    """``[roles.<ROLE>]``: how one role's agent is run (docs/roles.md). Placeholders in argv: see PLACEHOLDERS."""
+
+    runner: RunnerKind = Field(strict=False)  # "command" or "scripted" (TOML gives the value, not the enum)
+    argv: list[str] = Field(default_factory=list)
+    cwd: str | None = Field(default=None, min_length=1)  # relative to the workspace root
+    env: dict[str, str] = Field(default_factory=dict)  # explicit values added to the agent's environment
+    pass_env: list[str] = Field(default_factory=list)  # coordinator variables the owner deliberately forwards
+    run_as: str | None = Field(default=None, min_length=1)  # OS user the command agent runs as
+    timeout: float = Field(default=600.0, gt=0, allow_inf_nan=False)
+    lease: float | None = Field(default=None, gt=0, allow_inf_nan=False)  # default: timeout + 60
+    max_attempts: int = Field(default=3, ge=1, le=20)
+    backoff: float = Field(default=2.0, ge=0, allow_inf_nan=False)  # seconds before attempt n+1: backoff*2**(n-1)
+    agent: str | None = Field(default=None, min_length=1)  # agent name recorded as `by`; default: <role>-agent
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RunnerSpec:
+        if self.runner is RunnerKind.COMMAND:
+            if not self.argv or not self.argv[0]:
+                raise KeyProblem("argv", "a command runner needs argv = [\"program\", …] (its first element: the "
+                                 "program)")
+            for arg in self.argv:
+                if problem := placeholder_problem(arg):
+                    raise KeyProblem("argv", f"argv: {problem}")
+        else:
+            given = [k for k in _COMMAND_ONLY if k in self.model_fields_set]
+            if given:
+                raise KeyProblem(given[0], f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to "
+                                 "command runners only (a scripted agent runs inside the coordinator)")
+        for key, names in (("env", list(self.env)), ("pass_env", self.pass_env)):
+            for name in names:
+                if not _ENV_NAME.fullmatch(name):
+                    raise KeyProblem(key, f"{key}: {name!r} is not an environment variable name")
+                if name.upper().startswith(RESERVED_ENV_PREFIX):
+                    raise KeyProblem(key, f"{key}: {name} is set by the runner (the run's token and task; never "
+                                     "the database URL)")
+        return self
+
+    @property
+    def lease_seconds(self) -> float:
+        """A run's lease outlives its timeout unless the owner sets it: the coordinator renews it while the
+        agent runs, and a lease that lapses means another coordinator terminates the agent and re-runs."""
+        return self.lease if self.lease is not None else self.timeout + 60.0
+
+
+class GateTable(_Table):
+    """``[gate]``: the session grants are read from and which operations need a grant (docs/gate.md)."""
+
+    session: str = Field(default="admin", min_length=1, max_length=200)
+    protected: dict[str, list[str]] = Field(default_factory=dict)  # risk level -> operations needing a grant
+    roles: dict[str, list[str]] = Field(default_factory=dict)  # role -> operations protected for it too
+
+    @field_validator("protected")
+    @classmethod
+    def _levels(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        for key in value:
+            if key == "irreversible":
+                raise ValueError("irreversible tasks protect every operation already: nothing to configure")
+            if key not in RISK_LEVELS:
+                guess = near(key, RISK_LEVELS)
+                raise ValueError(f"{key} is not a risk level ({', '.join(RISK_LEVELS)})"
+                                 + (f"; did you mean {guess}?" if guess else ""))
+        return value
+
+    @field_validator("protected", "roles")
+    @classmethod
+    def _operations(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        for key, ops in value.items():
+            if any(not op.strip() or op != op.strip() for op in ops):
+                raise ValueError(f"{key}: operations are non-empty names without surrounding spaces (\"*\": all)")
+        return value
+
+
+class FoldersTable(_Table):
+    """``[folders]``: the FCoP folder adapter."""
+
+    enabled: bool = True
+    submit_on_done_report: bool = True
+
+
+class SchedulerTable(_Table):
+    """``[scheduler]``: the durable automations."""
+
+    max_clock_skew: str | int | None = None  # a duration ("1d", "6h") or seconds; default one day
+
+    @field_validator("max_clock_skew")
+    @classmethod
+    def _duration(cls, value: str | int | None) -> str | int | None:
+        if value is not None:
+            from taskkernel.scheduler.models import SchedulerException, parse_duration
+
+            try:
+                parse_duration(value)
+            except SchedulerException as exc:
+                raise ValueError(exc.message) from None
+        return value
+
+    def as_mapping(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True)
+
+
+class TaskkernelConfig(_Table):
+    """The whole file. Every table is optional; an empty file is a valid (all defaults) configuration."""
+
+    kernel: KernelTable = Field(default_factory=KernelTable)
+    team: TeamTable | None = None
+    roles: dict[str, RunnerSpec] = Field(default_factory=dict)
+    gate: GateTable = Field(default_factory=GateTable)
+    folders: FoldersTable = Field(default_factory=FoldersTable)
+    scheduler: SchedulerTable = Field(default_factory=SchedulerTable)
+    _lines: dict[tuple[str, str | None], int] = PrivateAttr(default_factory=dict)
+
+    def line_of(self, table: str | None, key: str | None = None) -> int | None:
+        """The line a table (or a key in it) is on in the file this came from, when it can be told."""
+        return _line(self._lines, table, key)
+
+    def problem(self, table: str | None, key: str | None, text: str, suggestion: str | None = None) -> Problem:
+        return Problem(table, key, text, self.line_of(table, key), suggestion)
+
+
+TABLES: dict[str, type[BaseModel]] = {
+    "kernel": KernelTable, "team": TeamTable, "roles": RunnerSpec, "gate": GateTable, "folders": FoldersTable,
+    "scheduler": SchedulerTable}
+
+
+# -- loading -----------------------------------------------------------------------------------------
+
+
+def load_config(path: Path) -> TaskkernelConfig:
+    """Read and validate ``path``; raises ``ConfigError`` (never tomllib's or pydantic's errors)."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}", code=CONFIG_UNREADABLE, path=path) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{CONFIG_NAME} is not UTF-8 text (byte {exc.start}); TOML files are UTF-8",
+                          path=path) from None
+    return parse_config(text, path)
+
+
+def parse_config(source: str | Mapping[str, Any], path: Path | None = None) -> TaskkernelConfig:
+    """Validate TOML text (or an already parsed document) into the model; raises ``ConfigError``."""
+    text = source if isinstance(source, str) else ""
+    if isinstance(source, str):
+        try:
+            data: Mapping[str, Any] = tomllib.loads(source)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{CONFIG_NAME} is not valid TOML: {exc}", path=path) from None
+    else:
+        data = source
+    lines = _index(text)
+    try:
+        config = TaskkernelConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError.of([_problem(e, data, lines) for e in exc.errors(include_url=False)], path=path) from None
+    config._lines = lines
+    problems = file_problems(config)
+    if problems:
+        raise ConfigError.of(problems, path=path)
+    return config
+
+
+def file_problems(config: TaskkernelConfig) -> list[Problem]:
+    """What the model's types cannot say: the team's roles and leader, role names of [roles.X] and [gate] roles."""
+    out: list[Problem] = []
+    team = config.team
+    if team is not None:
+        for role in team.roles:
+            if why := _not_a_team_role(role):
+                out.append(config.problem("team", "roles", f"roles: {json.dumps(role)} {why}"))
+        if len(set(team.roles)) != len(team.roles):
+            twice = sorted({r for r in team.roles if team.roles.count(r) > 1})
+            out.append(config.problem("team", "roles", f"roles: {', '.join(twice)} listed twice"))
+        if team.leader not in team.roles:
+            guess = near(team.leader, team.roles)
+            out.append(config.problem("team", "leader", f"leader must be one of its roles {team.roles}, not "
+                                      f"{json.dumps(team.leader)}" + (f"; did you mean {guess}?" if guess else ""),
+                                      guess))
+    seen: dict[str, str] = {}
+    for name in config.roles:
+        table = f"roles.{name}"
+        if why := _not_a_team_role(name.upper()):
+            out.append(config.problem(table, None, f"{name} {why}"))
+        elif name.upper() in seen:
+            out.append(config.problem(table, None, f"the same role as [roles.{seen[name.upper()]}]"))
+        seen.setdefault(name.upper(), name)
+    for name in config.gate.roles:
+        if why := _not_a_team_role(name):
+            out.append(config.problem("gate", "roles", f"roles: {name} {why}"))
+    return out
+
+
+def _not_a_team_role(code: str) -> str | None:
+    if code in NOT_TEAM:
+        return f"is not a team role ({', '.join(sorted(NOT_TEAM))} are reserved: the owner, the system, a broadcast)"
+    if not is_role_code(code) or len(code) > MAX_ROLE_LEN:
+        return (f"is not a role code (upper-case letters, digits, _ and inner hyphens, at most {MAX_ROLE_LEN} "
+                "characters)")
+    return None
+
+
+# -- messages ----------------------------------------------------------------------------------------
+
+_HEADER = re.compile(r"""^\[\[?\s*((?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*'))*)"""
+                     r"""\s*\]\]?\s*(?:#.*)?$""")
+_KEY = re.compile(r"""^((?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*'))*)\s*=""")
+
+
+def _dotted(path: str) -> list[str]:
+    return [p.strip().strip("\"'") for p in re.findall(r"""[A-Za-z0-9_-]+|"[^"]*"|'[^']*'""", path)]
+
+
+def _index(text: str) -> dict[tuple[str, str | None], int]:
+    """Where each table header and each key is, by (table, key): enough to point at a line, never a parser."""
+    found: dict[tuple[str, str | None], int] = {}
+    table = ""
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if header := _HEADER.match(line):
+            table = ".".join(_dotted(header.group(1)))
+            found.setdefault((table, None), number)
+        elif key := _KEY.match(line):
+            parts = _dotted(key.group(1))
+            owner = ".".join([p for p in (table,) if p] + parts[:-1])
+            found.setdefault((owner, parts[-1]), number)
+            if len(parts) > 1:
+                found.setdefault((owner, None), number)
+    return found
+
+
+def _line(lines: Mapping[tuple[str, str | None], int], table: str | None, key: str | None) -> int | None:
+    table = table or ""
+    if key is not None and (table, key) in lines:
+        return lines[(table, key)]
+    if (table, None) in lines:
+        return lines[(table, None)]
+    parent, _, last = table.rpartition(".")
+    if last and (parent, last) in lines:  # an inline table: roles.DEV = { ... } or DEV = { ... } under [roles]
+        return lines[(parent, last)]
+    return None
+
+
+def _where(loc: Sequence[str | int]) -> tuple[str | None, str | None, list[str | int]]:
+    """(table, key, the rest of the path inside the key) of a pydantic error location."""
+    if not loc:
+        return None, None, []
+    if loc[0] == "roles" and len(loc) >= 2:
+        return f"roles.{loc[1]}", (str(loc[2]) if len(loc) > 2 else None), list(loc[3:])
+    if len(loc) == 1:
+        return str(loc[0]), None, []
+    return str(loc[0]), str(loc[1]), list(loc[2:])
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str | int | float):
+        text = json.dumps(value)
+        return text if len(text) <= 60 else text[:57] + "…"
+    if isinstance(value, dict):
+        return "a table"
+    return "a list" if isinstance(value, list) else type(value).__name__
+
+
+_EXPECTED = {
+    "bool_type": "true or false", "string_type": "a string", "int_type": "an integer", "float_type": "a number",
+    "list_type": "a list", "dict_type": "a table", "model_type": "a table", "finite_number": "a finite number",
+}
+
+
+def _problem(err: Any, data: Mapping[str, Any], lines: Mapping[tuple[str, str | None], int]) -> Problem:
+    loc = [p for p in err.get("loc", ()) if p != "[key]"]
+    table, key, rest = _where(loc)
+    kind, ctx = err.get("type"), err.get("ctx") or {}
+    if kind == "extra_forbidden":
+        return _unknown(table, key, loc, data, lines)
+    if key is None and isinstance(ctx.get("error"), KeyProblem):  # its message names its key itself
+        return Problem(table, ctx["error"].key, str(ctx["error"]), _line(lines, table, ctx["error"].key))
+    subject = ".".join([key, *(str(r) for r in rest)]) if key else ""
+    value = err.get("input")
+    if kind in ("dict_type", "model_type") and len(loc) == 2 and loc[0] == "roles":
+        return Problem("roles", str(loc[1]), f"{loc[1]} = {_shown(value)} is not a role's table: each role is a "
+                       "[roles.<ROLE>] table (e.g. [roles.DEV] with runner = \"scripted\")",
+                       _line(lines, "roles", str(loc[1])))
+    if kind == "missing":
+        text = f"{subject} is required"
+    elif kind in ("literal_error", "enum"):
+        text = f"{subject} must be {str(ctx.get('expected', '')).replace(chr(39), chr(34))} (got {_shown(value)})"
+    elif kind in _EXPECTED:
+        what = subject or f"[{table}]"
+        text = f"{what} must be {_EXPECTED[kind]} (got {_shown(value)})"
+    elif kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        bound = {"greater_than": "greater than", "greater_than_equal": "at least", "less_than": "less than",
+                 "less_than_equal": "at most"}[kind]
+        limit = next(iter(ctx.values()), "")
+        text = f"{subject} must be {bound} {limit} (got {_shown(value)})"
+    elif kind in ("too_short", "string_too_short"):
+        text = f"{subject} must not be empty"
+    elif kind == "string_too_long":
+        text = f"{subject} is too long (at most {ctx.get('max_length')} characters)"
+    else:
+        msg = str(err.get("msg", "")).removeprefix("Value error, ")
+        text = f"{subject}: {msg}" if subject else msg
+    return Problem(table, key, text, _line(lines, table, key))
+
+
+def _unknown(table: str | None, key: str | None, loc: Sequence[str | int], data: Mapping[str, Any],
+             lines: Mapping[tuple[str, str | None], int]) -> Problem:
+    """An unknown table or key, with the near miss."""
+    if len(loc) == 1:  # a top-level name: a misspelled table, or a key outside any table
+        name = str(loc[0])
+        value = data.get(name)
+        if isinstance(value, dict):
+            guess = near(name, list(TABLES))
+            subs = [k for k, v in value.items() if isinstance(v, dict)]
+            shown = f"{name}.{subs[0]}" if subs and not set(value) - set(subs) else name
+            fixed = f"{guess}{shown[len(name):]}" if guess else None
+            return Problem(None, name, f"[{shown}] is not a table taskkernel knows"
+                           + (f"; did you mean [{fixed}]?" if fixed else f" (tables: {', '.join(TABLES)})"),
+                           _line(lines, shown, None) or _line(lines, name, None), f"[{fixed}]" if fixed else None)
+        owner = next((t for t, model in TABLES.items() if name in model.model_fields and t != "roles"), None)
+        return Problem(None, name, f"{name} is outside any table"
+                       + (f"; did you mean to put it under [{owner}]?" if owner else
+                          f" and is not a key taskkernel knows (tables: {', '.join(TABLES)})"),
+                       _line(lines, "", name), f"[{owner}] {name}" if owner else None)
+    model: type[BaseModel] = TABLES.get((table or "").split(".")[0], BaseModel)
+    known = list(model.model_fields)
+    guess = near(str(key), known)
+    where = f"{table}" if table else ""
+    return Problem(where, key, f"{key} is not a key taskkernel knows"
+                   + (f"; did you mean {guess}?" if guess else f" (keys: {', '.join(known)})"),
+                   _line(lines, table, key), guess)
+
+
+# -- the file `init` writes --------------------------------------------------------------------------
+
+TEMPLATE = """\
+# taskkernel workspace configuration. Every table and key: docs/config.md.
+# `taskkernel doctor` checks this file, the database, the folders and the runners.
+# Lines starting with "# [" or "# key =" are examples: remove the "# " to use them.
+
+[kernel]
+# "full": fsync every commit (survives kill -9 and power loss); "process": survives kill -9 only.
+durability = "full"
+# No token means no authority: the owner's CLI reads its credential from .taskkernel/owner.token (0600);
+# agents get only their run's scoped token (docs/security.md).
+require_token = true
+# database = "postgresql+psycopg://user@host/db"   # default: .taskkernel/kernel.db (SQLite, WAL)
+{team}
+# How each role's agent runs (docs/roles.md). A role without a table is not run automatically: its tasks
+# wait for a person. `up` refuses a program it cannot find, and `doctor` says which.
+# [roles.DEV]
+# runner = "command"                        # or "scripted": the built-in agent, or the role package's handler
+# argv = ["codex", "exec", "{{task_file}}"]   # the program and its arguments, with placeholders:
+#                                           {{task_file}} {{task_id}} {{round}} {{workspace}} {{role}} {{purpose}}
+# cwd = "workspace"                         # relative to the workspace root
+# env = {{ MODEL = "small" }}                 # explicit values added to the agent's environment
+# pass_env = ["OPENAI_API_KEY"]             # coordinator variables forwarded on purpose
+# run_as = "agent-dev"                      # start the agent as this OS user (the coordinator: root or that user)
+# timeout = 600                             # seconds; the agent's process group is killed after it
+# lease = 660                               # seconds without renewal before another coordinator takes over
+# max_attempts = 3                          # then the task gets a blocked report
+# backoff = 2.0                             # seconds before attempt n+1: backoff * 2**(n-1)
+# agent = "dev-1"                           # recorded as `by` (default: dev-agent)
+#
+# [roles.QA]
+# runner = "scripted"
+
+# The execution gate (docs/gate.md): where grants are read and which operations need one.
+# [gate]
+# session = "admin"
+# protected = {{ low = ["write", "delete", "deploy", "force_push", "migrate"], high = ["*"] }}
+# roles = {{ DEV = ["deploy"] }}              # operations protected for a role whatever the task's risk
+
+# The FCoP folder adapter (docs/folders.md).
+# [folders]
+# enabled = true
+# submit_on_done_report = true              # a REPORT file with status done also submits the task
+
+# Durable automations (docs/scheduler.md).
+# [scheduler]
+# max_clock_skew = "1d"                     # how far ahead of the clock a schedule's watermark may stand
+"""
+TEAM_EXAMPLE = """
+# The team, when the FCoP folder has no fcop.json (which takes precedence).
+# [team]
+# name = "dev-team"
+# leader = "PM"
+# roles = ["PM", "DEV", "QA", "OPS"]
+"""
+
+
+def config_template(database: str | None = None, team: str | None = None) -> str:
+    """The commented taskkernel.toml `init` writes: every table, with examples that validate when uncommented.
+    ``database``: the URL to name in [kernel]; ``team``: a [team] table to write instead of its example."""
+    text = TEMPLATE.format(team=team if team is not None else TEAM_EXAMPLE)
+    if database is not None:
+        text = text.replace('# database = "postgresql+psycopg://user@host/db"', f"database = {json.dumps(database)}")
+    return text
