@@ -154,6 +154,22 @@ def test_a_state_pages_in_task_id_order_from_one_index(sqlite_url: str) -> None:
     assert "ix_tasks_state_task_id" in plan and "TEMP B-TREE" not in plan, plan
 
 
+def test_every_revision_goes_down_again_and_back_up(any_url: str) -> None:
+    """downgrade() is kept correct (docs/migrations.md): down to nothing leaves an empty version table, which
+    reads as an empty database, and opening it builds head again."""
+    from alembic import command
+
+    db = Database(any_url)
+    schema.upgrade(db)
+    at_head = shape(any_url)
+    with db.write() as uow:
+        command.downgrade(schema.alembic_config(uow.conn), "base")
+    assert db.schema_version().tables == {version.VERSION_TABLE} and schema.status(db) == (None, HEAD)
+    assert schema.ensure(db) == (HEAD, HEAD)
+    db.dispose()
+    assert shape(any_url) == at_head
+
+
 # -- opening a database -------------------------------------------------------------------------------------------
 def test_a_database_created_on_open_is_stamped_at_head_and_filled_in_at_head(sqlite_url: str) -> None:
     """Code that builds a Database directly (tests, tools) still creates tables on open; the first creation

@@ -65,21 +65,16 @@ class Found:
         """At the revision this code describes, and stamped so."""
         return self.stamped and self.revision == HEAD
 
-    @property
-    def behind(self) -> bool:
-        """At a revision older than this code's (an unstamped release 0.1.0 database included)."""
-        return self.revision in REVISIONS and not self.current
-
 
 def inspect(conn: Connection) -> Found:
     """Read the schema state of the database ``conn`` is connected to (its default schema on PostgreSQL)."""
     tables = frozenset(sa.inspect(conn).get_table_names())
-    if VERSION_TABLE in tables:
-        rows = conn.execute(sa.select(version_table.c.version_num)).scalars().all()
-        if len(rows) == 1:
-            return Found(rows[0], True, tables)
-        # Alembic keeps one row on a linear history; none or several: a revision this code cannot name
-        return Found("+".join(sorted(rows)) or "(none)", True, tables)
+    rows = conn.execute(sa.select(version_table.c.version_num)).scalars().all() if VERSION_TABLE in tables else []
+    if len(rows) == 1:
+        return Found(rows[0], True, tables)
+    if rows:  # Alembic keeps one row on a linear history; several are heads of branches this code never made
+        return Found("+".join(sorted(rows)), True, tables)
+    # No stamp (an empty version table is what a downgrade to nothing leaves): release 0.1.0's, or empty
     return Found(BASELINE if RELEASE_0_1_MARK in tables else None, False, tables)
 
 
