@@ -74,7 +74,8 @@ def test_an_oversized_task_is_refused_and_nothing_is_stored(ws: Path, command: d
     code, out = submit(ws, command)
     assert (code, out["status"], out["reason"]) == (2, "rejected", "payload_too_large"), out
     assert out["message"].startswith(f"{field}: {size} ") and f"limit of {limit} " in out["message"], out
-    assert show(ws) == (2, {"status": "error", "reason": "task_not_found", "message": f"{TASK_ID} does not exist"})
+    assert show(ws) == (2, {"status": "rejected", "reason": "task_not_found",
+                            "message": f"{TASK_ID} does not exist (see `taskkernel task list`)"})
     assert taskkernel("log", cwd=ws).stdout == "", "a refused command appends no event"
 
 

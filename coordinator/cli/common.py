@@ -50,9 +50,9 @@ class CliContext:
         event chain is keyed with the workspace's chain key (.taskkernel/chain.key, 0600, created on first
         use; docs/durability.md); with only --db there is no key. A damaged file ends the command with
         ``database_corrupt`` (exit 2), never a traceback."""
+        from taskkernel.coordinator import schema
         from taskkernel.kernel.private import load_or_create_secret
         from taskkernel.kernel.store.db import Database, DatabaseCorrupt
-        from taskkernel.kernel.store.schema import metadata as kernel_metadata
 
         if self._db is None:
             url = self.db_url or os.environ.get("TASKKERNEL_DB")
@@ -63,7 +63,7 @@ class CliContext:
                 url, durability = ws.database_url, ws.durability
             try:
                 db = Database(url, durability)
-                db.create_schema(kernel_metadata)
+                schema.ensure(db)
                 if ws is not None:
                     key_path = ws.chain_key_path
 
@@ -77,6 +77,19 @@ class CliContext:
             if self.token is not None or "TASKKERNEL_TOKEN" in os.environ:
                 self.principal()  # a credential given to any command must be live, reads included
         return self._db
+
+    def current_database(self) -> Database:
+        """The database, refused (schema_behind / schema_ahead, exit 2) unless its schema is at this code's
+        revision: for the commands that write with this code's idea of the tables (``up``, ``submit``)."""
+        from taskkernel.coordinator import schema
+        from taskkernel.kernel.reasons import KernelError
+
+        db = self.database()
+        try:
+            schema.require_current(db)
+        except KernelError as exc:
+            reject(exc.reason.value, exc.message)
+        return db
 
     def try_principal(self) -> Principal | KernelError:
         """Who is calling (docs/security.md), or why the credential stands for nobody. A token given

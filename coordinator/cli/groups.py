@@ -36,6 +36,10 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("gate", "gate", "app", "Execution gate: is this planned action still supported by the trace, now?"),
     Entry("schedule", "schedule", "app", "Durable schedules for automations (docs/scheduler.md)."),
     Entry("fcop", "fcop_cmds", "app", "Whole-workspace FCoP operations (docs/import-and-migrate.md)."),
+    Entry("db", "db", "app", "The database schema: its revision, and upgrading it."),
+    Entry("doctor", "doctor", "doctor", "Check the workspace: taskkernel.toml, private file modes, the FCoP folder, "
+          "the team, each runner, the database and its schema, quarantined files and blocked tasks; exit 0 if "
+          "healthy, 2 otherwise."),
 )
 
 

@@ -134,6 +134,7 @@ def submit(ctx: typer.Context, source: str = typer.Argument("-", metavar="[FILE|
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         fail(Exit.DATAERR, f"cannot read a JSON command from {source}: {exc}")
     c = get_ctx(ctx)
+    c.current_database()  # refused while the schema is behind (or ahead of) this code
     kernel = c.kernel()
     command = raw if isinstance(raw, dict) else {"type": None, "payload": raw}
     caller = c.try_principal()

@@ -35,8 +35,9 @@ def up(ctx: typer.Context, workspace: Path = typer.Argument(None, help="Workspac
         ws = Workspace.locate(c.workspace_path)
     except WorkspaceNotFound as exc:
         fail(Exit.USAGE, str(exc))
+    db = c.current_database()  # refused while the schema is behind (or ahead of) this code
     try:
-        coordinator = Coordinator(ws, c.database(), settle_s=0.0 if once else 1.0, grace_s=0.0 if once else 5.0)
+        coordinator = Coordinator(ws, db, settle_s=0.0 if once else 1.0, grace_s=0.0 if once else 5.0)
     except FcopError as exc:  # e.g. unsupported_workspace_generation (G4), mixed or ambiguous roots
         fail(Exit.REJECTED, f"{exc.reason.value}: {exc}", reason=exc.reason.value)
     except ValueError as exc:  # a bad [roles.X] table
