@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from enum import Enum
 from pathlib import Path
 
-from taskkernel.coordinator.cli.output import Exit, json_mode, warn, write_json
+from taskkernel.coordinator.cli.output import Exit, report_error, report_rejection
 
 _DISK_FULL = ("database or disk is full", "no space left on device")
 _READ_ONLY = ("readonly database", "read-only file system", "attempt to write a readonly")
@@ -95,16 +95,11 @@ def report_fault(exc: BaseException, workspace: str | None = None) -> int:
     """Say what failed in one line (and the envelope in JSON mode); return the exit status."""
     reason = _reason_of(exc)
     if reason is not None:
-        message = str(getattr(exc, "message", "") or exc)
-        if json_mode():
-            write_json({"status": "rejected", "reason": reason, "message": message})
-        warn(("rejected", "red"), f" {reason}: {message}")
+        report_rejection(reason, str(getattr(exc, "message", "") or exc))
         return int(Exit.REJECTED)
     code, message, status = classify(exc)
     where = _write_traceback(exc, workspace)
     if where is not None and code in ("internal_error", "database_error", "io_error"):
         message = f"{message} (details in {where})"
-    if json_mode():
-        write_json({"status": "error", "code": code, "message": message})
-    warn(("error:", "red"), f" {message}")
+    report_error(code, message)
     return int(status)

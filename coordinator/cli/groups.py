@@ -60,7 +60,7 @@ def attach_placeholder(app: typer.Typer, entry: Entry) -> None:
     def placeholder() -> None:  # pragma: no cover - replaced by the real command whenever it is named
         raise RuntimeError(f"{entry.name} was not loaded")
 
-    app.command(entry.name, help=entry.help, context_settings={"ignore_unknown_options": True})(placeholder)
+    app.command(entry.name, help=entry.help)(placeholder)
 
 
 def register(app: typer.Typer, wanted: str | None) -> None:

@@ -71,26 +71,27 @@ def _plain(parts: Iterable[Part]) -> str:
     return "".join(p if isinstance(p, str) else p[0] for p in parts)
 
 
-def say(*parts: Part) -> None:
-    """One line for people. Plain strings print exactly as they are, ``(text, style)`` pairs styled."""
-    if json_mode() and not sys.stderr.isatty():  # a script's stderr: plain text, no rich import
-        sys.stderr.write(_plain(parts) + "\n")
-        sys.stderr.flush()
+def _line(stream: str, parts: Iterable[Part]) -> None:
+    """One line on ``stream``: styled on a terminal, plain text (no rich import) for a script."""
+    file = sys.stdout if stream == "stdout" else sys.stderr
+    if not file.isatty():
+        file.write(_plain(parts) + "\n")
+        file.flush()
         return
     from rich.text import Text
 
-    people().print(Text.assemble(*parts))
+    _console(stream).print(Text.assemble(*parts))
+
+
+def say(*parts: Part) -> None:
+    """One line for people (stdout in human mode, stderr when stdout carries JSON). Plain strings print
+    exactly as they are, ``(text, style)`` pairs styled."""
+    _line("stdout" if human_mode() else "stderr", parts)
 
 
 def warn(*parts: Part) -> None:
     """A warning or an error line: always on stderr, whatever the mode."""
-    if not sys.stderr.isatty():
-        sys.stderr.write(_plain(parts) + "\n")
-        sys.stderr.flush()
-        return
-    from rich.text import Text
-
-    _console("stderr").print(Text.assemble(*parts))
+    _line("stderr", parts)
 
 
 def show(renderable: RenderableType, *, story: bool = False) -> None:
@@ -117,20 +118,30 @@ def emit(obj: Any, render: Render | None = None, *, generic: bool = True) -> Non
         show(table_of(obj))
 
 
-def fail(code: Exit, message: str, *, error: str | None = None, **extra: Any) -> NoReturn:
-    """An error: the envelope on stdout in JSON mode, one readable line on stderr; exit ``code``.
-    ``error`` is the stable error code (default: the exit code's name, e.g. ``usage``)."""
+def report_error(code: str, message: str, **extra: Any) -> None:
+    """The error envelope on stdout in JSON mode, and one readable line on stderr."""
     if json_mode():
-        write_json({"status": "error", "code": error or code.name.lower(), "message": message, **extra})
+        write_json({"status": "error", "code": code, "message": message, **extra})
     warn(("error:", "red"), " ", message)
+
+
+def report_rejection(reason: str, message: str, **extra: Any) -> None:
+    """The refusal envelope (reason code) on stdout in JSON mode, and one readable line on stderr."""
+    if json_mode():
+        write_json({"status": "rejected", "reason": reason, "message": message, **extra})
+    warn(("rejected", "red"), f" {reason}: {message}")
+
+
+def fail(code: Exit, message: str, *, error: str | None = None, **extra: Any) -> NoReturn:
+    """An error, then exit ``code``. ``error`` is the stable error code (default: the exit code's name,
+    e.g. ``usage``)."""
+    report_error(error or code.name.lower(), message, **extra)
     raise typer.Exit(int(code))
 
 
 def reject(reason: str, message: str, **extra: Any) -> NoReturn:
-    """A refusal the caller can act on: the reason code in JSON, one line on stderr, exit 2."""
-    if json_mode():
-        write_json({"status": "rejected", "reason": reason, "message": message, **extra})
-    warn(("rejected", "red"), f" {reason}: {message}")
+    """A refusal the caller can act on, then exit 2."""
+    report_rejection(reason, message, **extra)
     raise typer.Exit(int(Exit.REJECTED))
 
 
