@@ -49,6 +49,19 @@ def run(*args: str, cwd: Path, stdin: str | None = None) -> Run:
     return Run(proc.returncode, proc.stdout, proc.stderr)
 
 
+def new_workspace(tmp_path: Path) -> Path:
+    """``taskkernel init`` of a fresh workspace at ``tmp_path/ws``."""
+    root = tmp_path / "ws"
+    assert run("init", str(root), cwd=tmp_path).code == 0
+    return root
+
+
+def append_config(ws: Path, text: str) -> None:
+    """Add tables or keys at the end of the workspace's taskkernel.toml."""
+    with open(ws / "taskkernel.toml", "a", encoding="utf-8") as fh:
+        fh.write(text)
+
+
 def run_tty(*args: str, cwd: Path, timeout: float = 120) -> Run:
     """The CLI as a person at a terminal sees it: stdout is a pseudo-terminal (120 columns, no colours), so
     the human rendering is chosen; stderr stays a pipe."""

@@ -80,10 +80,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
                                     "to fail instead of skipping.")
 
 
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    """URL of a fresh, empty PostgreSQL schema, dropped after the test."""
-    require_pg()
+def fresh_pg_schema() -> Iterator[str]:
+    """URL of a fresh, empty PostgreSQL schema, dropped when the generator closes."""
     schema = f"t_{uuid.uuid4().hex[:16]}"
     admin = sa.create_engine(pg_base_url())
     with admin.begin() as conn:
@@ -94,6 +92,13 @@ def pg_url() -> Iterator[str]:
         with admin.begin() as conn:
             conn.exec_driver_sql(f"DROP SCHEMA {schema} CASCADE")
         admin.dispose()
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """URL of a fresh, empty PostgreSQL schema, dropped after the test."""
+    require_pg()
+    yield from fresh_pg_schema()
 
 
 @pytest.fixture

@@ -13,19 +13,13 @@ from pathlib import Path
 import pytest
 
 from taskkernel.coordinator.config import TABLES, config_template, parse_config
-from tests.cli_support import Run, run
+from tests.cli_support import Run, new_workspace, run
+from tests.cli_support import append_config as append
 
 
 @pytest.fixture
 def ws(tmp_path: Path) -> Path:
-    root = tmp_path / "ws"
-    assert run("init", str(root), cwd=tmp_path).code == 0
-    return root
-
-
-def append(ws: Path, text: str) -> None:
-    with open(ws / "taskkernel.toml", "a", encoding="utf-8") as fh:
-        fh.write(text)
+    return new_workspace(tmp_path)
 
 
 def refused_config(r: Run) -> str:

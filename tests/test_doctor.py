@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from tests.cli_support import CLI, Run, cli_env, run
+from tests.cli_support import CLI, Run, cli_env, new_workspace, run
+from tests.cli_support import append_config as append
 
 # Until `doctor` is in the command table (coordinator/cli/groups.py), the same CLI entry point runs it with the
 # command attached first; afterwards this is the plain `taskkernel doctor`.
@@ -45,14 +46,7 @@ def statuses(r: Run) -> dict[str, str]:
 
 @pytest.fixture
 def ws(tmp_path: Path) -> Path:
-    root = tmp_path / "ws"
-    assert run("init", str(root), cwd=tmp_path).code == 0
-    return root
-
-
-def append(ws: Path, text: str) -> None:
-    with open(ws / "taskkernel.toml", "a", encoding="utf-8") as fh:
-        fh.write(text)
+    return new_workspace(tmp_path)
 
 
 def test_a_fresh_workspace_is_healthy(ws: Path) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,10 +24,10 @@ from taskkernel.coordinator import schema
 from taskkernel.kernel.background import BackgroundJobs
 from taskkernel.kernel.reasons import KernelError
 from taskkernel.kernel.store import version
-from taskkernel.kernel.store.db import Database, with_pg_schema
+from taskkernel.kernel.store.db import Database
 from taskkernel.kernel.store.schema import metadata as core_metadata
 from tests.cli_support import CLI, Run, cli_env, run, taskkernel
-from tests.conftest import pg_base_url
+from tests.conftest import fresh_pg_schema
 from tests.schema_shape import describe
 
 RELEASE = Path(__file__).resolve().parent / "fixtures" / "release-0.1.0"
@@ -96,16 +95,7 @@ def other_url(any_url: str, tmp_path: Path) -> Iterator[str]:
     if any_url.startswith("sqlite"):
         yield f"sqlite:///{tmp_path / 'other.db'}"
         return
-    name = f"t_{uuid.uuid4().hex[:16]}"
-    admin = sa.create_engine(pg_base_url())
-    with admin.begin() as conn:
-        conn.exec_driver_sql(f"CREATE SCHEMA {name}")
-    try:
-        yield with_pg_schema(pg_base_url(), name)
-    finally:
-        with admin.begin() as conn:
-            conn.exec_driver_sql(f"DROP SCHEMA {name} CASCADE")
-        admin.dispose()
+    yield from fresh_pg_schema()
 
 
 # -- the revisions ------------------------------------------------------------------------------------------------
