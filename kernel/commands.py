@@ -47,8 +47,10 @@ from taskkernel.kernel.model.task import (
     apply,
     current_done_report,
     default_authority,
+    task_stream,
 )
 from taskkernel.kernel.model.upcasters import task_upcasters
+from taskkernel.kernel.queries import task_document
 from taskkernel.kernel.reasons import KernelError, ReasonCode
 from taskkernel.kernel.store.db import Database, UnitOfWork
 from taskkernel.kernel.store.events import EventStore, NewEvent, RecordedEvent
@@ -113,10 +115,6 @@ def receipt_key(principal: Principal, idempotency_key: str) -> str:
     return f"{principal.provenance}\x1f{idempotency_key}"
 
 
-def task_stream(task_id: str) -> str:
-    return f"task:{task_id}"
-
-
 class TaskCommandKernel:
     def __init__(self, db: Database, roles: RolePolicy, *, effect_rules: Sequence[EffectRule] = (),
                  guards: Sequence[Guard] = (), store: EventStore | None = None,
@@ -160,9 +158,7 @@ class TaskCommandKernel:
         return day, self.numbers_in_use(day)
 
     def task(self, task_id: str) -> dict[str, Any] | None:
-        with self.db.read() as conn:
-            raw = conn.execute(sa.select(tasks.c.doc).where(tasks.c.task_id == task_id)).scalar()
-        return json.loads(raw) if raw else None
+        return task_document(self.db, task_id)
 
     def children(self, task_id: str) -> list[dict[str, Any]]:
         with self.db.read() as conn:

@@ -9,7 +9,9 @@ object): it carries the filters it was made for, so a cursor from another listin
 instead of silently continuing a different one. Order is task id order: creation day, then the sequence as text
 (``TASK-20250101-1000`` sorts before ``TASK-20250101-999``; ids keep at least three digits).
 
-The listed fields of a task are TASK_LIST_FIELDS, taken from its stored document.
+The listed fields of a task are TASK_LIST_FIELDS, taken from its stored document. ``task_document`` and
+``task_history`` read one task for `task show` without building the command kernel (a read needs no roles,
+guards or effect rules).
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ import orjson
 import sqlalchemy as sa
 
 from taskkernel.kernel.canonical import canonical_json
-from taskkernel.kernel.model.task import TaskState
+from taskkernel.kernel.model.task import TaskState, task_stream
+from taskkernel.kernel.model.upcasters import task_upcasters
 from taskkernel.kernel.store.db import Database
+from taskkernel.kernel.store.events import EventStore, RecordedEvent
 from taskkernel.kernel.store.schema import tasks
 
 TASK_LIST_FIELDS = ("task_id", "state", "revision", "round", "sender", "recipient", "subject", "priority",
@@ -51,6 +55,24 @@ def task_row(doc_text: str | bytes) -> dict[str, Any]:
     """The listed fields of a stored task document (a field the document lacks is null)."""
     doc = orjson.loads(doc_text)
     return {k: doc.get(k) for k in TASK_LIST_FIELDS}
+
+
+def task_document(db: Database, task_id: str) -> dict[str, Any] | None:
+    """A task's stored document (its current state), or None if no such task exists."""
+    with db.read() as conn:
+        raw = conn.execute(sa.select(tasks.c.doc).where(tasks.c.task_id == task_id)).scalar()
+    return orjson.loads(raw) if raw else None
+
+
+def event_reader() -> EventStore:
+    """An event store that reads events upcast to the current schema, exactly as the kernel reads them."""
+    return EventStore(task_upcasters())
+
+
+def task_history(db: Database, task_id: str) -> list[RecordedEvent]:
+    """A task's events in stream order, upcast to the current schema."""
+    with db.read() as conn:
+        return event_reader().read_stream(conn, task_stream(task_id))
 
 
 def _filters(state: str | None, role: str | None) -> dict[str, str | None]:

@@ -6,10 +6,10 @@ import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import sqlalchemy as sa
 import typer
 
 from taskkernel.coordinator.cli.common import Exit, emit, fail, get_ctx, reject, say, show, warn
@@ -31,7 +31,6 @@ from taskkernel.kernel.model.task import TaskState
 from taskkernel.kernel.private import write_private
 from taskkernel.kernel.reasons import KernelError, ReasonCode
 from taskkernel.kernel.store.events import RecordedEvent
-from taskkernel.kernel.store.schema import tasks as tasks_table
 
 STATES = tuple(s.value for s in TaskState)
 
@@ -159,14 +158,16 @@ def _event_json(ev: RecordedEvent) -> dict[str, Any]:
 @task_app.command("show")
 def task_show(ctx: typer.Context, task_id: str) -> None:
     """A task's current state, reports and history."""
-    kernel = get_ctx(ctx).kernel()
-    doc = kernel.task(task_id)
+    from taskkernel.kernel.queries import task_document, task_history
+
+    db = get_ctx(ctx).database()
+    doc = task_document(db, task_id)
     if doc is None:
         reject("task_not_found", f"{task_id} does not exist (see `taskkernel task list`)")
     history = [{"revision": ev.stream_version, "global_pos": ev.global_pos, "type": ev.type,
                 "by": ev.data.get("by"), "at": ev.recorded_at,
                 **{k: v for k, v in ev.data.items() if k in ("from", "round", "reason", "report_id", "status")}}
-               for ev in kernel.history(task_id)]
+               for ev in task_history(db, task_id)]
     emit({**doc, "history": history}, _render_task)
 
 
@@ -183,19 +184,45 @@ def _render_task(doc: dict[str, Any]) -> None:
 
 
 @task_app.command("list")
-def task_list(ctx: typer.Context, state: str = typer.Option(None, "--state", help="Only tasks in this state.")
+def task_list(ctx: typer.Context,
+              state: str = typer.Option(None, "--state", help=f"Only tasks in this state: {', '.join(STATES)}."),
+              role: str = typer.Option(None, "--role", help="Only tasks addressed to this role (the recipient)."),
+              limit: int = typer.Option(50, "--limit", help="Tasks per page (1 to 1000)."),
+              cursor: str = typer.Option(None, "--cursor", help="Continue after the page that printed this cursor."),
+              every: bool = typer.Option(False, "--all", help="Every task, streamed (JSON: one line per task)."),
               ) -> None:
-    """Tasks, oldest first (JSON: an array)."""
+    """Tasks in task id order, one page at a time (JSON: an array; with --all, JSON lines)."""
+    from taskkernel.kernel.queries import TaskQueryError, iter_tasks, page_tasks
+
     if state and state not in STATES:
         fail(Exit.USAGE, f"--state {state!r} is not a task state; choose one of {', '.join(STATES)}")
-    q = sa.select(tasks_table.c.doc).order_by(tasks_table.c.last_pos)
-    if state:
-        q = q.where(tasks_table.c.state == state)
-    with get_ctx(ctx).database().read() as conn:
-        docs = [json.loads(r[0]) for r in conn.execute(q)]
-    keys = ("task_id", "state", "revision", "round", "sender", "recipient", "subject", "priority", "risk_level",
-            "parent", "root", "thread_key")
-    emit([{k: d[k] for k in keys} for d in docs], _render_tasks)
+    role = role.upper() if role else None
+    db = get_ctx(ctx).database()
+    try:
+        if every:
+            with contextlib.closing(iter_tasks(db, state, role, after=cursor)) as stream:
+                _stream_tasks(stream)
+            return
+        page = page_tasks(db, state=state, role=role, limit=limit, after=cursor)
+    except TaskQueryError as exc:
+        fail(Exit.USAGE, str(exc))
+    emit(page.rows, _render_tasks)
+    if page.next_cursor is not None:  # the stable line scripts read (stderr in JSON mode; see docs/cli.md)
+        say(f"next page: --cursor {page.next_cursor}")
+
+
+def _stream_tasks(rows: Iterator[dict[str, Any]]) -> None:
+    """Every task as it is read: JSON lines, or one line per task on a terminal (no table held in memory)."""
+    count = 0
+    human = human_mode()
+    for row in rows:
+        count += 1
+        if human:
+            say(f"{row['task_id']}  {row['state']:<7} rev {row['revision']} round {row['round']}  "
+                f"{row['sender']}→{row['recipient']}  {row['subject']}")
+        else:
+            sys.stdout.write(json.dumps(row, ensure_ascii=False) + "\n")
+    say(f"{count} task(s)")
 
 
 def _render_tasks(rows: list[dict[str, Any]]) -> None:
@@ -215,9 +242,11 @@ def log(ctx: typer.Context, stream: str = typer.Option(None, "--stream", help="O
     """Events in global (commit) order (JSON: one line per event)."""
     if stream and TASK_ID_RE.match(stream):  # a bare task id names its stream
         stream = f"task:{stream}"
-    kernel = get_ctx(ctx).kernel()
-    store = kernel.store
-    with kernel.db.read() as conn:
+    from taskkernel.kernel.queries import event_reader
+
+    db = get_ctx(ctx).database()
+    store = event_reader()
+    with db.read() as conn:
         events = store.read_stream(conn, stream) if stream else store.read_all(conn, from_pos)
         human = human_mode()
         for ev in events:

@@ -14,6 +14,11 @@ from taskkernel.kernel.model.commands import CommandType, ReportStatus
 from taskkernel.kernel.model.principal import ADMIN
 
 
+def task_stream(task_id: str) -> str:
+    """The event stream of one task."""
+    return f"task:{task_id}"
+
+
 class TaskState(StrEnum):
     INBOX = "inbox"
     ACTIVE = "active"
