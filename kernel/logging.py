@@ -1,22 +1,41 @@
-"""structlog, configured once: JSON lines when stderr is not a terminal, readable console otherwise."""
+"""structlog, configured once: JSON lines when stderr is not a terminal, readable console otherwise.
+
+structlog (and the rich console it brings) is imported at the first log call, not when a module that logs is
+imported: a CLI read that never logs does not pay for it."""
 
 from __future__ import annotations
 
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING, Any, cast
 
-import structlog
+if TYPE_CHECKING:
+    import structlog
 
+_pending: str | None = None  # the level asked for by configure_logging, applied before the first log line
 _configured = False
 
 
 def configure_logging(level: str | None = None) -> None:
+    """Ask for the process's logging set-up; it takes effect before the first log line (or now, if structlog
+    is already in use)."""
+    global _pending
+    if _configured or _pending is not None:
+        return
+    _pending = level or os.environ.get("TASKKERNEL_LOG_LEVEL", "WARNING")
+    if "structlog" in sys.modules:
+        _apply_pending()
+
+
+def _apply_pending() -> None:
     global _configured
-    if _configured:
+    if _pending is None or _configured:
         return
     _configured = True
-    lvl = getattr(logging, (level or os.environ.get("TASKKERNEL_LOG_LEVEL", "WARNING")).upper(), logging.WARNING)
+    import structlog
+
+    lvl = getattr(logging, _pending.upper(), logging.WARNING)
     renderer: structlog.typing.Processor
     renderer = structlog.dev.ConsoleRenderer() if sys.stderr.isatty() else structlog.processors.JSONRenderer()
     structlog.configure(
@@ -33,5 +52,21 @@ def configure_logging(level: str | None = None) -> None:
     )
 
 
+class _LazyLogger:
+    """Stands for ``structlog.get_logger(name)`` until it is first used."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._logger: Any = None
+
+    def __getattr__(self, attr: str) -> Any:
+        if self._logger is None:
+            import structlog
+
+            _apply_pending()
+            self._logger = structlog.get_logger(self._name)
+        return getattr(self._logger, attr)
+
+
 def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:
-    return structlog.get_logger(name)  # type: ignore[no-any-return]
+    return cast("structlog.typing.FilteringBoundLogger", _LazyLogger(name))

@@ -188,19 +188,17 @@ def test_arguments_out_of_range_are_refused(h: Harness) -> None:
 
 
 def test_a_page_is_one_range_scan_of_the_state_index(sqlite_db: Database) -> None:
-    """With an index on tasks(state, task_id) (the migration of issue 11, item 7), a page is a range scan of it:
-    no sort of the tasks in that state, whatever their number."""
+    """The schema's index on tasks(state, task_id) (migration 0002) serves a page as one range scan: no sort of
+    the tasks in that state, whatever their number."""
     h = Harness(sqlite_db)
     ids = interleaved_tasks(h, 6)
-    with sqlite_db.write() as uow:
-        uow.conn.exec_driver_sql("CREATE INDEX IF NOT EXISTS ix_test_tasks_state_id ON tasks (state, task_id)")
     cursor = page_tasks(sqlite_db, state="inbox", limit=1).next_cursor
     with statements(sqlite_db) as seen:
         page_tasks(sqlite_db, state="inbox", limit=1, after=cursor)
     sql, params = next((s, p) for s, p, _, _ in seen if "FROM tasks" in s)
     with sqlite_db.read() as conn:
         plan = " | ".join(r[3] for r in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sql, params))
-    assert "ix_test_tasks_state_id (state=? AND task_id>?)" in plan and "TEMP B-TREE" not in plan, plan
+    assert "ix_tasks_state_task_id (state=? AND task_id>?)" in plan and "TEMP B-TREE" not in plan, plan
     assert ids  # the store is not empty
 
 

@@ -80,7 +80,8 @@ def _line(stream: str, parts: Iterable[Part]) -> None:
         return
     from rich.text import Text
 
-    _console(stream).print(Text.assemble(*parts))
+    _console(stream).print(Text.assemble(*parts), soft_wrap=True)  # one line: the terminal wraps it, so a
+    # long token (a cursor, a path) copies back whole
 
 
 def say(*parts: Part) -> None:
