@@ -54,6 +54,27 @@ def test_a_misspelled_table_or_key_is_named_with_its_line_and_the_near_miss(
     assert f"line {bad_line}" in message, message
 
 
+def test_a_broken_config_is_its_own_error_code_even_with_db(ws: Path) -> None:
+    """A workspace whose taskkernel.toml cannot be used is config_invalid, with the file, key and line; --db does
+    not make the CLI quietly run without the workspace's team, roles and grants."""
+    append(ws, "\n[rols.PM]\nx = 1\n")
+    url = f"sqlite:///{ws / '.taskkernel' / 'kernel.db'}"
+    for args in (("task", "list"), ("--db", url, "task", "list"), ("log",)):
+        r = run(*args, cwd=ws)
+        refused_config(r)
+        assert r.json["code"] == "config_invalid" and r.json["key"] == "rols", r.out
+        assert r.json["file"] == str(ws / "taskkernel.toml") and r.json["line"] == line_of(ws, "[rols.PM]")
+
+
+def test_a_config_error_no_command_caught_still_has_its_code() -> None:
+    from taskkernel.coordinator.cli.faults import classify
+    from taskkernel.coordinator.cli.output import Exit
+    from taskkernel.coordinator.config import ConfigError
+
+    assert classify(ConfigError("taskkernel.toml, line 3: bad", code="config_unreadable")) == (
+        "config_unreadable", "taskkernel.toml, line 3: bad", Exit.USAGE)
+
+
 def test_a_key_outside_any_table_says_which_table_it_belongs_to(tmp_path: Path) -> None:
     root = tmp_path / "ws"
     assert run("init", str(root), cwd=tmp_path).code == 0

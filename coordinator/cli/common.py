@@ -36,14 +36,11 @@ class CliContext:
     used_token: str | None = field(default=None, repr=False)
 
     def workspace(self) -> Workspace:
-        from taskkernel.coordinator.workspace import Workspace, WorkspaceNotFound
-
-        if self._workspace is None:
-            try:
-                self._workspace = Workspace.locate(self.workspace_path)
-            except WorkspaceNotFound as exc:
-                fail(Exit.USAGE, str(exc))
-        return self._workspace
+        """The workspace; none found is a usage error (exit 64)."""
+        found = self._locate()
+        if isinstance(found, str):
+            fail(Exit.USAGE, found)
+        return found
 
     def database(self) -> Database:
         """The kernel database: --db / TASKKERNEL_DB, else the workspace's configured one. In a workspace its
@@ -151,13 +148,24 @@ class CliContext:
 
     def optional_workspace(self) -> Workspace | None:
         """The workspace if there is one (commands given only --db may run without)."""
+        found = self._locate()
+        return None if isinstance(found, str) else found
+
+    def _locate(self) -> Workspace | str:
+        """The workspace, or why there is none. A workspace whose taskkernel.toml cannot be used is never
+        taken for no workspace (not even with --db, where a silently ignored config would drop its team, roles
+        and grants): its error code (``config_invalid``, docs/config.md) ends the command, exit 64."""
+        from taskkernel.coordinator.config import ConfigError
         from taskkernel.coordinator.workspace import Workspace, WorkspaceNotFound
 
         if self._workspace is None:
             try:
                 self._workspace = Workspace.locate(self.workspace_path)
-            except WorkspaceNotFound:
-                return None
+            except ConfigError as exc:
+                details = {k: v for k, v in exc.as_json().items() if k not in ("code", "message")}
+                fail(Exit.USAGE, exc.message, error=exc.code, **details)
+            except WorkspaceNotFound as exc:
+                return str(exc)
         return self._workspace
 
 

@@ -30,8 +30,11 @@ def classify(exc: BaseException) -> tuple[str, str, Exit]:
     """(code, message, exit status) for an unhandled exception."""
     from sqlalchemy import exc as sa_exc
 
+    from taskkernel.coordinator.config import ConfigError
     from taskkernel.kernel.store.db import is_corruption
 
+    if isinstance(exc, ConfigError):  # taskkernel.toml read somewhere no command expected it: still its own code
+        return exc.code, exc.message, Exit.USAGE
     text = " ".join(str(getattr(exc, "orig", None) or exc).split())
     lowered = text.lower()
     if isinstance(exc, sa_exc.ArgumentError | sa_exc.NoSuchModuleError):
