@@ -13,9 +13,12 @@ FILE_MODE = 0o600
 
 
 def private_dir(path: Path) -> Path:
-    """Create ``path`` (and missing parents) as 0700; an existing directory is narrowed to 0700.
-    A symlink in its place is refused: the state directory must be the workspace's own."""
-    path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    """Create ``path`` as 0700, and its missing parents too (``mkdir(parents=True)`` would make them with the
+    umask's 0755); an existing directory is narrowed to 0700. A symlink in its place is refused: the state
+    directory must be the workspace's own."""
+    if not path.parent.exists():
+        private_dir(path.parent)
+    path.mkdir(mode=DIR_MODE, exist_ok=True)
     if path.is_symlink():
         raise OSError(f"{path} is a symlink; refusing to keep private state there")
     os.chmod(path, DIR_MODE)

@@ -498,6 +498,16 @@ def test_database_files_and_chain_key_are_private_after_init_and_up(tmp_path: Pa
     found = {p.name: mode(p) for p in state.iterdir() if p.name.startswith("kernel.db")}
     holder.close()
     assert found == {"kernel.db": 0o600, "kernel.db-wal": 0o600, "kernel.db-shm": 0o600}
+    loose = {str(p.relative_to(state)): oct(mode(p)) for p in state.rglob("*")
+             if mode(p) & 0o077}  # the import lock, the CLI log, anything a later release adds
+    assert not loose, loose
+
+
+def test_a_private_directory_made_with_its_parents_makes_them_private_too(tmp_path: Path) -> None:
+    from taskkernel.kernel.private import private_dir
+
+    private_dir(tmp_path / "state" / "logs" / "runs")
+    assert [mode(tmp_path / p) for p in ("state", "state/logs", "state/logs/runs")] == [0o700] * 3
 
 
 # -- processes starting together ---------------------------------------------------------------------------------

@@ -425,11 +425,12 @@ def move_no_overwrite(src: Path, dst: Path) -> Path:
 
 @contextlib.contextmanager
 def locked(lock_file: Path) -> Iterator[None]:
-    """An exclusive ``flock`` on ``lock_file`` (made if needed, never through a link); released on exit or death."""
+    """An exclusive ``flock`` on ``lock_file`` (made 0600 if needed, never through a link); released on exit or
+    death."""
     lock_file = Path(lock_file)
     with parent_fd(lock_file, create=True) as (dir_fd, name):
         try:
-            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dir_fd)
+            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise FcopError(FcopReason.SYMLINK_REFUSED, "a lock file is never a symbolic link",
