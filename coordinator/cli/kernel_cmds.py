@@ -185,10 +185,13 @@ def _render_task(doc: dict[str, Any]) -> None:
 
 @task_app.command("list")
 def task_list(ctx: typer.Context,
-              state: str = typer.Option(None, "--state", help=f"Only tasks in this state: {', '.join(STATES)}."),
-              role: str = typer.Option(None, "--role", help="Only tasks addressed to this role (the recipient)."),
+              state: str | None = typer.Option(None, "--state",
+                                               help=f"Only tasks in this state: {', '.join(STATES)}."),
+              role: str | None = typer.Option(None, "--role",
+                                              help="Only tasks addressed to this role (the recipient)."),
               limit: int = typer.Option(50, "--limit", help="Tasks per page (1 to 1000)."),
-              cursor: str = typer.Option(None, "--cursor", help="Continue after the page that printed this cursor."),
+              cursor: str | None = typer.Option(None, "--cursor",
+                                                help="Continue after the page that printed this cursor."),
               every: bool = typer.Option(False, "--all", help="Every task, streamed (JSON: one line per task)."),
               ) -> None:
     """Tasks in task id order, one page at a time (JSON: an array; with --all, JSON lines)."""

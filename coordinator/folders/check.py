@@ -22,6 +22,7 @@ import json
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -39,6 +40,7 @@ from taskkernel.coordinator.folders.projection import PROJECT_EFFECT, Projection
 from taskkernel.coordinator.folders.tracking import Origin, folder_files
 from taskkernel.kernel.store.schema import events, outbox, tasks
 
+BATCH = 1000  # task documents per fetch
 HANDLED = (Origin.PROJECTED.value, Origin.INGESTED.value)
 REFUSED = (Origin.REFUSED.value, Origin.QUARANTINED.value, Origin.KEPT.value)  # intruders and kept history
 G2_TASK_DIRS = ("tasks", "log/tasks", "history")
@@ -72,43 +74,23 @@ def check_folders(projection: Projection) -> list[FolderDrift]:
     """Drift in both directions, never lag (see the module docstring). Reads the task read model, which
     `taskkernel verify` has proven equal to the log before it looks at folders."""
     fcop = projection.fcop
+    g2 = fcop.generation is Generation.G2
+    drifts: list[FolderDrift] = []
+    known: set[str] = set()
     with projection.kernel.db.read() as conn:
-        rows = conn.execute(sa.select(tasks.c.task_id, tasks.c.doc, tasks.c.last_pos)).all()
         queued = {json.loads(p)["task_id"] for p in conn.execute(sa.select(outbox.c.payload).where(
             outbox.c.effect == PROJECT_EFFECT, outbox.c.status.in_(("pending", "claimed")))).scalars()}
         records = {r.rel: (r.task_id, r.origin) for r in conn.execute(
             sa.select(folder_files.c.rel, folder_files.c.task_id, folder_files.c.origin))}
         head = conn.execute(sa.select(sa.func.max(events.c.global_pos))).scalar() or 0
-    files = task_files(fcop)
-    g2 = fcop.generation is Generation.G2
-    drifts: list[FolderDrift] = []
-    for task_id, doc_text, pos in rows:
-        if task_id in queued:
-            continue
-        doc = json.loads(doc_text)
-        candidates = files.get(task_id, [])
-        own = [(p, n) for p, n in candidates if (n.sender, n.recipient) == (doc["sender"], doc["recipient"])
-               and records.get(fcop.relative(p), (None, ""))[1] not in REFUSED]
-        for path, name in candidates:  # a file of this id with another route may only be a refused intruder
-            rel = fcop.relative(path)
-            if (path, name) not in own and records.get(rel, (None, ""))[1] in HANDLED:
-                drifts.append(FolderDrift(task_id, pos, f"{rel} names {task_id} with another route than the "
-                                                        "task's and is recorded as its file", "task_file_mismatch"))
-        if not own:
-            drifts.append(FolderDrift(task_id, pos, "no TASK file in any stage"))
-            continue
-        if len(own) > 1:
-            drifts.append(FolderDrift(task_id, pos, "TASK file in several places: " +
-                                      ", ".join(fcop.relative(p) for p, _ in own), "folder_duplicate"))
-            continue
-        path = own[0][0]
-        where = path.parent.name
-        if not g2 and where != doc["state"] and not (doc["state"] == "inbox" and where == "tasks"):
-            drifts.append(FolderDrift(task_id, pos, f"TASK file is in {where}/, the kernel says {doc['state']}"))
-        if not g2 and (subject := _subject(path)) is not None and not _same_subject(subject, doc["subject"]):
-            drifts.append(FolderDrift(task_id, pos, f"{fcop.relative(path)} has subject {subject!r}, the kernel "
-                                                    f"{doc['subject']!r}", "task_file_mismatch"))
-    known = {row[0] for row in rows}
+        files = task_files(fcop)  # after the snapshot began: a task it holds is projected or still queued
+        # one task document at a time (a streaming cursor): memory follows the folder, not the log
+        rows = conn.execute(sa.select(tasks.c.task_id, tasks.c.doc, tasks.c.last_pos).execution_options(
+            yield_per=BATCH))
+        for task_id, doc_text, pos in rows:
+            known.add(task_id)
+            if task_id not in queued:
+                drifts += _drift_of(fcop, g2, records, files.get(task_id, []), task_id, json.loads(doc_text), pos)
     handled_tasks = {task for task, origin in records.values() if origin in HANDLED}
     for task_id, found in sorted(files.items()):
         taken = [fcop.relative(p) for p, _ in found
@@ -117,6 +99,35 @@ def check_folders(projection: Projection) -> list[FolderDrift]:
             drifts.append(FolderDrift(task_id, head + 1, f"TASK file of a task the log does not know: "
                                       f"{', '.join(taken)} (the folder adapter already took in or wrote it)",
                                       "unknown_task_file"))
+    return drifts
+
+
+def _drift_of(fcop: FcopWorkspace, g2: bool, records: dict[str, tuple[str, str]],
+              candidates: list[tuple[Path, FcopFilename]], task_id: str, doc: dict[str, Any],
+              pos: int) -> list[FolderDrift]:
+    """The drift between one task of the read model and the TASK files that carry its id."""
+    drifts: list[FolderDrift] = []
+    own = [(p, n) for p, n in candidates if (n.sender, n.recipient) == (doc["sender"], doc["recipient"])
+           and records.get(fcop.relative(p), (None, ""))[1] not in REFUSED]
+    for path, name in candidates:  # a file of this id with another route may only be a refused intruder
+        rel = fcop.relative(path)
+        if (path, name) not in own and records.get(rel, (None, ""))[1] in HANDLED:
+            drifts.append(FolderDrift(task_id, pos, f"{rel} names {task_id} with another route than the "
+                                                    "task's and is recorded as its file", "task_file_mismatch"))
+    if not own:
+        drifts.append(FolderDrift(task_id, pos, "no TASK file in any stage"))
+        return drifts
+    if len(own) > 1:
+        drifts.append(FolderDrift(task_id, pos, "TASK file in several places: " +
+                                  ", ".join(fcop.relative(p) for p, _ in own), "folder_duplicate"))
+        return drifts
+    path = own[0][0]
+    where = path.parent.name
+    if not g2 and where != doc["state"] and not (doc["state"] == "inbox" and where == "tasks"):
+        drifts.append(FolderDrift(task_id, pos, f"TASK file is in {where}/, the kernel says {doc['state']}"))
+    if not g2 and (subject := _subject(path)) is not None and not _same_subject(subject, doc["subject"]):
+        drifts.append(FolderDrift(task_id, pos, f"{fcop.relative(path)} has subject {subject!r}, the kernel "
+                                                f"{doc['subject']!r}", "task_file_mismatch"))
     return drifts
 
 
