@@ -31,6 +31,7 @@ bench: setup
 	$(BIN)/python bench/ingest_files.py
 	$(BIN)/python bench/ingest.py
 	$(BIN)/python bench/cli.py
+	$(BIN)/python bench/reads.py
 
 lint: setup
 	$(BIN)/ruff check kernel roles scheduler coordinator taskkernel tests bench examples
