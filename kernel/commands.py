@@ -261,7 +261,7 @@ class TaskCommandKernel:
         doc = self._load(uow, cmd.task_id)
         if doc is None:
             raise KernelError(R.TASK_NOT_FOUND, f"{cmd.task_id} does not exist")
-        thread = canonical_thread_key(cmd.thread_key)
+        thread = canonical_thread_key(cmd.thread_key) if cmd.thread_key is not None else doc["thread_key"]
         if thread != doc["thread_key"]:
             raise KernelError(R.THREAD_MISMATCH,
                               f"thread {thread!r} is not the thread of {cmd.task_id} ({doc['thread_key']!r})")

@@ -76,6 +76,21 @@ def test_04_thread_key_lineage_suffix_is_canonicalised(h: Harness) -> None:
     assert h.cmd("submit", tid, PM, thread_key="other").reason == "thread_mismatch"
 
 
+def test_04b_an_omitted_thread_key_is_the_tasks_own_and_a_supplied_one_is_still_checked(h: Harness) -> None:
+    tid = h.create().task_id
+    omitted = {"type": "claim", "task_id": tid, "expected_revision": 1, "round": 0, "idempotency_key": "no-thread"}
+    r = h.kernel.submit(omitted, PM)
+    assert (r.status, r.revision, r.round) == ("accepted", 2, 1), r
+    assert h.kernel.submit(omitted, PM).status == "replayed"  # the same command, retried
+    wrong = h.cmd("submit_report", tid, PM, thread_key="elsewhere", payload={"status": "done", "body": "e"})
+    assert wrong.reason == "thread_mismatch"
+    for kind in ("approve", "reject"):  # the refusal is the kernel's reason, never pydantic's wording on a field
+        r = h.kernel.submit({"type": kind, "task_id": tid, "expected_revision": 2, "round": 1,
+                             "idempotency_key": f"{kind}-no-thread", "payload": {"reason": "x"} if kind == "reject"
+                             else {}}, ADMIN)
+        assert r.reason not in ("invalid_command", None) and "thread_key" not in r.message, r
+
+
 def test_05_unknown_task_is_not_found_and_writes_no_receipt(h: Harness) -> None:
     ev, rc = snapshot(h)
     r = h.cmd("claim", "TASK-20990101-001", PM, thread_key="x", expected_revision=1, round=0)

@@ -284,8 +284,8 @@ class Command(BaseModel):
             if self.expected_revision is not None or self.round is not None:
                 raise ValueError(f"{self.type.value} takes no expected_revision or round")
         else:
-            missing = [name for name in ("task_id", "thread_key", "expected_revision", "round")
-                       if getattr(self, name) is None]
+            # thread_key may be omitted: the kernel reads it from the task (a supplied one is checked)
+            missing = [name for name in ("task_id", "expected_revision", "round") if getattr(self, name) is None]
             if missing:
                 raise ValueError(f"{self.type.value} requires {', '.join(missing)}")
         return self
