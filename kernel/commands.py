@@ -54,7 +54,7 @@ from taskkernel.kernel.queries import task_document
 from taskkernel.kernel.reasons import KernelError, ReasonCode
 from taskkernel.kernel.store.db import Database, UnitOfWork
 from taskkernel.kernel.store.events import EventStore, NewEvent, RecordedEvent
-from taskkernel.kernel.store.schema import tasks
+from taskkernel.kernel.store.schema import receipts, tasks
 
 R = ReasonCode
 RISK_ORDER = ("low", "medium", "high", "irreversible")
@@ -159,6 +159,13 @@ class TaskCommandKernel:
 
     def task(self, task_id: str) -> dict[str, Any] | None:
         return task_document(self.db, task_id)
+
+    def receipt(self, principal: Principal, idempotency_key: str) -> CommandResult | None:
+        """What the command ``principal`` submitted under ``idempotency_key`` resulted in, if it was accepted."""
+        with self.db.read() as conn:
+            row = conn.execute(sa.select(receipts.c.result).where(
+                receipts.c.idempotency_key == receipt_key(principal, idempotency_key))).scalar()
+        return None if row is None else CommandResult(**{**orjson.loads(row), "events": []})
 
     def children(self, task_id: str) -> list[dict[str, Any]]:
         with self.db.read() as conn:
@@ -463,7 +470,8 @@ class TaskCommandKernel:
         elif isinstance(payload, ReportPayload):
             data.update(report_id=payload.report_id or f"{doc['task_id']}/r{doc['round']}/{len(doc['reports']) + 1}",
                         round=doc["round"], status=payload.status.value, body=payload.body,
-                        references=list(payload.references))
+                        references=list(payload.references),
+                        **({"artifacts": list(payload.artifacts)} if payload.artifacts else {}))
         elif cmd.type is CommandType.AMEND:
             data["changes"] = payload.model_dump(mode="json", exclude_none=True)
         elif cmd.type is CommandType.PERFORM:

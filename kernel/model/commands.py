@@ -191,6 +191,7 @@ class ReportPayload(_Strict):
     status: ReportStatus
     body: Body = ""
     references: References = Field(default_factory=list)
+    artifacts: References = Field(default_factory=list)  # paths or URLs of what the work produced (evidence)
     report_id: str | None = Field(default=None, min_length=1, max_length=200)
 
 

@@ -123,7 +123,8 @@ def apply(doc: dict[str, Any] | None, event_type: str, data: dict[str, Any], rev
             doc["round"] = data["round"]
     elif event_type == "report_submitted":
         doc["reports"].append({"report_id": data["report_id"], "round": data["round"],
-                               "status": data["status"], "by": data["by"]})
+                               "status": data["status"], "by": data["by"],
+                               **({"artifacts": data["artifacts"]} if data.get("artifacts") else {})})
     elif event_type == "task_amended":
         doc.update(data["changes"])
     elif event_type == "record_attached":
