@@ -22,7 +22,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("init", "kernel_cmds", "init", "Create the workspace: .taskkernel/kernel.db, taskkernel.toml and, in a "
           "project without any, the FCoP folders."),
     Entry("submit", "kernel_cmds", "submit", "Submit one command (JSON) to the TaskCommandKernel."),
-    Entry("task", "kernel_cmds", "task_app", "Inspect tasks."),
+    Entry("task", "kernel_cmds", "task_app", "Tasks: list and show them, and act on them in one call."),
     Entry("log", "kernel_cmds", "log", "Events in global (commit) order (JSON: one line per event)."),
     Entry("token", "kernel_cmds", "token_app", "Credentials."),
     Entry("up", "up", "up", "Run the coordinator: folders, dispatcher, agents and automations."),
