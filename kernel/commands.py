@@ -30,6 +30,7 @@ from taskkernel.kernel.model.commands import (
     CommandType,
     CostTier,
     CreateTaskPayload,
+    OptionalReasonPayload,
     ReportPayload,
     canonical_thread_key,
 )
@@ -476,8 +477,8 @@ class TaskCommandKernel:
             data["changes"] = payload.model_dump(mode="json", exclude_none=True)
         elif cmd.type is CommandType.PERFORM:
             data.update(payload.model_dump(mode="json"), action_id=cmd.idempotency_key, round=doc["round"])
-        else:
-            data.update(payload.model_dump(mode="json"))
+        else:  # a reopen without a reason records no reason field, exactly as before reopen could carry one
+            data.update(payload.model_dump(mode="json", exclude_none=isinstance(payload, OptionalReasonPayload)))
         return data
 
     def _allocate_task_id(self, uow: UnitOfWork, now_iso: str) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 
 import typer
 
+from taskkernel.coordinator.cli import task_verbs
 from taskkernel.coordinator.cli.common import Exit, emit, fail, get_ctx, reject, say, show, warn
 from taskkernel.coordinator.cli.output import human_mode, table_of
 from taskkernel.coordinator.fcop import FcopError
@@ -34,7 +35,7 @@ from taskkernel.kernel.store.events import RecordedEvent
 
 STATES = tuple(s.value for s in TaskState)
 
-task_app = typer.Typer(no_args_is_help=True, help="Inspect tasks.")
+task_app = typer.Typer(no_args_is_help=True, help="Tasks: list and show them, and act on them in one call.")
 token_app = typer.Typer(no_args_is_help=True, help="Credentials.")
 
 
@@ -260,3 +261,6 @@ def log(ctx: typer.Context, stream: str = typer.Option(None, "--stream", help="O
                     f"{ev.data.get('by') or ev.meta.get('actor', '-')} at {ev.recorded_at}")
             else:
                 sys.stdout.write(json.dumps(_event_json(ev), ensure_ascii=False) + "\n")
+
+
+task_verbs.attach(task_app)  # create, claim, report, submit, approve, reject, reopen, archive, amend

@@ -187,6 +187,10 @@ class ReasonPayload(_Strict):
     reason: Reason
 
 
+class OptionalReasonPayload(_Strict):
+    reason: Reason | None = None  # why a done task goes back to work (reopen), when the caller says
+
+
 class ReportPayload(_Strict):
     status: ReportStatus
     body: Body = ""
@@ -236,7 +240,7 @@ PAYLOAD_MODELS: dict[CommandType, type[BaseModel]] = {
     CommandType.CLAIM: EmptyPayload,
     CommandType.SUBMIT: EmptyPayload,
     CommandType.APPROVE: EmptyPayload,
-    CommandType.REOPEN: EmptyPayload,
+    CommandType.REOPEN: OptionalReasonPayload,
     CommandType.REJECT: ReasonPayload,
     CommandType.ARCHIVE: ReasonPayload,
     CommandType.FORCE_ARCHIVE: ReasonPayload,
