@@ -9,6 +9,12 @@ object): it carries the filters it was made for, so a cursor from another listin
 instead of silently continuing a different one. Order is task id order: creation day, then the sequence as text
 (``TASK-20250101-1000`` sorts before ``TASK-20250101-999``; ids keep at least three digits).
 
+Besides ``state`` and ``role`` (the recipient), a listing may ask for the tasks a role drives (``driver``: the
+task's ``authority.driver``, its recipient unless the task names another), the tasks a role decides
+(``done_authority``; with state ``review``: waiting for that role's review), one tree (``root``) or one task's
+children (``parent``). The authority filters read the stored document (JSON in SQL, on SQLite and PostgreSQL
+alike); every other filter is a column. A cursor carries every filter it was made with.
+
 The listed fields of a task are TASK_LIST_FIELDS, taken from its stored document. ``task_document`` and
 ``task_history`` read one task for `task show` without building the command kernel (a read needs no roles,
 guards or effect rules).
@@ -19,7 +25,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 from typing import Any, NamedTuple
 
 import orjson
@@ -75,29 +81,37 @@ def task_history(db: Database, task_id: str) -> list[RecordedEvent]:
         return event_reader().read_stream(conn, task_stream(task_id))
 
 
-def _filters(state: str | None, role: str | None) -> dict[str, str | None]:
+EXTRA_FILTERS = ("driver", "done_authority", "root", "parent")  # named in a cursor only when set
+
+
+def _filters(state: str | None, role: str | None, extra: Mapping[str, str | None] | None = None
+             ) -> dict[str, str | None]:
     if state is not None and state not in STATES:
         raise TaskQueryError(f"{state!r} is not a task state; choose one of {', '.join(s.value for s in TaskState)}")
-    return {"state": state, "role": role}
+    unknown = sorted(set(extra or {}) - set(EXTRA_FILTERS))
+    if unknown:
+        raise TypeError(f"unknown task filter(s): {', '.join(unknown)}")
+    return {"state": state, "role": role, **{k: v for k, v in (extra or {}).items() if v is not None}}
 
 
-def _describe(filters: dict[str, str | None]) -> str:
+def _describe(filters: Mapping[str, str | None]) -> str:
     shown = [f"{name} {value}" for name, value in filters.items() if value is not None]
     return "all tasks" if not shown else "tasks with " + " and ".join(shown)
 
 
-def encode_cursor(last_task_id: str, state: str | None = None, role: str | None = None) -> str:
-    body = canonical_json({"v": _CURSOR_VERSION, "after": last_task_id, **_filters(state, role)})
+def encode_cursor(last_task_id: str, state: str | None = None, role: str | None = None,
+                  **extra: str | None) -> str:
+    body = canonical_json({"v": _CURSOR_VERSION, "after": last_task_id, **_filters(state, role, extra)})
     return base64.urlsafe_b64encode(body.encode("utf-8")).decode("ascii").rstrip("=")
 
 
-def decode_cursor(cursor: str, state: str | None = None, role: str | None = None) -> str:
+def decode_cursor(cursor: str, state: str | None = None, role: str | None = None, **extra: str | None) -> str:
     """The task id a cursor continues after; TaskQueryError if it is not a cursor or belongs to other filters."""
-    wanted = _filters(state, role)
+    wanted = _filters(state, role, extra)
     try:
         body = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("utf-8"))
         after = body["after"]
-        made_for = {"state": body["state"], "role": body["role"]}
+        made_for = {"state": body["state"], "role": body["role"], **{k: body[k] for k in EXTRA_FILTERS if k in body}}
         if body["v"] != _CURSOR_VERSION or not isinstance(after, str):
             raise ValueError("unknown cursor version")
     except (ValueError, KeyError, TypeError, binascii.Error, UnicodeDecodeError, AttributeError):
@@ -110,51 +124,72 @@ def decode_cursor(cursor: str, state: str | None = None, role: str | None = None
     return after
 
 
-def _query(state: str | None, role: str | None, after: str | None) -> sa.Select[Any]:
+def _authority(name: str, postgres: bool) -> sa.ColumnElement[Any]:
+    """The task's ``authority.<name>`` read from its stored document: ``doc::json #>> '{authority,<name>}'`` on
+    PostgreSQL, ``json_extract(doc, '$.authority.<name>')`` on SQLite (where a CAST to JSON would be numeric)."""
+    if postgres:
+        return sa.cast(tasks.c.doc, sa.JSON)[("authority", name)].as_string()
+    return sa.func.json_extract(tasks.c.doc, f"$.authority.{name}")
+
+
+def _query(filters: Mapping[str, str | None], after: str | None, postgres: bool) -> sa.Select[Any]:
     q = sa.select(tasks.c.task_id, tasks.c.doc)
-    if state is not None:
-        q = q.where(tasks.c.state == state)
-    if role is not None:
-        q = q.where(tasks.c.recipient == role)
+    if filters.get("state") is not None:
+        q = q.where(tasks.c.state == filters["state"])
+    if filters.get("role") is not None:
+        q = q.where(tasks.c.recipient == filters["role"])
+    for column in ("root", "parent"):
+        if filters.get(column) is not None:
+            q = q.where(tasks.c[column] == filters[column])
+    for name in ("driver", "done_authority"):
+        if filters.get(name) is not None:
+            q = q.where(_authority(name, postgres) == filters[name])
     if after is not None:
         q = q.where(tasks.c.task_id > after)
     return q.order_by(tasks.c.task_id)
 
 
 def page_tasks(db: Database, *, state: str | None = None, role: str | None = None, limit: int = DEFAULT_LIMIT,
-               after: str | None = None) -> TaskPage:
-    """One page of tasks in task id order: those in ``state`` and addressed to ``role`` (the recipient), when
-    given, after the cursor ``after`` (a ``next_cursor`` of the same listing). At most ``limit`` rows (1 to
-    MAX_LIMIT) and the cursor of the next page, or None when no task follows."""
+               after: str | None = None, driver: str | None = None, done_authority: str | None = None,
+               root: str | None = None, parent: str | None = None) -> TaskPage:
+    """One page of tasks in task id order: those in ``state``, addressed to ``role`` (the recipient), driven by
+    ``driver``, decided by ``done_authority``, of the tree ``root`` and children of ``parent``, when given, after
+    the cursor ``after`` (a ``next_cursor`` of the same listing). At most ``limit`` rows (1 to MAX_LIMIT) and the
+    cursor of the next page, or None when no task follows."""
     if not 1 <= limit <= MAX_LIMIT:
         raise TaskQueryError(f"a page holds 1 to {MAX_LIMIT} tasks, not {limit}; list them all as a stream instead")
-    after_id = _start(state, role, after)
+    extra = {"driver": driver, "done_authority": done_authority, "root": root, "parent": parent}
+    filters, after_id = _start(state, role, after, extra)
     with db.read() as conn:
-        found = conn.execute(_query(state, role, after_id).limit(limit + 1)).all()
+        found = conn.execute(_query(filters, after_id, db.is_postgres).limit(limit + 1)).all()
     rows = [task_row(doc) for _, doc in found[:limit]]
     more = len(found) > limit
-    return TaskPage(rows, encode_cursor(found[limit - 1][0], state, role) if more else None)
+    return TaskPage(rows, encode_cursor(found[limit - 1][0], state, role, **extra) if more else None)
 
 
 def iter_tasks(db: Database, state: str | None = None, role: str | None = None, *, after: str | None = None,
-               batch: int = BATCH) -> Generator[dict[str, Any], None, None]:
+               batch: int = BATCH, driver: str | None = None, done_authority: str | None = None,
+               root: str | None = None, parent: str | None = None) -> Generator[dict[str, Any], None, None]:
     """Every task of the listing, in task id order, streamed: one read snapshot and a cursor fetching ``batch``
     rows at a time (server-side on PostgreSQL), so memory does not grow with the store. The read transaction
     stays open until the iterator is exhausted or closed: wrap it in ``contextlib.closing`` when you may stop
     early. Filters and ``after`` as in ``page_tasks``, checked at the call (TaskQueryError), before any read."""
-    return _stream(db, state, role, _start(state, role, after), batch)
+    extra = {"driver": driver, "done_authority": done_authority, "root": root, "parent": parent}
+    filters, after_id = _start(state, role, after, extra)
+    return _stream(db, filters, after_id, batch)
 
 
-def _start(state: str | None, role: str | None, after: str | None) -> str | None:
-    """Check the filters and the cursor; the task id to continue after."""
-    _filters(state, role)
-    return decode_cursor(after, state, role) if after is not None else None
+def _start(state: str | None, role: str | None, after: str | None, extra: Mapping[str, str | None]
+           ) -> tuple[dict[str, str | None], str | None]:
+    """Check the filters and the cursor; the filters and the task id to continue after."""
+    filters = _filters(state, role, extra)
+    return filters, decode_cursor(after, state, role, **extra) if after is not None else None
 
 
-def _stream(db: Database, state: str | None, role: str | None, after_id: str | None,
+def _stream(db: Database, filters: Mapping[str, str | None], after_id: str | None,
             batch: int) -> Generator[dict[str, Any], None, None]:
     with db.read() as conn:
-        result = conn.execute(_query(state, role, after_id).execution_options(yield_per=batch))
+        result = conn.execute(_query(filters, after_id, db.is_postgres).execution_options(yield_per=batch))
         try:
             for _, doc in result:
                 yield task_row(doc)
