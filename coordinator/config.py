@@ -268,6 +268,18 @@ class SchedulerTable(_Table):
         return self.model_dump(exclude_none=True)
 
 
+MIN_OUTPUT_BUDGET = 1024  # a refusal, a summary and a cursor must always fit
+MAX_OUTPUT_BUDGET = 16 * 2**20
+
+
+class McpTable(_Table):
+    """``[mcp]``: the MCP server (`taskkernel mcp`, docs/mcp.md)."""
+
+    # Bytes of one tool result's structured content; past it lists are cut (truncated, next_cursor) and long
+    # texts are cut with a pointer to get_task.
+    output_budget: int = Field(default=16384, ge=MIN_OUTPUT_BUDGET, le=MAX_OUTPUT_BUDGET)
+
+
 class TaskkernelConfig(_Table):
     """The whole file. Every table is optional; an empty file is a valid (all defaults) configuration."""
 
@@ -277,6 +289,7 @@ class TaskkernelConfig(_Table):
     gate: GateTable = Field(default_factory=GateTable)
     folders: FoldersTable = Field(default_factory=FoldersTable)
     scheduler: SchedulerTable = Field(default_factory=SchedulerTable)
+    mcp: McpTable = Field(default_factory=McpTable)
     _lines: dict[tuple[str, str | None], int] = PrivateAttr(default_factory=dict)
 
     def line_of(self, table: str | None, key: str | None = None) -> int | None:
@@ -289,7 +302,7 @@ class TaskkernelConfig(_Table):
 
 TABLES: dict[str, type[BaseModel]] = {
     "kernel": KernelTable, "team": TeamTable, "roles": RunnerSpec, "gate": GateTable, "folders": FoldersTable,
-    "scheduler": SchedulerTable}
+    "scheduler": SchedulerTable, "mcp": McpTable}
 
 
 # -- loading -----------------------------------------------------------------------------------------
@@ -551,6 +564,10 @@ require_token = true
 # Durable automations (docs/scheduler.md).
 # [scheduler]
 # max_clock_skew = "1d"                     # how far ahead of the clock a schedule's watermark may stand
+
+# The MCP server, `taskkernel mcp` (docs/mcp.md).
+# [mcp]
+# output_budget = 16384                     # bytes of one tool result; longer lists and texts are cut, with a pointer
 """
 TEAM_EXAMPLE = """
 # The team, when the FCoP folder has no fcop.json (which takes precedence).
