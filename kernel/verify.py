@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import bisect
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,27 +105,12 @@ def verify(db: Database, store: EventStore, *, repair: bool = False, batch: int 
         raise
 
 
-@contextmanager
-def _snapshot(db: Database) -> Iterator[Connection]:
-    """One read snapshot for every check: SQLite's read transaction is one; PostgreSQL's default (READ COMMITTED)
-    takes a snapshot per statement, which would let a command committed between the event scan and the lookup of
-    its stored row look like a projection ahead of its events."""
-    if not db.is_postgres:
-        with db.read() as conn:
-            yield conn
-        return
-    with db.engine.connect() as conn:
-        conn = conn.execution_options(isolation_level="REPEATABLE READ")
-        with conn.begin():
-            yield conn
-
-
 def _verify(db: Database, store: EventStore, repair: bool, batch: int) -> VerifyReport:
     findings = db.integrity_problems()
     if findings:
         return corrupt_report("integrity_check: " + "; ".join(findings[:5]))
     report = VerifyReport()
-    with _snapshot(db) as conn:
+    with db.snapshot() as conn:
         report.events = conn.execute(sa.select(sa.func.count()).select_from(events)).scalar() or 0
         report.chain = read_record(conn).algorithm
         head = read_head(conn)

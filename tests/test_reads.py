@@ -34,7 +34,7 @@ from taskkernel.kernel.queries import (
     page_tasks,
 )
 from taskkernel.kernel.store.db import Database
-from taskkernel.kernel.verify import VerifyReport, _snapshot, verify
+from taskkernel.kernel.verify import VerifyReport, verify
 from tests.kernel_harness import DEV, PM, Harness
 
 SHAPES = ("inbox", "active", "review", "done", "archive")
@@ -356,7 +356,7 @@ def test_the_comparison_holds_one_batch_and_reads_through_streaming_cursors(h: H
 
 
 def test_verify_reads_one_snapshot(any_db: Database) -> None:
-    with _snapshot(any_db) as conn:
+    with any_db.snapshot() as conn:
         if any_db.is_postgres:
             assert conn.exec_driver_sql("SHOW transaction_isolation").scalar() == "repeatable read"
     if any_db.is_postgres:  # the pooled connection is given back as it was

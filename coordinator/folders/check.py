@@ -77,7 +77,7 @@ def check_folders(projection: Projection) -> list[FolderDrift]:
     g2 = fcop.generation is Generation.G2
     drifts: list[FolderDrift] = []
     known: set[str] = set()
-    with projection.kernel.db.read() as conn:
+    with projection.kernel.db.snapshot() as conn:  # the reads below agree with each other, on PostgreSQL too
         queued = {json.loads(p)["task_id"] for p in conn.execute(sa.select(outbox.c.payload).where(
             outbox.c.effect == PROJECT_EFFECT, outbox.c.status.in_(("pending", "claimed")))).scalars()}
         records = {r.rel: (r.task_id, r.origin) for r in conn.execute(

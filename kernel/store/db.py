@@ -160,6 +160,21 @@ class Database:
         with self.engine.connect() as conn, conn.begin():
             yield conn
 
+    @contextmanager
+    def snapshot(self) -> Iterator[Connection]:
+        """One read snapshot for several statements: SQLite's read transaction is one; PostgreSQL's default
+        (READ COMMITTED) takes a snapshot per statement, so this runs REPEATABLE READ there. For checks that
+        compare reads with each other (verify, the folder check): a command committed between two of them must
+        not look like a disagreement."""
+        if not self.is_postgres:
+            with self.read() as conn:
+                yield conn
+            return
+        with self.engine.connect() as conn:
+            conn = conn.execution_options(isolation_level="REPEATABLE READ")
+            with conn.begin():
+                yield conn
+
     def create_schema(self, *metadatas: sa.MetaData) -> None:
         """Create missing tables under the writer lock, so processes starting together never race on DDL
         (SQLite: ``database is locked`` on the read-to-write upgrade; PostgreSQL: duplicate catalog rows).
