@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
@@ -15,24 +16,30 @@ if TYPE_CHECKING:
 
 _pending: str | None = None  # the level asked for by configure_logging, applied before the first log line
 _configured = False
+_lock = threading.Lock()  # threads logging for the first time at once wait for one set-up, never use defaults
 
 
 def configure_logging(level: str | None = None) -> None:
     """Ask for the process's logging set-up; it takes effect before the first log line (or now, if structlog
     is already in use)."""
     global _pending
-    if _configured or _pending is not None:
-        return
-    _pending = level or os.environ.get("TASKKERNEL_LOG_LEVEL", "WARNING")
-    if "structlog" in sys.modules:
-        _apply_pending()
+    with _lock:
+        if _configured or _pending is not None:
+            return
+        _pending = level or os.environ.get("TASKKERNEL_LOG_LEVEL", "WARNING")
+        if "structlog" in sys.modules:
+            _apply_locked()
 
 
 def _apply_pending() -> None:
+    with _lock:
+        _apply_locked()
+
+
+def _apply_locked() -> None:
     global _configured
     if _pending is None or _configured:
         return
-    _configured = True
     import structlog
 
     lvl = getattr(logging, _pending.upper(), logging.WARNING)
@@ -50,6 +57,7 @@ def _apply_pending() -> None:
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
+    _configured = True  # only once structlog is configured: no thread logs through its defaults meanwhile
 
 
 class _LazyLogger:
@@ -61,9 +69,9 @@ class _LazyLogger:
 
     def __getattr__(self, attr: str) -> Any:
         if self._logger is None:
+            _apply_pending()
             import structlog
 
-            _apply_pending()
             self._logger = structlog.get_logger(self._name)
         return getattr(self._logger, attr)
 
