@@ -27,6 +27,7 @@ def refused_config(r: Run) -> str:
     assert r.code == 64, (r.code, r.out, r.err)
     assert "Traceback" not in r.err and "Traceback" not in r.out
     assert r.json["status"] == "error", r.out
+    assert r.json["code"] in ("config_invalid", "config_unreadable", "runner_unavailable"), r.out  # never "usage"
     assert len(r.err.strip().splitlines()) == 1, r.err
     message: str = r.json["message"]
     assert message in r.err
@@ -130,13 +131,17 @@ def test_every_table_is_typed(tmp_path: Path, text: str, expected: str) -> None:
 def test_a_missing_binary_or_a_runner_for_a_role_the_team_lacks_stops_up(ws: Path) -> None:
     append(ws, '\n[roles.DEV]\nrunner = "command"\nargv = ["no-such-agent-binary", "{task_file}"]\n')
     assert run("task", "list", cwd=ws).code == 0  # only `up` runs agents: other commands never need the program
-    message = refused_config(run("up", "--once", cwd=ws))
+    refused = run("up", "--once", cwd=ws)
+    message = refused_config(refused)
+    assert refused.json["code"] == "runner_unavailable"
     line = line_of(ws, 'argv = ["no-such-agent-binary", "{task_file}"]')
     assert message == (f"[roles.DEV] in taskkernel.toml, line {line}: argv[0] 'no-such-agent-binary' is not on the "
                        "agent's PATH; install it or give its full path")
     text = (ws / "taskkernel.toml").read_text().replace("[roles.DEV]", "[roles.DEVV]")
     (ws / "taskkernel.toml").write_text(text.replace("no-such-agent-binary", sys.executable))
-    message = refused_config(run("up", "--once", cwd=ws))
+    refused = run("up", "--once", cwd=ws)
+    message = refused_config(refused)
+    assert refused.json["code"] == "config_invalid" and refused.json["table"] == "roles.DEVV", refused.out
     assert "[roles.DEVV] in taskkernel.toml" in message and "DEVV is not a role of the team" in message
     assert "did you mean [roles.DEV]?" in message
 

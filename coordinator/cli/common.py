@@ -8,20 +8,21 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
 
 from taskkernel.coordinator.cli.output import Exit, emit, fail, reject, say, show, warn
 
 if TYPE_CHECKING:
+    from taskkernel.coordinator.config import ConfigError
     from taskkernel.coordinator.workspace import Workspace
     from taskkernel.kernel.commands import TaskCommandKernel
     from taskkernel.kernel.model.principal import Principal
     from taskkernel.kernel.reasons import KernelError
     from taskkernel.kernel.store.db import Database
 
-__all__ = ["CliContext", "Exit", "emit", "fail", "get_ctx", "reject", "say", "show", "warn"]
+__all__ = ["CliContext", "Exit", "emit", "fail", "fail_config", "get_ctx", "reject", "say", "show", "warn"]
 
 
 @dataclass
@@ -121,9 +122,12 @@ class CliContext:
         """The kernel as the coordinator builds it (coordinator/compose.py); a bad team ([team] or fcop.json)
         is a usage error, never a traceback."""
         from taskkernel.coordinator.compose import build_kernel  # the whole wiring: only commands that need it
+        from taskkernel.coordinator.config import ConfigError
 
         try:
             return build_kernel(self.database(), self.optional_workspace())
+        except ConfigError as exc:
+            fail_config(exc)
         except ValueError as exc:
             fail(Exit.USAGE, str(exc))
 
@@ -162,11 +166,17 @@ class CliContext:
             try:
                 self._workspace = Workspace.locate(self.workspace_path)
             except ConfigError as exc:
-                details = {k: v for k, v in exc.as_json().items() if k not in ("code", "message")}
-                fail(Exit.USAGE, exc.message, error=exc.code, **details)
+                fail_config(exc)
             except WorkspaceNotFound as exc:
                 return str(exc)
         return self._workspace
+
+
+def fail_config(exc: ConfigError) -> NoReturn:
+    """A taskkernel.toml that cannot be used: its own code (config_invalid, config_unreadable,
+    runner_unavailable), the file, table, key and line; exit 64."""
+    details = {k: v for k, v in exc.as_json().items() if k not in ("code", "message")}
+    fail(Exit.USAGE, exc.message, error=exc.code, **details)
 
 
 def get_ctx(ctx: typer.Context) -> CliContext:

@@ -13,8 +13,9 @@ from typing import Any
 import typer
 
 from taskkernel.coordinator.cli import task_verbs
-from taskkernel.coordinator.cli.common import Exit, emit, fail, get_ctx, reject, say, show, warn
+from taskkernel.coordinator.cli.common import Exit, emit, fail, fail_config, get_ctx, reject, say, show, warn
 from taskkernel.coordinator.cli.output import human_mode, table_of
+from taskkernel.coordinator.config import ConfigError
 from taskkernel.coordinator.fcop import FcopError
 from taskkernel.coordinator.workspace import DEFAULT_TEAM, TEAM_PRESETS, init_workspace
 from taskkernel.kernel.credentials import (
@@ -60,7 +61,9 @@ def init(ctx: typer.Context, directory: Path = typer.Argument(Path("."), help="W
         done = init_workspace(directory, team, c.db_url or os.environ.get("TASKKERNEL_DB"))
     except FcopError as exc:  # both fcop/ and docs/agents/: nothing was written
         fail(Exit.REJECTED, f"{exc.reason.value}: {exc}", reason=exc.reason.value)
-    except ValueError as exc:  # --team against the team already named; an unreadable toml, fcop.json or [team]
+    except ConfigError as exc:  # the existing taskkernel.toml cannot be used
+        fail_config(exc)
+    except ValueError as exc:  # --team against the team already named; an unreadable fcop.json or [team]
         fail(Exit.USAGE, str(exc))
     except OSError as exc:
         fail(Exit.INTERNAL, f"cannot create the workspace at {directory}: {exc}")

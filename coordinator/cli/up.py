@@ -17,8 +17,9 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from taskkernel.coordinator.cli.common import Exit, emit, fail, get_ctx, say
+from taskkernel.coordinator.cli.common import Exit, emit, fail, fail_config, get_ctx, say
 from taskkernel.coordinator.cli.output import people
+from taskkernel.coordinator.config import ConfigError
 from taskkernel.coordinator.fcop import FcopError
 from taskkernel.coordinator.loop import Coordinator, PassStats, StageFailure
 from taskkernel.coordinator.workspace import Workspace, WorkspaceNotFound
@@ -33,6 +34,8 @@ def up(ctx: typer.Context, workspace: Path = typer.Argument(None, help="Workspac
         c.workspace_path = str(workspace)
     try:
         ws = Workspace.locate(c.workspace_path)
+    except ConfigError as exc:
+        fail_config(exc)
     except WorkspaceNotFound as exc:
         fail(Exit.USAGE, str(exc))
     db = c.current_database()  # refused while the schema is behind (or ahead of) this code
@@ -40,7 +43,9 @@ def up(ctx: typer.Context, workspace: Path = typer.Argument(None, help="Workspac
         coordinator = Coordinator(ws, db, settle_s=0.0 if once else 1.0, grace_s=0.0 if once else 5.0)
     except FcopError as exc:  # e.g. unsupported_workspace_generation (G4), mixed or ambiguous roots
         fail(Exit.REJECTED, f"{exc.reason.value}: {exc}", reason=exc.reason.value)
-    except ValueError as exc:  # a bad [roles.X] table
+    except ConfigError as exc:  # a [roles.X] table for a role the team lacks, a runner that cannot run
+        fail_config(exc)
+    except ValueError as exc:  # a bad team (fcop.json)
         fail(Exit.USAGE, str(exc))
     if once:
         passes = coordinator.run_once()
