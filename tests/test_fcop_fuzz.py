@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from taskkernel.coordinator.fcop import FcopError, FcopReason, Scanner, open_workspace, parse_envelope, quarantine
-from taskkernel.coordinator.fcop.quarantine import printable_path
+from taskkernel.coordinator.fcop.quarantining import printable_path
 
 MAX_BYTES = 4096
 GOOD = "---\nprotocol: fcop\nversion: 1\nsender: ADMIN\nrecipient: PM\npriority: P1\nsubject: s\n---\n\nbody\n"

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from taskkernel.coordinator.fcop import FcopError, FcopReason, FcopWorkspace, open_workspace, quarantine
-from taskkernel.coordinator.fcop.quarantine import sweep_notes
+from taskkernel.coordinator.fcop.quarantining import sweep_notes
 
 NAME = "TASK-20260101-001-ADMIN-to-PM.md"
 
@@ -107,3 +107,22 @@ def test_sweep_removes_only_notes_whose_file_left(ws: FcopWorkspace) -> None:
     os.rename(q.path, src)  # moved back out to be retried
     assert sweep_notes(ws) == [q.reason_path]
     assert kept.path.read_bytes() == b"y" and kept.reason_path.is_file()
+
+
+def test_no_exported_name_is_shadowed_by_a_submodule_of_the_same_name() -> None:
+    """The package imports its names lazily: a submodule named like an exported function would replace it
+    as the package attribute as soon as anything imported that submodule (fcop.quarantine was one)."""
+    import pkgutil
+    import subprocess
+    import sys
+
+    import taskkernel.coordinator.fcop as fcop
+    from tests.cli_support import cli_env
+
+    modules = {m.name for m in pkgutil.iter_modules(fcop.__path__)}
+    assert not modules & set(fcop.__all__)
+    probe = ("import importlib, taskkernel.coordinator.fcop as f\n"
+             "for m in ('quarantining', 'scan', 'writer', 'parse'):\n"
+             "    importlib.import_module('taskkernel.coordinator.fcop.' + m)\n"
+             "assert all(not type(getattr(f, n)).__name__ == 'module' for n in f.__all__)\n")
+    assert subprocess.run([sys.executable, "-c", probe], env=cli_env(), timeout=60).returncode == 0

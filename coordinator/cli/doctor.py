@@ -136,7 +136,7 @@ def _notes(ws: Workspace) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(quarantined files with their reason, files the kernel refused with their reason note)."""
     from taskkernel.coordinator.fcop.detect import QUARANTINE_DIR, find_workspace_root
     from taskkernel.coordinator.fcop.filenames import REASON_NOTE_PREFIX, REASON_NOTE_SUFFIX
-    from taskkernel.coordinator.fcop.quarantine import REASON_SUFFIX
+    from taskkernel.coordinator.fcop.quarantining import REASON_SUFFIX
 
     root = find_workspace_root(ws.root)
     quarantined, refused = [], []

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     )
     from taskkernel.coordinator.fcop.numbering import Published, max_sequence
     from taskkernel.coordinator.fcop.parse import DEFAULT_MAX_BYTES, parse_envelope, read_envelope
-    from taskkernel.coordinator.fcop.quarantine import Quarantined, quarantine
+    from taskkernel.coordinator.fcop.quarantining import Quarantined, quarantine
     from taskkernel.coordinator.fcop.safeio import locked, move_no_overwrite, read_bytes, rewrite, safe_join, write_new
     from taskkernel.coordinator.fcop.scan import EntryStatus, ScanBatch, ScanEntry, Scanner
     from taskkernel.coordinator.fcop.writer import (
@@ -59,7 +59,7 @@ _WHERE: dict[str, str] = {
     "IssueEnvelope": "models",
     "Priority": "models",
     "Published": "numbering",
-    "Quarantined": "quarantine",
+    "Quarantined": "quarantining",
     "ReportEnvelope": "models",
     "ReviewEnvelope": "models",
     "ScanBatch": "scan",
@@ -78,7 +78,7 @@ _WHERE: dict[str, str] = {
     "open_workspace": "detect",
     "parse_envelope": "parse",
     "parse_filename": "filenames",
-    "quarantine": "quarantine",
+    "quarantine": "quarantining",
     "read_bytes": "safeio",
     "read_envelope": "parse",
     "rewrite": "safeio",

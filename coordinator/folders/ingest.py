@@ -48,7 +48,7 @@ from taskkernel.coordinator.fcop import (
 )
 from taskkernel.coordinator.fcop.filenames import EnvelopeKind, reason_note_name
 from taskkernel.coordinator.fcop.numbering import max_sequence
-from taskkernel.coordinator.fcop.quarantine import sweep_notes
+from taskkernel.coordinator.fcop.quarantining import sweep_notes
 from taskkernel.coordinator.fcop.safeio import rewrite
 from taskkernel.coordinator.fcop.scan import StatKey
 from taskkernel.coordinator.folders.tracking import FileTracker, Origin
