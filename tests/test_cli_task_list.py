@@ -89,3 +89,17 @@ def test_a_terminal_gets_a_table_and_the_next_page_hint(ws: tuple[Path, list[str
     assert NEXT.search(page.out + page.err) is not None
     every = run_tty("task", "list", "--all", cwd=root)
     assert all(i in every.out for i in ids) and "7 task(s)" in every.out + every.err
+
+
+def test_control_characters_in_a_subject_neither_break_the_line_nor_reach_the_terminal(tmp_path: Path) -> None:
+    root = new_workspace(tmp_path)
+    db = CliContext(workspace_path=str(root)).database()
+    subject = "line one\nline two \x1b[31mred"
+    made = build_kernel(db, Workspace.load(root)).submit({"type": "create_task", "idempotency_key": "ctl",
+                                                          "payload": {"sender": "ADMIN", "recipient": "DEV",
+                                                                      "subject": subject}}, LOCAL_OWNER)
+    db.dispose()
+    shown = run_tty("task", "list", "--all", cwd=root)
+    line = next(x for x in shown.out.splitlines() if made.task_id in x)
+    assert line.endswith("line one\\nline two \\x1b[31mred") and "\x1b" not in shown.out
+    assert run("task", "list", cwd=root).json[0]["subject"] == subject  # JSON keeps the data as it is

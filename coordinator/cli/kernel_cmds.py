@@ -14,7 +14,7 @@ import typer
 
 from taskkernel.coordinator.cli import task_verbs
 from taskkernel.coordinator.cli.common import Exit, emit, fail, fail_config, get_ctx, reject, say, show, warn
-from taskkernel.coordinator.cli.output import human_mode, table_of
+from taskkernel.coordinator.cli.output import human_mode, oneline, table_of
 from taskkernel.coordinator.config import ConfigError
 from taskkernel.coordinator.fcop import FcopError
 from taskkernel.coordinator.workspace import DEFAULT_TEAM, TEAM_PRESETS, init_workspace
@@ -176,7 +176,8 @@ def task_show(ctx: typer.Context, task_id: str) -> None:
 
 
 def _render_task(doc: dict[str, Any]) -> None:
-    say(f"{doc['task_id']} ", (doc["state"], "bold"), f" rev {doc['revision']} round {doc['round']}: {doc['subject']}")
+    say(f"{doc['task_id']} ", (doc["state"], "bold"),
+        f" rev {doc['revision']} round {doc['round']}: {oneline(doc['subject'])}")
     show(table_of({k: doc.get(k) for k in ("sender", "recipient", "priority", "risk_level", "parent", "root",
                                           "thread_key", "assignee", "lease") if doc.get(k) is not None}))
     if doc.get("body"):
@@ -226,7 +227,7 @@ def _stream_tasks(rows: Iterator[dict[str, Any]]) -> None:
         count += 1
         if human:
             say(f"{row['task_id']}  {row['state']:<7} rev {row['revision']} round {row['round']}  "
-                f"{row['sender']}→{row['recipient']}  {row['subject']}")
+                f"{row['sender']}→{row['recipient']}  {oneline(row['subject'])}")
         else:
             sys.stdout.write(json.dumps(row, ensure_ascii=False) + "\n")
     say(f"{count} task(s)")

@@ -67,6 +67,15 @@ def people() -> Console:
     return _console("stdout" if human_mode() else "stderr")
 
 
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F)} | {0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t"}
+
+
+def oneline(text: str) -> str:
+    """Data shown inside a line for people: control characters (a newline, an escape sequence) are written as
+    escapes, so a subject can neither break the line nor drive the terminal."""
+    return text.translate(_CONTROLS)
+
+
 def _plain(parts: Iterable[Part]) -> str:
     return "".join(p if isinstance(p, str) else p[0] for p in parts)
 
