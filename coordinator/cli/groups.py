@@ -40,6 +40,8 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("doctor", "doctor", "doctor", "Check the workspace: taskkernel.toml, private file modes, the FCoP folder, "
           "the team, each runner, the database and its schema, quarantined files and blocked tasks; exit 0 if "
           "healthy, 2 otherwise."),
+    Entry("mcp", "mcp_cmd", "mcp", "Serve tasks to agent hosts over MCP: task verbs, reads, progress and resume, the "
+          "execution gate, usage."),
 )
 
 

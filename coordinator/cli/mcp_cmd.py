@@ -1,0 +1,86 @@
+"""`taskkernel mcp`: the kernel as an MCP server for agent hosts (docs/mcp.md). The SDK is imported only here,
+only when the command runs."""
+
+from __future__ import annotations
+
+import os
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+import typer
+
+from taskkernel.coordinator.cli.common import CliContext, Exit, emit, fail, get_ctx, reject, say, warn
+
+if TYPE_CHECKING:
+    from taskkernel.coordinator.workspace import Workspace
+    from taskkernel.kernel.model.principal import Principal
+
+DEFAULT_PORT = 8765
+
+
+class Transport(StrEnum):
+    STDIO = "stdio"
+    HTTP = "http"
+
+
+def mcp(ctx: typer.Context,
+        transport: Transport = typer.Option(Transport.STDIO, "--transport", case_sensitive=False,
+                                            help="stdio (the host starts the server; it acts as TASKKERNEL_TOKEN) "
+                                                 "or http (streamable HTTP; every request carries its own "
+                                                 "Authorization: Bearer token)."),
+        host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (http)."),
+        port: int = typer.Option(DEFAULT_PORT, "--port", min=0, max=65535,
+                                 help="Port to listen on (http; 0: any free port, printed when listening).")) -> None:
+    """Serve tasks to agent hosts over MCP: task verbs, reads, progress and resume, the execution gate, usage.
+
+    stdio: acts as TASKKERNEL_TOKEN (or --token); without one only where require_token = false (docs/mcp.md).
+
+    http: every request must carry Authorization: Bearer <token>, else 401.
+
+    The credential is checked again at every call. Logs go to stderr (over stdio, stdout is the protocol).
+    """
+    c = get_ctx(ctx)
+    db = c.current_database()  # schema_behind / schema_ahead refused; a token given must be live
+    ws = c.optional_workspace()
+    identity = _stdio_identity(c, ws) if transport is Transport.STDIO else None  # refused before any SDK import
+    kernel = c.kernel()
+    import anyio
+
+    from taskkernel.coordinator.mcp.server import build_server, http_who, listen, serve_http, serve_stdio, stdio_who
+    from taskkernel.coordinator.mcp.tools import TaskTools
+
+    budget = ws.config.mcp.output_budget if ws is not None else 16384
+    if identity is not None:
+        token, principal = identity
+        tools = TaskTools(db, kernel, ws, transport="stdio", budget=budget)
+        warn(f"taskkernel mcp: serving {principal.id} over stdio")
+        anyio.run(serve_stdio, build_server(tools, stdio_who(tools, token, principal)))
+        return
+    try:
+        sock = listen(host, port)
+    except OSError as exc:
+        fail(Exit.USAGE, f"cannot listen on {host}:{port}: {exc.strerror or exc}", error="address_unavailable")
+    bound = sock.getsockname()[1]
+    url = f"http://{host if ':' not in host else f'[{host}]'}:{bound}/mcp"
+    tools = TaskTools(db, kernel, ws, transport="http", budget=budget)
+    emit({"status": "listening", "transport": "http", "url": url}, generic=False)
+    say(f"taskkernel mcp: listening on {url} (Authorization: Bearer <token> on every request)")
+    anyio.run(serve_http, build_server(tools, http_who), tools, sock, host)
+
+
+def _stdio_identity(c: CliContext, ws: Workspace | None) -> tuple[str | None, Principal]:
+    """The token the server acts as (None: the local owner, where the workspace allows it) and its principal
+    now. Unlike other commands, no token never means the owner's credential file: an agent host starts this
+    server, and it must not become the workspace owner by leaving its variable out."""
+    from taskkernel.kernel.model.principal import LOCAL_OWNER
+    from taskkernel.kernel.reasons import KernelError
+
+    if c.token is not None or "TASKKERNEL_TOKEN" in os.environ:
+        found = c.try_principal()
+        if isinstance(found, KernelError):
+            reject(found.reason.value, found.message)
+        return c.used_token, found
+    if ws is not None and ws.require_token:
+        reject("actor_unverified", "no credential: set TASKKERNEL_TOKEN (or --token) to the token the server "
+                                   "acts as; `taskkernel token issue ROLE` prints one")
+    return None, LOCAL_OWNER

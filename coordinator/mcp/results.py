@@ -1,0 +1,120 @@
+"""Tool results: one structured document per call, a short human summary beside it, and an output budget.
+
+The structured document is the whole typed result; the text is a one-line summary, never the document again.
+A document is measured as the UTF-8 JSON the transport writes. Past the budget (``[mcp] output_budget``, default
+16 KiB) a list is cut from its end with ``truncated: true`` and a cursor that continues exactly after the last
+item kept, and a long text is cut with ``*_truncated: true`` and the call that reads on (``get_task`` with a
+``body_offset``).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from taskkernel.kernel.canonical import canonical_json
+from taskkernel.kernel.model.commands import CommandResult
+from taskkernel.kernel.reasons import KernelError
+
+DEFAULT_BUDGET = 16384
+SUMMARY_CHARS = 300  # the text content is a summary: never longer than this
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one tool call answers: the structured document, its summary, and whether it is a refusal."""
+
+    structured: dict[str, Any]
+    summary: str
+    error: bool = False
+
+
+class CursorError(ValueError):
+    """A cursor this listing did not print (the message says what to do)."""
+
+
+def size(document: Any) -> int:
+    """Bytes of ``document`` as the transport writes it (compact UTF-8 JSON)."""
+    return len(orjson.dumps(document))
+
+
+def short(text: str, limit: int = SUMMARY_CHARS) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[:limit - 1] + "…"
+
+
+def refusal(reason: str, message: str, *, task_id: str | None = None, revision: int | None = None,
+            round_: int | None = None, hint: str | None = None) -> Outcome:
+    doc = {"status": "rejected", "reason": reason, "message": message, "task_id": task_id, "revision": revision,
+           "round": round_, "hint": hint}
+    where = f" ({task_id} at revision {revision}, round {round_})" if task_id and revision is not None else ""
+    return Outcome(doc, short(f"rejected {reason}: {message}{where}" + (f" To allow it: {hint}" if hint else ""),
+                              SUMMARY_CHARS * 2 if hint else SUMMARY_CHARS), True)
+
+
+def refused(exc: KernelError, task_id: str | None = None) -> Outcome:
+    return refusal(exc.reason.value, exc.message, task_id=task_id)
+
+
+def command_outcome(result: CommandResult, key: str | None, hint: str | None = None) -> Outcome:
+    """`taskkernel submit`'s document for a kernel result; a rejection is a refusal (isError)."""
+    doc = {**result.wire(), "idempotency_key": key or None, "hint": hint}
+    if result.status == "rejected":
+        out = refusal(result.reason or "rejected", result.message, task_id=result.task_id,
+                      revision=result.revision, round_=result.round, hint=hint)
+        return Outcome(doc, out.summary, True)
+    return Outcome(doc, short(result.message if result.status == "accepted" else f"{result.status}: {result.message}"))
+
+
+def cut_list(document: dict[str, Any], key: str, budget: int, cursor_after: Callable[[Any], str | None],
+             minimum: int = 0) -> dict[str, Any]:
+    """``document`` with its list ``key`` cut from the end until the document fits ``budget``: then
+    ``truncated`` is true and ``next_cursor`` is ``cursor_after(last item kept)`` (``minimum`` items are kept
+    whatever the size). Cuts by halving, then item by item, so a long list costs a few measurements."""
+    items = document[key]
+    if size(document) <= budget or len(items) <= minimum:
+        return document
+    low, high = minimum, len(items)  # the largest count that fits lies in [low, high)
+    while high - low > 1:
+        mid = (low + high) // 2
+        if size({**document, key: items[:mid], "truncated": True, "next_cursor": "x" * 200}) <= budget:
+            low = mid
+        else:
+            high = mid
+    kept = items[:low]
+    return {**document, key: kept, "truncated": True,
+            "next_cursor": cursor_after(kept[-1]) if kept else document.get("next_cursor") or cursor_after(None)}
+
+
+def cut_text(text: str, offset: int, chars: int) -> tuple[str, int | None]:
+    """``text`` from character ``offset``, at most ``chars`` characters; and where the rest starts (None: all
+    of it was given)."""
+    end = offset + max(chars, 0)
+    return text[offset:end], (end if end < len(text) else None)
+
+
+# -- cursors of the listings that are not task pages (resume's instructions, usage rows) --------------------------
+
+def encode(body: dict[str, Any]) -> str:
+    return base64.urlsafe_b64encode(canonical_json(body).encode("utf-8")).decode("ascii").rstrip("=")
+
+
+def decode(cursor: str, kind: str, wanted: dict[str, Any]) -> dict[str, Any]:
+    """The body of a cursor printed by ``kind`` for the same ``wanted`` arguments, else CursorError."""
+    try:
+        body = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("utf-8"))
+        if not isinstance(body, dict) or body.get("kind") != kind:
+            raise ValueError(kind)
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise CursorError(f"{cursor[:40]!r} is not a cursor {kind} printed; call it again without a cursor") from None
+    made_for = {k: body.get(k) for k in wanted}
+    if made_for != wanted:
+        raise CursorError(f"this cursor continues {kind} with {made_for}, not with {wanted}: repeat those arguments, "
+                          "or call it again without a cursor")
+    return body

@@ -1,0 +1,343 @@
+"""The MCP server on the official SDK's low-level server (mcp 2.x): tools, resources, stdio and streamable HTTP.
+
+Identity: over stdio the server acts as the credential it was started with (``TASKKERNEL_TOKEN``), or as the
+local owner where the workspace allows it; over HTTP every request carries ``Authorization: Bearer <token>``
+(else 401, before the request reaches the protocol). Either way the credential is authenticated again at each
+call, so a credential revoked while the server runs stops working at once.
+
+A refusal is a tool result (``isError: true``) whose structured content says why; protocol errors are for calls
+that are malformed (an unknown tool, arguments that do not fit the tool's input schema). An infrastructure fault
+is a refusal with the CLI's fault code (``database_unreachable``, …); its traceback goes to the CLI log, never to
+the client. Tool code runs in worker threads: a slow database never blocks the transport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import sys
+import traceback
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import mcp_types as types
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel import Server
+from mcp.shared.exceptions import MCPError
+from mcp.shared.message import SessionMessage
+from mcp_types import INVALID_PARAMS, INVALID_REQUEST
+from pydantic import ValidationError
+
+from taskkernel import __version__
+from taskkernel.coordinator.mcp import resources
+from taskkernel.coordinator.mcp.results import Outcome, refusal
+from taskkernel.coordinator.mcp.schemas import input_schema, output_schema
+from taskkernel.coordinator.mcp.tools import TOOLS, TaskTools
+from taskkernel.kernel.credentials import authenticate
+from taskkernel.kernel.logging import get_logger
+from taskkernel.kernel.model.principal import Principal
+from taskkernel.kernel.reasons import KernelError, ReasonCode
+
+log = get_logger(__name__)
+RESOURCE_NOT_FOUND = -32002  # the MCP specification's code for a resource that does not exist
+HTTP_PATH = "/mcp"
+MAX_MESSAGE_BYTES = 64 * 2**20  # one JSON-RPC line over stdio (a command carries at most a 512 KiB body)
+PRINCIPAL_KEY = "taskkernel.principal"  # where the bearer gate leaves the request's principal (ASGI scope)
+INSTRUCTIONS = (
+    "taskkernel coordinates a team of agents through tasks. whoami says who you are. Work: list_tasks "
+    "(assigned_to_me, waiting_for_my_review), get_task, then claim_task, report (status done and a body), "
+    "submit_task; reviewers approve_task or reject_task. Every change is judged by the kernel: a refusal is an "
+    "error result with a stable reason code and the task's current revision and round. Before a protected "
+    "action, check_action; perform does it through the execution gate. add_progress records a checkpoint; after "
+    "a context compaction, resume says where to continue and which instructions came after.")
+
+Who = Callable[[ServerRequestContext[Any, Any]], Callable[[], Principal]]
+
+
+def build_server(tools: TaskTools, who: Who) -> Server[Any]:
+    """The low-level server with every tool and both resources; ``who(ctx)`` is the call's principal, read
+    when the call runs."""
+    listed = [types.Tool(name=t.name, title=t.title, description=t.description, input_schema=input_schema(t.args),
+                         output_schema=output_schema(t.result),
+                         annotations=types.ToolAnnotations(title=t.title, read_only_hint=t.read_only,
+                                                           destructive_hint=t.destructive,
+                                                           idempotent_hint=not t.read_only, open_world_hint=False))
+              for t in TOOLS]
+    by_name = {t.name: t for t in TOOLS}
+
+    async def list_tools(ctx: ServerRequestContext[Any, Any], params: Any) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=listed)
+
+    async def call_tool(ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+                        ) -> types.CallToolResult:
+        tool = by_name.get(params.name)
+        if tool is None:
+            raise MCPError(INVALID_PARAMS, f"unknown tool {params.name!r}; the tools are {', '.join(by_name)}")
+        try:
+            args = tool.args.model_validate(params.arguments or {})
+        except ValidationError as exc:
+            raise MCPError(INVALID_PARAMS, f"{tool.name}: {_describe(exc)}") from None
+        caller = who(ctx)
+        try:
+            outcome = await anyio.to_thread.run_sync(tools.run, tool.name, caller, args)
+        except Exception as exc:  # noqa: BLE001 - an infrastructure fault is a value for the client too
+            outcome = fault(exc, tools)
+        return types.CallToolResult(content=[types.TextContent(text=outcome.summary)],
+                                    structured_content=outcome.structured, is_error=outcome.error)
+
+    async def list_templates(ctx: ServerRequestContext[Any, Any], params: Any) -> types.ListResourceTemplatesResult:
+        return types.ListResourceTemplatesResult(resource_templates=[
+            types.ResourceTemplate(name="task", title="A task's TASK file", uri_template="task://{task_id}",
+                                   mime_type="text/markdown", description="The task's FCoP TASK file (front "
+                                   "matter with its transitions, then the body), rendered when it has none."),
+            types.ResourceTemplate(name="todo", title="A role's queue", uri_template="todo://{role}",
+                                   mime_type="text/markdown", description="What is waiting for a role: the tasks "
+                                   "it drives (inbox, active) and the tasks in review it decides.")])
+
+    async def list_resources(ctx: ServerRequestContext[Any, Any], params: Any) -> types.ListResourcesResult:
+        principal = await _principal(who(ctx))
+        return types.ListResourcesResult(resources=[types.Resource(
+            name=f"todo-{principal.role}", title=f"{principal.role}'s queue", uri=f"todo://{principal.role}",
+            mime_type="text/markdown", description="What is waiting for your role.")])
+
+    async def read_resource(ctx: ServerRequestContext[Any, Any], params: types.ReadResourceRequestParams
+                            ) -> types.ReadResourceResult:
+        await _principal(who(ctx))  # a live credential reads, as for every tool
+        uri = str(params.uri)
+        if uri.startswith(resources.TASK_SCHEME):
+            task_id = uri.removeprefix(resources.TASK_SCHEME).strip("/")
+            text = await anyio.to_thread.run_sync(resources.task_markdown, tools.db, tools.workspace, task_id)
+            if text is None:
+                raise MCPError(RESOURCE_NOT_FOUND, f"task_not_found: {task_id} does not exist",
+                               {"uri": uri, "reason": ReasonCode.TASK_NOT_FOUND.value})
+        elif uri.startswith(resources.TODO_SCHEME):
+            role = uri.removeprefix(resources.TODO_SCHEME).strip("/").upper()
+            if not role:
+                raise MCPError(INVALID_PARAMS, "todo:// names a role, e.g. todo://DEV", {"uri": uri})
+            text = await anyio.to_thread.run_sync(resources.todo_markdown, tools.db, role)
+        else:
+            raise MCPError(RESOURCE_NOT_FOUND, f"no resource {uri!r}: task://TASK-ID or todo://ROLE", {"uri": uri})
+        return types.ReadResourceResult(contents=[types.TextResourceContents(uri=uri, mime_type="text/markdown",
+                                                                             text=text)])
+
+    server: Server[Any] = Server("taskkernel", version=__version__, title="taskkernel", instructions=INSTRUCTIONS,
+                                 on_list_tools=list_tools, on_call_tool=call_tool,
+                                 on_list_resources=list_resources, on_list_resource_templates=list_templates,
+                                 on_read_resource=read_resource)
+    server.middleware.clear()  # the SDK's OpenTelemetry span per message: no exporter here, only its cost
+    return server
+
+
+async def _principal(caller: Callable[[], Principal]) -> Principal:
+    try:
+        return await anyio.to_thread.run_sync(caller)
+    except KernelError as exc:
+        raise MCPError(INVALID_REQUEST, f"{exc.reason.value}: {exc.message}", {"reason": exc.reason.value}) from None
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors(include_url=False)[:5]:
+        where = ".".join(str(x) for x in err["loc"]) or "arguments"
+        parts.append(f"{where}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def fault(exc: BaseException, tools: TaskTools) -> Outcome:
+    """An unexpected failure as a refusal with the CLI's fault code; the traceback to the CLI log."""
+    from taskkernel.coordinator.cli.faults import classify, log_path
+
+    code, message, _ = classify(exc)
+    path = log_path(str(tools.workspace.root) if tools.workspace else None)
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "a", encoding="utf-8") as out:
+            out.write(f"--- {datetime.now(UTC).isoformat()} pid {os.getpid()} (mcp)\n")
+            out.write("".join(traceback.format_exception(exc)))
+        message = f"{message} (details in {path})"
+    except OSError:
+        pass
+    log.error("mcp.fault", code=code, message=message)
+    return refusal(code, message)
+
+
+# -- stdio ------------------------------------------------------------------------------------------------------
+
+def stdio_who(tools: TaskTools, token: str | None, fixed: Principal) -> Who:
+    """The server's own credential, authenticated again at each call (``fixed``: the local owner, no token)."""
+    def principal() -> Principal:
+        return fixed if token is None else authenticate(tools.db, token)
+
+    return lambda ctx: principal
+
+
+async def serve_stdio(server: Server[Any]) -> None:
+    sys.stdout.flush()  # nothing of ours may be left to write once stdout is the wire
+    try:
+        transport = pipe_stdio()
+        streams = await transport.__aenter__()
+    except (OSError, ValueError, NotImplementedError):  # no pipe, socket or terminal (a regular file, or no
+        from mcp.server.stdio import stdio_server  # pipe support): the SDK's threaded transport reads anything
+
+        async with stdio_server() as (read, write):
+            await server.run(read, write, server.create_initialization_options())
+        return
+    try:
+        await server.run(streams[0], streams[1], server.create_initialization_options())
+    finally:
+        await transport.__aexit__(None, None, None)
+
+
+@asynccontextmanager
+async def pipe_stdio() -> AsyncIterator[tuple[MemoryObjectReceiveStream[Any], MemoryObjectSendStream[Any]]]:
+    """The stdio transport on the event loop's own pipe readers and writers: the SDK's stdio_server hands every
+    line read and written to a worker thread (three thread hops per call). As the SDK's does, it serves the wire
+    from private copies of fds 0 and 1 and points them at /dev/null and stderr meanwhile, so nothing else in the
+    process (a stray print, a child process) can write into the protocol; both are restored at the end."""
+    loop = asyncio.get_running_loop()
+    wire_in, wire_out = os.dup(0), os.dup(1)
+    reader = asyncio.StreamReader(limit=MAX_MESSAGE_BYTES)
+    try:
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader),
+                                     os.fdopen(wire_in, "rb", buffering=0, closefd=False))
+        pipe, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin,
+                                                       os.fdopen(wire_out, "wb", buffering=0, closefd=False))
+    except BaseException:
+        os.close(wire_in)
+        os.close(wire_out)
+        raise
+    writer = asyncio.StreamWriter(pipe, protocol, None, loop)
+    saved = (os.dup(0), os.dup(1))
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    os.dup2(2, 1)
+    incoming_send, incoming = anyio.create_memory_object_stream[Any](0)
+    outgoing, outgoing_receive = anyio.create_memory_object_stream[Any](0)
+
+    async def read_lines() -> None:
+        async with incoming_send:
+            while line := await reader.readline():
+                try:
+                    message: Any = SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))
+                except Exception as exc:  # noqa: BLE001 - a malformed line is the protocol's to answer
+                    message = exc
+                await incoming_send.send(message)
+
+    async def write_lines() -> None:
+        async with outgoing_receive:
+            async for message in outgoing_receive:
+                writer.write(message.message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n")
+                await writer.drain()
+
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(read_lines)
+            group.start_soon(write_lines)
+            try:
+                yield incoming, outgoing
+            finally:
+                group.cancel_scope.cancel()
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the host went away
+    finally:
+        pipe.close()
+        os.dup2(saved[0], 0)
+        os.dup2(saved[1], 1)
+        for fd in (*saved, wire_in, wire_out):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+# -- streamable HTTP --------------------------------------------------------------------------------------------
+
+def http_who(ctx: ServerRequestContext[Any, Any]) -> Callable[[], Principal]:
+    """The principal the bearer gate authenticated for this very request."""
+    request = ctx.request
+    principal = request.scope.get(PRINCIPAL_KEY) if request is not None else None
+
+    def found() -> Principal:
+        if not isinstance(principal, Principal):
+            raise KernelError(ReasonCode.ACTOR_UNVERIFIED, "no credential on this request")
+        return principal
+
+    return found
+
+
+ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
+
+
+class BearerGate:
+    """ASGI middleware: every HTTP request must carry ``Authorization: Bearer <live token>``, else 401 with the
+    refusal document (``actor_unverified`` / ``stale_lease``); the principal rides in the request's scope."""
+
+    def __init__(self, app: ASGIApp, tools: TaskTools) -> None:
+        self.app = app
+        self.tools = tools
+
+    async def __call__(self, scope: dict[str, Any], receive: Callable[[], Awaitable[Any]],
+                       send: Callable[[Any], Awaitable[None]]) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        token = bearer(scope)
+        if token is None:
+            await unauthorized(send, "actor_unverified", "send Authorization: Bearer <token> (taskkernel token issue "
+                                                         "ROLE prints one)")
+            return
+        try:
+            principal = await anyio.to_thread.run_sync(authenticate, self.tools.db, token)
+        except KernelError as exc:
+            await unauthorized(send, exc.reason.value, exc.message)
+            return
+        await self.app({**scope, PRINCIPAL_KEY: principal}, receive, send)
+
+
+def bearer(scope: dict[str, Any]) -> str | None:
+    for name, value in scope.get("headers", ()):
+        if name.lower() == b"authorization":
+            scheme, _, token = value.decode("latin-1").strip().partition(" ")
+            return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+    return None
+
+
+async def unauthorized(send: Callable[[Any], Awaitable[None]], reason: str, message: str) -> None:
+    import json
+
+    body = json.dumps({"status": "rejected", "reason": reason, "message": message}).encode()
+    await send({"type": "http.response.start", "status": 401, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        (b"www-authenticate", b'Bearer realm="taskkernel", error="invalid_token"')]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The listening socket (port 0: one the system picks); OSError if the address cannot be had."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    sock.setblocking(False)
+    return sock
+
+
+async def serve_http(server: Server[Any], tools: TaskTools, sock: socket.socket, host: str) -> None:
+    import uvicorn
+
+    app = server.streamable_http_app(streamable_http_path=HTTP_PATH, json_response=True, stateless_http=True,
+                                     host=host)
+    config = uvicorn.Config(BearerGate(app, tools), log_level="warning", access_log=False, lifespan="on")
+    await uvicorn.Server(config).serve(sockets=[sock])

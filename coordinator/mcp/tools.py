@@ -1,0 +1,474 @@
+"""The MCP tools, synchronous and free of the SDK: the server, the tests and bench/mcp.py run this same code.
+
+Every call is made as a principal the caller's credential stands for *now* (the server authenticates again at
+each call). Writes are commands judged by TaskCommandKernel exactly as `taskkernel submit`'s and the CLI
+verbs' (kernel/verbs.py): shape, credential and its scope, receipt, identity, revision, round, authority,
+lifecycle, grants and the execution gate. Reads use kernel/queries.py and never write.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from pydantic import BaseModel
+
+from taskkernel.coordinator.mcp import schemas as S
+from taskkernel.coordinator.mcp.results import (
+    CursorError,
+    Outcome,
+    command_outcome,
+    cut_list,
+    cut_text,
+    decode,
+    encode,
+    refusal,
+    refused,
+    short,
+    size,
+)
+from taskkernel.coordinator.workspace import Workspace
+from taskkernel.kernel.canonical import canonical_json, sha256_hex
+from taskkernel.kernel.commands import TaskCommandKernel
+from taskkernel.kernel.gate import TraceIndex, evaluate
+from taskkernel.kernel.model.commands import CommandType
+from taskkernel.kernel.model.principal import Principal
+from taskkernel.kernel.permissions import DEFAULT_SESSION
+from taskkernel.kernel.protected import SEQ_STRIDE, GateGuard, build_trace
+from taskkernel.kernel.queries import TaskQueryError, encode_cursor, page_tasks, task_history
+from taskkernel.kernel.reasons import KernelError, ReasonCode
+from taskkernel.kernel.sessionlog import SessionLog, SessionLogError
+from taskkernel.kernel.sessionlog.authority import DEFAULT_ADMIN_SESSIONS
+from taskkernel.kernel.store.db import Database
+from taskkernel.kernel.usage import install as install_usage
+from taskkernel.kernel.usage import summarize
+from taskkernel.kernel.verbs import TaskVerbs, derive_key
+
+INVALID_ARGUMENTS = "invalid_arguments"  # well-typed arguments that cannot be served together
+INVALID_CURSOR = "invalid_cursor"  # a cursor another listing (or another call) printed
+CHILDREN_MAX = 100  # children read for get_task (more: list_tasks parent=…)
+MAX_INSTRUCTION_TEXT = 4_000  # characters of one resumed instruction (the anchor's own cut)
+PLANNED_ACTION = "planned-action"  # the action id check_action judges
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    title: str
+    description: str
+    args: type[S.Args]
+    result: type[S.Out]
+    read_only: bool
+    destructive: bool = False
+
+
+def _task_tool(verb: str, what: str, args: type[S.Args] = S.TaskArgs, destructive: bool = False) -> Tool:
+    name = {"claim": "claim_task", "submit": "submit_task", "approve": "approve_task", "reject": "reject_task",
+            "archive": "archive_task"}[verb]
+    return Tool(name, f"{verb.capitalize()} a task", what, args, S.CommandOut, False, destructive)
+
+
+_COMMAND_NOTE = (" Reads the task's revision and round itself; pass expect_rev/round to refuse if it moved "
+                 "(stale_task_revision / stale_round). A refusal is an error result whose reason says why.")
+
+TOOLS: tuple[Tool, ...] = (
+    Tool("whoami", "Who am I", "The principal your credential stands for now (role, agent, the task and round "
+         "it is scoped to), your own session for add_progress/resume, and the output budget.", S.NoArgs,
+         S.WhoamiOut, True),
+    Tool("list_tasks", "List tasks", "Tasks in id order, one page at a time: filter by state, assigned_to_me "
+         "(you drive them), waiting_for_my_review (in review, you decide), root or parent. Continue with "
+         "next_cursor (same filters).", S.ListTasksArgs, S.ListTasksOut, True),
+    Tool("get_task", "Read a task", "A task's document, its reports with their bodies, its children and its "
+         "newest history. A long body is cut: body_next gives the get_task arguments that read on.",
+         S.GetTaskArgs, S.GetTaskOut, True),
+    Tool("create_task", "Create a task", "A new task for a role of the team, sent by your role. An identical "
+         "create by you replays (one task); pass idempotency_key for a deliberate twin.", S.CreateTaskArgs,
+         S.CommandOut, False),
+    _task_tool("claim", "Take an inbox task you drive: it becomes active and a round starts." + _COMMAND_NOTE),
+    Tool("report", "Report on a task", "Report on your active task: status done|blocked|in_progress|aborted, "
+         "a body and artifacts (paths or URLs). Retrying the same report replays it; a different report in the "
+         "same round is new." + _COMMAND_NOTE, S.ReportArgs, S.CommandOut, False),
+    _task_tool("submit", "Send your active task to review (needs a done report of this round)." + _COMMAND_NOTE),
+    _task_tool("approve", "Approve a task in review (its done authority): it becomes done." + _COMMAND_NOTE),
+    _task_tool("reject", "Send a task in review back to work with a reason: a new round starts." + _COMMAND_NOTE,
+               S.RejectArgs),
+    _task_tool("archive", "Archive a done task (its archive authority), with an optional reason." + _COMMAND_NOTE,
+               S.ArchiveArgs, destructive=True),
+    Tool("add_progress", "Record progress", "A progress checkpoint in your session (text, completed tool calls, "
+         "done): the anchor resume continues from after a compaction.", S.AddProgressArgs, S.ProgressOut, False),
+    Tool("resume", "Where to resume", "The resume answer for your session: the anchor (the last checkpoint before "
+         "the latest compaction) and the instructions accepted after it, which take priority. anchor null "
+         "(no_safe_anchor): nothing is resumed automatically.", S.ResumeArgs, S.ResumeOut, True),
+    Tool("check_action", "Check a planned action", "The execution gate's verdict for an action you plan on your "
+         "task (operation, entity, tool, the session inputs it is based on, the grant that permits it), judged "
+         "against the session log now, without performing it. allowed: perform would pass.", S.ActionArgs,
+         S.CheckActionOut, True),
+    Tool("perform", "Perform a protected action", "A protected action of the driver on its active task, through "
+         "the execution gate: on PASS it is authorized and the coordinator performs the tool; otherwise "
+         "gate_blocked / gate_insufficient_evidence and nothing runs." + _COMMAND_NOTE, S.PerformArgs,
+         S.CommandOut, False, True),
+    Tool("usage", "Usage", "Units of work, wall time, tokens and cost per owner (root task, task, role, feature "
+         "or agent), largest first.", S.UsageArgs, S.UsageOut, True),
+)
+TOOL_NAMES = tuple(t.name for t in TOOLS)
+_AGO = re.compile(r"^(\d{1,6})\s*([smhdw])$")
+_UNIT = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+
+def own_session(principal: Principal) -> str:
+    """The session add_progress writes and resume reads by default: the caller's provenance (a run's token:
+    ``RUN:ROLE:agent@TASK``, shared by that task's runs, so a later run resumes where an earlier one stopped)."""
+    return principal.provenance
+
+
+class TaskTools:
+    """The tools over one kernel (built once per server)."""
+
+    def __init__(self, db: Database, kernel: TaskCommandKernel, workspace: Workspace | None, *,
+                 transport: str = "stdio", budget: int = 16384) -> None:
+        self.db = db
+        self.kernel = kernel
+        self.workspace = workspace
+        self.transport = transport
+        self.budget = budget
+        self.verbs = TaskVerbs(kernel, grant_session=DEFAULT_SESSION)
+        self.log = SessionLog(db, workspace.grant_sessions if workspace else DEFAULT_ADMIN_SESSIONS)
+        self.gate = next((g for g in kernel.guards if isinstance(g, GateGuard)), None)
+        install_usage(db)
+        self._methods: dict[str, Callable[[Principal, Any], Outcome]] = {t.name: getattr(self, t.name)
+                                                                          for t in TOOLS}
+
+    def run(self, name: str, who: Callable[[], Principal], args: S.Args) -> Outcome:
+        """One call: the caller's principal now (a credential revoked since is refused), then the tool."""
+        try:
+            principal = who()
+        except KernelError as exc:
+            return refused(exc)
+        try:
+            return self._methods[name](principal, args)
+        except KernelError as exc:
+            return refused(exc)
+        except SessionLogError as exc:
+            return refusal(exc.reason.value, exc.message)
+
+    # -- identity ------------------------------------------------------------------------------------------------
+    def whoami(self, p: Principal, _: S.NoArgs) -> Outcome:
+        doc = _out(S.WhoamiOut, status="ok", principal={
+            "id": p.id, "role": p.role, "agent": p.agent, "task_id": p.task_id, "round": p.round,
+            "provenance": p.provenance, "admin": p.is_admin}, session=own_session(p), transport=self.transport,
+            workspace=str(self.workspace.root) if self.workspace else None, output_budget=self.budget)
+        scope = f", scoped to {p.task_id}" + (f" round {p.round}" if p.round is not None else "") if p.task_id else ""
+        return Outcome(doc, f"You are {p.id}{scope}; your session is {own_session(p)}.")
+
+    # -- reads ---------------------------------------------------------------------------------------------------
+    def list_tasks(self, p: Principal, a: S.ListTasksArgs) -> Outcome:
+        state = a.state
+        if a.waiting_for_my_review:
+            if state not in (None, "review"):
+                return refusal(INVALID_ARGUMENTS, f"waiting_for_my_review lists tasks in review, not in {state}")
+            state = "review"
+        extra = {"driver": p.role if a.assigned_to_me else None,
+                 "done_authority": p.role if a.waiting_for_my_review else None, "root": a.root, "parent": a.parent}
+        try:
+            page = page_tasks(self.db, state=state, limit=a.limit, after=a.cursor, **extra)
+        except TaskQueryError as exc:
+            return refusal(INVALID_CURSOR, str(exc))
+        doc = cut_list({"status": "ok", "tasks": page.rows, "count": len(page.rows), "truncated": False,
+                        "next_cursor": page.next_cursor}, "tasks", self.budget,
+                       lambda row: encode_cursor(row["task_id"], state, None, **extra), minimum=1)
+        doc["count"] = len(doc["tasks"])
+        shown = ", ".join(f"{r['task_id']} {r['state']}" for r in doc["tasks"][:3])
+        more = "; more: call list_tasks again with cursor=next_cursor" if doc["next_cursor"] else ""
+        return Outcome(doc, short(f"{doc['count']} task(s){': ' + shown if shown else ''}"
+                                  f"{', …' if doc['count'] > 3 else ''}{more}"))
+
+    def get_task(self, p: Principal, a: S.GetTaskArgs) -> Outcome:
+        doc = self.kernel.task(a.task_id)
+        if doc is None:
+            return refusal(ReasonCode.TASK_NOT_FOUND.value, f"{a.task_id} does not exist (see list_tasks)",
+                           task_id=a.task_id)
+        events = task_history(self.db, a.task_id)
+        reports = [_report(ev.data, ev.recorded_at) for ev in events if ev.type == "report_submitted"]
+        if a.report_id is not None:
+            reports = [r for r in reports if r["report_id"] == a.report_id]
+            if not reports:
+                return refusal(ReasonCode.TASK_NOT_FOUND.value, f"{a.task_id} has no report {a.report_id!r}",
+                               task_id=a.task_id, revision=doc["revision"], round_=doc["round"])
+        children = page_tasks(self.db, parent=a.task_id, limit=CHILDREN_MAX)
+        history = [_history(ev) for ev in events]
+        full = {"status": "ok", "task": doc, "reports": reports, "reports_total": len(reports),
+                "children": children.rows, "children_total": len(children.rows) + (1 if children.next_cursor else 0),
+                "children_next": None, "history": history[-a.history_limit:] if a.history_limit else [],
+                "history_total": len(history), "truncated": False}
+        if children.next_cursor:
+            full["children_next"] = {"tool": "list_tasks", "arguments": {"parent": a.task_id,
+                                                                         "cursor": children.next_cursor}}
+        out = _fit_task(full, a, self.budget)
+        state = f"{doc['task_id']} {doc['state']} (revision {doc['revision']}, round {doc['round']}): {doc['subject']}"
+        notes = [f"{len(out['reports'])} report(s)", f"{out['children_total']} child(ren)"]
+        if out["truncated"]:
+            notes.append("cut to the output budget (see body_next / children_next)")
+        return Outcome(out, short(f"{state}; {', '.join(notes)}"))
+
+    # -- commands ------------------------------------------------------------------------------------------------
+    def create_task(self, p: Principal, a: S.CreateTaskArgs) -> Outcome:
+        payload = a.model_dump(mode="json", exclude_defaults=True, exclude={"idempotency_key"})
+        payload.update(recipient=a.recipient, subject=a.subject)
+        outcome = self.verbs.create(p, payload, key=a.idempotency_key)
+        return command_outcome(outcome.result, outcome.key, outcome.hint)
+
+    def _act(self, p: Principal, verb: str, a: S.TaskArgs, payload: dict[str, Any] | None = None) -> Outcome:
+        outcome = self.verbs.act(p, verb, a.task_id, payload or {}, expect_rev=a.expect_rev, round_=a.round,
+                                 key=a.idempotency_key)
+        return command_outcome(outcome.result, outcome.key, outcome.hint)
+
+    def claim_task(self, p: Principal, a: S.TaskArgs) -> Outcome:
+        return self._act(p, "claim", a)
+
+    def report(self, p: Principal, a: S.ReportArgs) -> Outcome:
+        payload: dict[str, Any] = {"status": a.status, "body": a.body}
+        if a.artifacts:
+            payload["artifacts"] = a.artifacts
+        if a.references:
+            payload["references"] = a.references
+        return self._act(p, "report", a, payload)
+
+    def submit_task(self, p: Principal, a: S.TaskArgs) -> Outcome:
+        return self._act(p, "submit", a)
+
+    def approve_task(self, p: Principal, a: S.TaskArgs) -> Outcome:
+        return self._act(p, "approve", a)
+
+    def reject_task(self, p: Principal, a: S.RejectArgs) -> Outcome:
+        return self._act(p, "reject", a, {"reason": a.reason})
+
+    def archive_task(self, p: Principal, a: S.ArchiveArgs) -> Outcome:
+        return self._act(p, "archive", a, {"reason": a.reason or "archived"})
+
+    def perform(self, p: Principal, a: S.PerformArgs) -> Outcome:
+        doc = self.kernel.task(a.task_id)
+        if doc is None:
+            return refusal(ReasonCode.TASK_NOT_FOUND.value, f"{a.task_id} does not exist", task_id=a.task_id)
+        payload = _action_payload(a)
+        acting_round = doc["round"] if a.round is None else a.round
+        key = a.idempotency_key or derive_key(p, "perform", a.task_id, acting_round,
+                                              {**payload, "permission_session": a.session})
+        command: dict[str, Any] = {"type": CommandType.PERFORM.value, "task_id": a.task_id, "round": acting_round,
+                                   "expected_revision": doc["revision"] if a.expect_rev is None else a.expect_rev,
+                                   "idempotency_key": key, "payload": payload}
+        if a.session is not None:
+            command["permission_session"] = a.session
+        return command_outcome(self.kernel.submit(command, p, external=True), key)
+
+    # -- sessions ------------------------------------------------------------------------------------------------
+    def add_progress(self, p: Principal, a: S.AddProgressArgs) -> Outcome:
+        session = a.session or own_session(p)
+        payload = {"text": a.text, "completed_tool_calls": a.completed_tool_calls, "done": a.done}
+        input_id = a.input_id or f"progress-{sha256_hex(canonical_json(payload))[:24]}"
+        res = self.log.accept(session, {"input_id": input_id, "kind": "progress", "payload": payload}, writer=p)
+        if res.status == "refused" or res.accept_seq is None:
+            return refusal("input_refused", f"{input_id!r} was refused earlier in {session!r}: {res.reason}")
+        doc = _out(S.ProgressOut, status=res.status, session=session, input_id=input_id, accept_seq=res.accept_seq)
+        return Outcome(doc, f"progress {res.status} in {session} at sequence {res.accept_seq}")
+
+    def resume(self, p: Principal, a: S.ResumeArgs) -> Outcome:
+        session = a.session or own_session(p)
+        skip = 0
+        if a.cursor is not None:
+            try:
+                skip = int(decode(a.cursor, "resume", {"session": session})["skip"])
+            except (CursorError, KeyError, TypeError, ValueError) as exc:
+                return refusal(INVALID_CURSOR, str(exc) if isinstance(exc, CursorError) else "not a resume cursor")
+        self.log.check_read(session, p)
+        bounds = {k: v for k, v in (("max_inputs", a.max_inputs), ("max_bytes", a.max_bytes)) if v is not None}
+        answer = self.log.resume(session, **bounds)
+        doc = answer.model_dump(mode="json")
+        instructions = []
+        for ins in doc["instructions"][skip:]:
+            text, rest = cut_text(ins["text"], 0, MAX_INSTRUCTION_TEXT)
+            instructions.append({**ins, "text": text, "text_truncated": rest is not None})
+        doc.update(instructions=instructions, truncated=False, next_cursor=None)
+        positions = {id(ins): skip + i + 1 for i, ins in enumerate(instructions)}
+        doc = cut_list(doc, "instructions", self.budget,
+                       lambda ins: encode({"kind": "resume", "session": session,
+                                           "skip": positions[id(ins)] if ins is not None else skip}))
+        anchor = doc["anchor"]
+        head = (f"resume {session} from checkpoint {anchor['seq']}: {anchor['text']}" if answer.status == "resume"
+                else f"{session} is complete (checkpoint {anchor['seq']})" if anchor
+                else f"no safe anchor in {session} ({answer.cause}): resume nothing automatically")
+        count = len(doc["instructions"])
+        return Outcome(doc, short(f"{head}; {count} instruction(s) after it"
+                                  + ("; more: cursor=next_cursor" if doc["next_cursor"] else "")))
+
+    # -- the execution gate ----------------------------------------------------------------------------------------
+    def check_action(self, p: Principal, a: S.ActionArgs) -> Outcome:
+        doc = self.kernel.task(a.task_id)
+        if doc is None:
+            return refusal(ReasonCode.TASK_NOT_FOUND.value, f"{a.task_id} does not exist", task_id=a.task_id)
+        if self.gate is None:  # pragma: no cover - compose.build_kernel always installs the gate
+            return refusal("gate_unavailable", "this kernel has no execution gate")
+        session = a.session or self.gate.default_session
+        records = self.gate.log.records(session)
+        head = max((r.seq or 0 for r in records), default=0)
+        try:  # the trace exactly as the kernel's GateGuard builds it for `perform`
+            trace = build_trace(records, self.gate.protected_operations(doc["risk_level"], p.role))
+        except (KeyError, TypeError, ValueError) as exc:
+            return refusal(ReasonCode.GATE_INSUFFICIENT_EVIDENCE.value,
+                           f"session {session!r} holds an input the gate cannot read ({exc!r})", task_id=a.task_id,
+                           revision=doc["revision"], round_=doc["round"])
+        payload = _action_payload(a)
+        plan_seq = head if a.plan_seq is None else min(a.plan_seq, head)
+        action = {"id": PLANNED_ACTION, "seq": plan_seq * SEQ_STRIDE + SEQ_STRIDE // 2, "kind": "action",
+                  "principal": p.role, "tool": a.tool, "operation": a.operation, "entity": a.entity,
+                  "args": a.args, "based_on_event": payload.get("based_on_event"),
+                  "permission_event": payload.get("permission_event"),
+                  "requires_state": payload.get("requires_state")}
+        verdict = evaluate(TraceIndex.from_events(trace), action)
+        out = {"status": "ok", "allowed": verdict.passed, "task_id": doc["task_id"], "state": doc["state"],
+               "revision": doc["revision"], "round": doc["round"], "session": session, "session_head_seq": head,
+               "plan_seq": plan_seq, "verdict": verdict.to_dict(), "truncated": False}
+        if size(out) > self.budget:
+            out = {**out, "verdict": {**out["verdict"], "checks": None}, "truncated": True}
+        first = verdict.reasons[0] if verdict.reasons else None
+        why = f": {first.code.value} ({first.rule}): {first.detail}" if first else ""
+        return Outcome(out, short(f"{verdict.status.value} for {a.operation} on {a.entity}{why}"))
+
+    # -- usage ---------------------------------------------------------------------------------------------------
+    def usage(self, p: Principal, a: S.UsageArgs) -> Outcome:
+        since = None
+        if a.since is not None:
+            since = _since_utc(a.since)
+            if since is None:
+                return refusal(INVALID_ARGUMENTS, f"since {a.since!r} is neither an ISO date or time "
+                                                  "(2026-11-30, 2026-11-30T23:59Z) nor an age (30m, 24h, 7d, 2w)")
+        offset = 0
+        if a.cursor is not None:
+            try:
+                offset = int(decode(a.cursor, "usage", {"by": a.by, "since": since})["offset"])
+            except (CursorError, KeyError, TypeError, ValueError) as exc:
+                return refusal(INVALID_CURSOR, str(exc) if isinstance(exc, CursorError) else "not a usage cursor")
+        rows = summarize(self.db, a.by, since)
+        total = {k: sum(r[k] for r in rows) for k in ("units", "wall_ms", "tokens_in", "tokens_out")}
+        total["cost_usd"] = round(sum(r["cost_usd"] for r in rows), 6)
+        page = rows[offset:offset + a.limit]
+        after = {id(r): offset + i + 1 for i, r in enumerate(page)}
+
+        def cursor(row: dict[str, Any] | None) -> str:
+            return encode({"kind": "usage", "by": a.by, "since": since,
+                           "offset": after[id(row)] if row is not None else offset})
+
+        more = offset + a.limit < len(rows)
+        doc = cut_list({"status": "ok", "by": a.by, "since": since, "rows": page, "total": total,
+                        "truncated": False, "next_cursor": cursor(page[-1]) if more and page else None},
+                       "rows", self.budget, cursor, minimum=1)
+        return Outcome(doc, short(f"{len(doc['rows'])} of {len(rows)} owner(s) by {a.by}: {total['units']} unit(s), "
+                                  f"{total['tokens_in'] + total['tokens_out']} tokens, ${total['cost_usd']:.4f}"
+                                  + ("; more: cursor=next_cursor" if doc["next_cursor"] else "")))
+
+
+def _out(model: type[BaseModel], **fields: Any) -> dict[str, Any]:
+    """A result document, checked against its model (so it always matches the tool's output schema)."""
+    return model(**fields).model_dump(mode="json")
+
+
+def _action_payload(a: S.ActionArgs) -> dict[str, Any]:
+    payload: dict[str, Any] = {"operation": a.operation, "entity": a.entity, "tool": a.tool, "args": a.args}
+    for name in ("based_on_event", "permission_event", "plan_seq"):
+        if getattr(a, name) is not None:
+            payload[name] = getattr(a, name)
+    if a.requires_state is not None:
+        payload["requires_state"] = a.requires_state.model_dump(exclude_none=True)
+    return payload
+
+
+def _report(data: dict[str, Any], at: str) -> dict[str, Any]:
+    return {"report_id": data.get("report_id"), "round": data.get("round"), "status": data.get("status"),
+            "by": data.get("by"), "at": at, "body": data.get("body") or "", "body_chars": len(data.get("body") or ""),
+            "body_truncated": False, "body_next": None, "artifacts": list(data.get("artifacts") or []),
+            "references": list(data.get("references") or [])}
+
+
+def _history(ev: Any) -> dict[str, Any]:
+    """One history entry as `taskkernel task show` lists it."""
+    return {"revision": ev.stream_version, "global_pos": ev.global_pos, "type": ev.type, "by": ev.data.get("by"),
+            "at": ev.recorded_at, **{k: v for k, v in ev.data.items()
+                                     if k in ("from", "round", "reason", "report_id", "status")}}
+
+
+def _fit_task(full: dict[str, Any], a: S.GetTaskArgs, budget: int) -> dict[str, Any]:
+    """get_task's answer within ``budget``. First the oldest history entries, children beyond the first and the
+    oldest reports are shed (each list keeps a few), then the texts are cut: the one asked for (the task's body,
+    or report_id's) gets most of what is left, the others a share, each cut text with the call that reads on."""
+    doc, reports = full["task"], full["reports"]
+    focus = 0 if a.report_id is None else 1  # 0: the task's body; 1: the (only) report asked for
+
+    def assemble(chars: list[int], history: int, children: int, kept: int) -> dict[str, Any]:
+        """``chars[0]`` characters of the task's body, ``chars[1 + i]`` of the i-th report kept (the newest
+        ``kept``); the newest ``history`` entries; the first ``children``."""
+        out = {**full, "task": {**doc}, "reports": [], "children": full["children"][:children],
+               "history": full["history"][len(full["history"]) - history:] if history else [],
+               "truncated": history < len(full["history"]) or children < len(full["children"]) or kept < len(reports)}
+        if children < len(full["children"]):
+            cursor = encode_cursor(full["children"][children - 1]["task_id"], None, None, parent=a.task_id) \
+                if children else None
+            out["children_next"] = {"tool": "list_tasks",
+                                    "arguments": {"parent": a.task_id, **({"cursor": cursor} if cursor else {})}}
+        texts = [(None, str(doc.get("body") or ""))] + [(r, r["body"]) for r in reports[len(reports) - kept:]]
+        for i, ((report, text), n) in enumerate(zip(texts, chars, strict=True)):
+            offset = min(a.body_offset, len(text)) if i == focus else 0
+            piece, rest = cut_text(text, offset, n)
+            nxt = None if rest is None else {"tool": "get_task", "arguments": {
+                "task_id": a.task_id, "body_offset": rest, **({"report_id": report["report_id"]} if report else {})}}
+            out["truncated"] = out["truncated"] or rest is not None
+            if report is None:
+                out["task"]["body"] = piece
+                out.update(body_chars=len(text), body_truncated=rest is not None or offset > 0, body_next=nxt)
+            else:
+                out["reports"].append({**report, "body": piece, "body_truncated": rest is not None or offset > 0,
+                                       "body_next": nxt})
+        return out
+
+    history, children, kept = len(full["history"]), len(full["children"]), len(reports)
+    whole = [len(str(doc.get("body") or ""))] + [len(r["body"]) for r in reports]
+    out = assemble(whole, history, children, kept)
+    if size(out) <= budget:
+        return out
+    while True:  # the skeleton (no text) must leave room for the texts
+        skeleton = size(assemble([0] * (1 + kept), history, children, kept))
+        if skeleton <= budget * 3 // 5:
+            break
+        if history > 3:
+            history = max(3, history // 2)
+        elif children > 3:
+            children = max(3, children // 2)
+        elif kept > 1 and focus == 0:
+            kept = max(1, kept // 2)
+        else:
+            break
+    room = max(budget - skeleton, 0)
+    share = room * 3 // 5 if kept else room
+    chars = [share if i == focus else (room - share) // max(kept, 1) for i in range(1 + kept)]
+    chars = [min(c, w) for c, w in zip(chars, [whole[0], *whole[len(whole) - kept:]], strict=True)]
+    out = assemble(chars, history, children, kept)
+    while size(out) > budget and any(chars):  # escaped characters take more than one byte: shrink until it fits
+        chars = [c * 4 // 5 for c in chars]
+        out = assemble(chars, history, children, kept)
+    return out
+
+
+def _since_utc(text: str, now: datetime | None = None) -> str | None:
+    """``since`` as the usage ledger writes timestamps (UTC, microseconds, Z); None if it is neither an ISO time
+    nor an age (the same forms as `taskkernel usage --since`)."""
+    ago = _AGO.match(text.strip().lower())
+    if ago:
+        when = (now or datetime.now(UTC)) - timedelta(**{_UNIT[ago.group(2)]: int(ago.group(1))})
+    else:
+        try:
+            when = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+        except ValueError:
+            return None
+    when = when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
+    return when.isoformat(timespec="microseconds")[:-6] + "Z"
