@@ -32,6 +32,7 @@ bench: setup
 	$(BIN)/python bench/ingest.py
 	$(BIN)/python bench/cli.py
 	$(BIN)/python bench/reads.py
+	$(BIN)/python bench/mcp.py
 
 lint: setup
 	$(BIN)/ruff check kernel roles scheduler coordinator taskkernel tests bench examples
