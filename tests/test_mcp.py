@@ -1,0 +1,382 @@
+"""The MCP server (issue 12) through the official SDK's client: `taskkernel mcp` runs as a real, separate process,
+started by the client over stdio with an agent's DEV credential, as an agent host starts it. Every tool is listed
+with a JSON Schema for its input and its output; every call's structured content is checked against its tool's
+output schema, refusals included. Budgets and filters are also checked in process (fast, no server)."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from jsonschema import Draft202012Validator
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.shared.exceptions import MCPError
+
+from taskkernel.coordinator.cli.common import CliContext
+from taskkernel.coordinator.mcp import schemas
+from taskkernel.coordinator.mcp.tools import TOOL_NAMES, TOOLS, TaskTools
+from taskkernel.kernel.commands import TaskCommandKernel
+from taskkernel.kernel.model.principal import LOCAL_OWNER, Principal
+from taskkernel.kernel.store.db import Database
+from tests.cli_support import ROOT, append_config, cli_env, new_workspace, run
+
+EXPECTED_TOOLS = {"whoami", "list_tasks", "get_task", "create_task", "claim_task", "report", "submit_task",
+                  "approve_task", "reject_task", "archive_task", "add_progress", "resume", "check_action", "perform",
+                  "usage"}
+COMMAND_KEYS = {"status", "reason", "message", "task_id", "revision", "round"}
+
+
+# -- helpers (tests/test_mcp_http.py uses them too) ----------------------------------------------------------------
+
+def issue(ws: Path, *specs: tuple[str, str]) -> list[str]:
+    """Tokens from `taskkernel token issue ROLE --agent NAME`, run by the workspace owner (concurrently)."""
+    def one(spec: tuple[str, str]) -> str:
+        done = run("token", "issue", spec[0], "--agent", spec[1], cwd=ws)
+        assert done.code == 0, done.err
+        return done.out.strip()
+
+    with ThreadPoolExecutor(len(specs)) as pool:
+        return list(pool.map(one, specs))
+
+
+class Owner:
+    """The workspace owner acting in process (the kernel exactly as the CLI builds it): creates the tasks the
+    agents work on."""
+
+    def __init__(self, ws: Path) -> None:
+        self.context = CliContext(workspace_path=str(ws))
+        self.kernel: TaskCommandKernel = self.context.kernel()
+        self.n = 0
+
+    def create(self, recipient: str = "DEV", **payload: Any) -> str:
+        self.n += 1
+        result = self.kernel.submit({"type": "create_task", "idempotency_key": f"owner-{uuid.uuid4()}", "payload": {
+            "sender": "ADMIN", "recipient": recipient, "subject": f"task {self.n}", **payload}}, LOCAL_OWNER)
+        assert result.status == "accepted", result
+        return str(result.task_id)
+
+    def close(self) -> None:
+        self.context.database().dispose()
+
+
+class Client:
+    """A ClientSession that checks every result: its structured content against the tool's output schema (a
+    refusal too), one short text summary beside it (never the document again)."""
+
+    def __init__(self, session: ClientSession) -> None:
+        self.session = session
+        self.validators: dict[str, Draft202012Validator] = {}
+
+    async def list_tools(self) -> list[Any]:
+        tools = (await self.session.list_tools()).tools
+        self.validators = {t.name: Draft202012Validator(t.output_schema) for t in tools}
+        return tools
+
+    async def call(self, name: str, **arguments: Any) -> Any:
+        if not self.validators:
+            await self.list_tools()
+        result = await self.session.call_tool(name, arguments)
+        doc = result.structured_content
+        assert isinstance(doc, dict), result
+        errors = [e.message for e in self.validators[name].iter_errors(doc)]
+        assert not errors, (name, errors, doc)
+        assert [c.type for c in result.content] == ["text"], result.content
+        text = result.content[0].text
+        assert 0 < len(text) <= 600 and text.strip() != json.dumps(doc) and not text.lstrip().startswith("{"), text
+        assert result.is_error == (doc["status"] == "rejected"), (name, result.is_error, doc)
+        return doc
+
+    async def ok(self, name: str, **arguments: Any) -> Any:
+        doc = await self.call(name, **arguments)
+        assert doc["status"] != "rejected", (name, doc)
+        return doc
+
+    async def refused(self, name: str, reason: str, **arguments: Any) -> Any:
+        doc = await self.call(name, **arguments)
+        assert (doc["status"], doc["reason"]) == ("rejected", reason), (name, doc)
+        return doc
+
+
+@asynccontextmanager
+async def stdio_session(ws: Path, token: str | None) -> AsyncIterator[Client]:
+    """`taskkernel mcp` started by the SDK's stdio client, as a host starts it (cwd: the workspace)."""
+    env = cli_env(**({"TASKKERNEL_TOKEN": token} if token is not None else {}))
+    params = StdioServerParameters(command=sys.executable, args=["-m", "taskkernel", "mcp"], env=env, cwd=str(ws))
+    with tempfile.TemporaryFile("w+") as errlog:
+        try:
+            async with stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session:
+                await session.initialize()
+                yield Client(session)
+        finally:
+            errlog.seek(0)
+            logged = errlog.read()
+            assert "Traceback" not in logged, logged
+
+
+def check_schemas(tools: list[Any]) -> None:
+    """Every tool: an object input schema and an output schema, both valid JSON Schema (2020-12)."""
+    assert {t.name for t in tools} == EXPECTED_TOOLS
+    for tool in tools:
+        assert re.fullmatch(r"[a-z]+(_[a-z]+)*", tool.name), tool.name
+        assert tool.description and tool.input_schema["type"] == "object", tool.name
+        assert tool.output_schema is not None and tool.output_schema["type"] == "object", tool.name
+        Draft202012Validator.check_schema(tool.input_schema)
+        Draft202012Validator.check_schema(tool.output_schema)
+        assert "$ref" not in json.dumps(tool.input_schema) + json.dumps(tool.output_schema), tool.name
+
+
+@pytest.fixture(scope="module")
+def team(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, str]]]:
+    ws = new_workspace(tmp_path_factory.mktemp("mcp"))
+    tokens = dict(zip(("dev1", "dev2", "dev3", "qa"), issue(ws, ("DEV", "dev-1"), ("DEV", "dev-2"),
+                                                                ("DEV", "dev-3"), ("QA", "qa-1")), strict=True))
+    yield ws, tokens
+
+
+@pytest.fixture
+def owner(team: tuple[Path, dict[str, str]]) -> Iterator[Owner]:
+    made = Owner(team[0])
+    yield made
+    made.close()
+
+
+# -- stdio --------------------------------------------------------------------------------------------------------
+
+def test_no_token_means_the_server_refuses_to_start(team: tuple[Path, dict[str, str]]) -> None:
+    ws, _ = team
+    refused = run("mcp", cwd=ws)
+    assert refused.code == 2 and refused.json["reason"] == "actor_unverified", refused.out + refused.err
+    assert "TASKKERNEL_TOKEN" in refused.err and len(refused.err.strip().splitlines()) == 1, refused.err
+    assert "Traceback" not in refused.err
+    blank = run("--token", "", "mcp", cwd=ws)
+    assert blank.code == 2 and blank.json["reason"] == "actor_unverified", blank.out
+    for bad in (("--transport", "tcp"), ("--port", "70000"), ("--port", "x")):
+        usage = run("mcp", *bad, cwd=ws)
+        assert usage.code == 64 and "Traceback" not in usage.err, (bad, usage.err)
+
+
+async def test_tools_schemas_and_one_agent_run(team: tuple[Path, dict[str, str]], owner: Owner) -> None:
+    ws, tokens = team
+    tid = owner.create(body="fix the parser", risk_level="low")
+    other = owner.create(recipient="QA")
+    async with stdio_session(ws, tokens["dev1"]) as dev:
+        tools = await dev.list_tools()
+        check_schemas(tools)
+        docs = (ROOT / "docs" / "mcp.md").read_text()
+        assert not [t.name for t in tools if f"`{t.name}`" not in docs], "docs/mcp.md names every tool"
+
+        me = await dev.ok("whoami")
+        assert (me["principal"]["id"], me["session"], me["transport"]) == ("DEV:dev-1", "DEV:dev-1", "stdio")
+        mine = await dev.ok("list_tasks", assigned_to_me=True)
+        assert tid in [t["task_id"] for t in mine["tasks"]] and other not in [t["task_id"] for t in mine["tasks"]]
+
+        claimed = await dev.ok("claim_task", task_id=tid)
+        assert set(claimed) >= COMMAND_KEYS and (claimed["status"], claimed["revision"], claimed["round"]) == (
+            "accepted", 2, 1)
+        report = {"task_id": tid, "status": "done", "body": "parser fixed", "artifacts": ["dist/fix.patch"]}
+        first = await dev.ok("report", **report)
+        again = await dev.ok("report", **report)  # a retry after a lost reply
+        assert (first["status"], again["status"], again["revision"]) == ("accepted", "replayed", first["revision"])
+        assert again["idempotency_key"] == first["idempotency_key"]
+        stale = await dev.refused("submit_task", "stale_task_revision", task_id=tid, expect_rev=1)
+        assert (stale["task_id"], stale["revision"], stale["round"]) == (tid, 3, 1)
+        submitted = await dev.ok("submit_task", task_id=tid, expect_rev=3, round=1)
+        assert submitted["message"].startswith("submit accepted") and submitted["revision"] == 4
+
+        await dev.refused("approve_task", "role_not_authorized", task_id=tid)  # the owner decides, not the driver
+        await dev.refused("claim_task", "role_not_authorized", task_id=other)  # QA's task
+        await dev.refused("claim_task", "task_not_found", task_id="TASK-20200101-999")
+        with pytest.raises(MCPError):  # a malformed call is a protocol error, not a refusal
+            await dev.session.call_tool("claim_task", {"task_id": 7})
+        with pytest.raises(MCPError):
+            await dev.session.call_tool("claim_task", {"task_id": tid, "as_role": "PM"})
+        with pytest.raises(MCPError):
+            await dev.session.call_tool("no_such_tool", {})
+
+        shown = await dev.ok("get_task", task_id=tid)
+        assert (shown["task"]["state"], shown["task"]["body"]) == ("review", "fix the parser")
+        assert [(r["status"], r["body"], r["artifacts"]) for r in shown["reports"]] == [
+            ("done", "parser fixed", ["dist/fix.patch"])]
+        assert [h["type"] for h in shown["history"]] == ["task_created", "task_claimed", "report_submitted",
+                                                        "task_submitted"]
+        review = await dev.ok("list_tasks", waiting_for_my_review=True)
+        assert review["tasks"] == []  # in review, but the owner decides it
+
+        saved = await dev.ok("add_progress", text="parser fixed, tests next", completed_tool_calls=4)
+        assert (saved["status"], saved["session"]) == ("accepted", "DEV:dev-1")
+        assert (await dev.ok("add_progress", text="parser fixed, tests next", completed_tool_calls=4))["status"] \
+            == "replayed"
+        resumed = await dev.ok("resume")
+        assert (resumed["status"], resumed["anchor"]["text"], resumed["instructions"]) == (
+            "resume", "parser fixed, tests next", [])
+        await dev.refused("resume", "role_not_authorized", session="admin")  # the owner's grant session
+
+        verdict = await dev.ok("check_action", task_id=tid, operation="write", entity="file:src/a.py",
+                               tool="write_file")
+        assert (verdict["allowed"], verdict["verdict"]["status"]) == (False, "INSUFFICIENT_EVIDENCE")
+        await dev.refused("perform", "illegal_transition", task_id=tid, operation="write", entity="file:src/a.py",
+                          tool="write_file")
+        assert (await dev.ok("usage", by="role"))["by"] == "role"
+
+        task_file = (await dev.session.read_resource(f"task://{tid}")).contents[0]
+        assert task_file.mime_type == "text/markdown" and "transitions:" in task_file.text
+        assert "fix the parser" in task_file.text and task_file.text.count("tool: ") == 3  # create, claim, submit
+        queue = (await dev.session.read_resource("todo://DEV")).contents[0].text
+        assert queue.startswith("# DEV: what is waiting for you") and tid not in queue  # in review: not to do
+        assert {t.uri_template for t in (await dev.session.list_resource_templates()).resource_templates} == {
+            "task://{task_id}", "todo://{role}"}
+        with pytest.raises(MCPError):
+            await dev.session.read_resource("task://TASK-20200101-999")
+
+
+async def test_racing_claims_one_wins_and_a_revoked_token_stops_mid_session(team: tuple[Path, dict[str, str]],
+                                                                           owner: Owner) -> None:
+    ws, tokens = team
+    tid = owner.create()
+    async with stdio_session(ws, tokens["dev2"]) as a, stdio_session(ws, tokens["dev3"]) as b:
+        await a.list_tools()
+        await b.list_tools()
+        results = []
+
+        async def claim(client: Client) -> None:
+            results.append(await client.call("claim_task", task_id=tid))
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(claim, a)
+            group.start_soon(claim, b)
+        assert sorted(r["status"] for r in results) == ["accepted", "rejected"], results
+        loser = next(r for r in results if r["status"] == "rejected")
+        assert loser["reason"] in ("stale_task_revision", "illegal_transition") and loser["revision"] == 2, loser
+
+        assert (await b.ok("whoami"))["principal"]["agent"] == "dev-3"
+        revoked = run("token", "revoke", tokens["dev3"], cwd=ws)
+        assert revoked.code == 0, revoked.err
+        gone = await b.refused("whoami", "actor_unverified")
+        assert "revoked" in gone["message"]
+        await b.refused("claim_task", "actor_unverified", task_id=owner.create())
+        with pytest.raises(MCPError):  # resources ask for a live credential too
+            await b.session.read_resource("todo://DEV")
+        assert (await a.ok("whoami"))["principal"]["agent"] == "dev-2"  # the other credential still acts
+
+
+async def test_without_require_token_the_local_owner_acts(tmp_path: Path) -> None:
+    ws = new_workspace(tmp_path)
+    text = (ws / "taskkernel.toml").read_text().replace("require_token = true", "require_token = false")
+    (ws / "taskkernel.toml").write_text(text)
+    append_config(ws, "\n[mcp]\noutput_budget = 2048\n")
+    async with stdio_session(ws, None) as me:
+        who = await me.ok("whoami")
+        assert (who["principal"]["id"], who["principal"]["admin"], who["output_budget"]) == (
+            "ADMIN:local-owner", True, 2048)
+        made = await me.ok("create_task", recipient="DEV", subject="from the owner")
+        assert (await me.ok("create_task", recipient="DEV", subject="from the owner"))["status"] == "replayed"
+        assert (await me.ok("get_task", task_id=made["task_id"]))["task"]["sender"] == "ADMIN"
+
+
+# -- in process: budgets, cursors and filters ---------------------------------------------------------------------
+
+@pytest.fixture
+def tools(sqlite_db: Database) -> TaskTools:
+    from taskkernel.coordinator.compose import build_kernel
+
+    return TaskTools(sqlite_db, build_kernel(sqlite_db, None), None, budget=2048)
+
+
+def call(tools: TaskTools, name: str, who: Principal, **arguments: Any) -> dict[str, Any]:
+    tool = next(t for t in TOOLS if t.name == name)
+    outcome = tools.run(name, lambda: who, tool.args.model_validate(arguments))
+    Draft202012Validator(schemas.output_schema(tool.result)).validate(outcome.structured)
+    assert outcome.error == (outcome.structured["status"] == "rejected")
+    return outcome.structured
+
+
+DEV, PM = Principal("DEV", "dev-1"), Principal("PM", "pm-1")
+
+
+def wire_size(doc: Any) -> int:
+    """Bytes of the document as the transport writes it: compact UTF-8 JSON."""
+    return len(json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode())
+
+
+def test_a_long_list_is_cut_to_the_budget_and_its_cursor_continues_exactly(tools: TaskTools) -> None:
+    made = [call(tools, "create_task", LOCAL_OWNER, recipient="DEV", subject=f"task {i} " + "x" * 200)["task_id"]
+            for i in range(25)]
+    seen: list[str] = []
+    page = call(tools, "list_tasks", DEV, limit=1000)
+    while True:
+        assert wire_size(page) <= tools.budget
+        seen += [t["task_id"] for t in page["tasks"]]
+        if page["next_cursor"] is None:
+            break
+        assert page["truncated"] and page["count"] == len(page["tasks"]) >= 1
+        page = call(tools, "list_tasks", DEV, limit=1000, cursor=page["next_cursor"])
+    assert seen == made  # every task once, in id order
+    wrong = call(tools, "list_tasks", DEV, state="done", cursor=call(tools, "list_tasks", DEV, limit=1)["next_cursor"])
+    assert wrong["reason"] == "invalid_cursor"
+
+
+def test_a_long_body_is_cut_with_the_get_task_call_that_reads_on(tools: TaskTools) -> None:
+    body = "".join(f"line {i}: ünïcödé\n" for i in range(3000))
+    tid = call(tools, "create_task", LOCAL_OWNER, recipient="DEV", subject="long", body=body)["task_id"]
+    call(tools, "claim_task", DEV, task_id=tid)
+    call(tools, "report", DEV, task_id=tid, status="done", body=body[::-1])
+    for report_id, expected in ((None, body.strip()), ("report", body[::-1].strip())):  # stored stripped
+        read, arguments = "", {"task_id": tid}
+        if report_id:
+            rid = call(tools, "get_task", DEV, task_id=tid)["reports"][0]["report_id"]
+            arguments["report_id"] = rid
+        while True:
+            doc = call(tools, "get_task", DEV, **arguments)
+            assert wire_size(doc) <= tools.budget and doc["truncated"]
+            text = doc["reports"][0] if report_id else doc
+            read += text["body"] if report_id else doc["task"]["body"]
+            if text["body_next"] is None:
+                break
+            assert text["body_next"]["tool"] == "get_task"
+            arguments = text["body_next"]["arguments"]
+        assert read == expected
+
+
+def test_list_filters_assigned_to_me_waiting_for_my_review_root_and_parent(tools: TaskTools) -> None:
+    root = call(tools, "create_task", LOCAL_OWNER, recipient="DEV", subject="root", done_authority="PM")["task_id"]
+    led = call(tools, "create_task", LOCAL_OWNER, recipient="PM", subject="driven by DEV", driver="DEV")["task_id"]
+    child = call(tools, "create_task", LOCAL_OWNER, recipient="QA", subject="child", parent=root)["task_id"]
+    call(tools, "claim_task", DEV, task_id=root)
+    call(tools, "report", DEV, task_id=root, status="done", body="ok")
+    call(tools, "submit_task", DEV, task_id=root)
+
+    def ids(who: Principal, **filters: Any) -> list[str]:
+        return [t["task_id"] for t in call(tools, "list_tasks", who, **filters)["tasks"]]
+
+    assert ids(DEV, assigned_to_me=True) == [root, led]
+    assert ids(DEV, assigned_to_me=True, state="inbox") == [led]
+    assert ids(PM, waiting_for_my_review=True) == [root] and ids(DEV, waiting_for_my_review=True) == []
+    assert ids(DEV, root=root) == [root, child] and ids(DEV, parent=root) == [child]
+    assert call(tools, "list_tasks", PM, waiting_for_my_review=True, state="done")["reason"] == "invalid_arguments"
+    assert call(tools, "approve_task", PM, task_id=root)["status"] == "accepted"
+    assert ids(PM, waiting_for_my_review=True) == []
+    assert set(TOOL_NAMES) == EXPECTED_TOOLS
+
+
+def test_the_tool_table_in_docs_lists_each_tools_arguments() -> None:
+    """docs/mcp.md's table names, for each tool, exactly the arguments its input schema has (so it cannot drift
+    from what the server lists: the same models)."""
+    rows = {}
+    for line in (ROOT / "docs" / "mcp.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and re.fullmatch(r"`[a-z_]+`", cells[0]) and cells[0].strip("`") in EXPECTED_TOOLS:
+            rows[cells[0].strip("`")] = set(re.findall(r"`([a-z_]+)`", re.sub(r"\([^)]*\)", "", cells[1])))
+    assert set(rows) == EXPECTED_TOOLS
+    for tool in TOOLS:
+        assert rows[tool.name] == set(schemas.input_schema(tool.args)["properties"]), tool.name

@@ -1,0 +1,127 @@
+"""The MCP server over streamable HTTP (issue 12): `taskkernel mcp --transport http` runs as its own process on a
+free port; every request must carry Authorization: Bearer <token> (else 401, before the protocol), and the same
+flow as over stdio holds through the official SDK's streamable HTTP client."""
+
+from __future__ import annotations
+
+import json
+import queue
+import subprocess
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+from tests.cli_support import CLI, cli_env, new_workspace, run
+from tests.test_mcp import Client, Owner, check_schemas, issue
+
+PROTOCOL = "2025-11-25"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str, dict[str, str]]]:
+    """A workspace, its HTTP server's URL (the server started with no credential at all) and agents' tokens."""
+    ws = new_workspace(tmp_path_factory.mktemp("mcp-http"))
+    tokens = dict(zip(("dev", "other"), issue(ws, ("DEV", "dev-http"), ("DEV", "dev-gone")), strict=True))
+    proc = subprocess.Popen([*CLI, "mcp", "--transport", "http", "--port", "0"], cwd=ws, env=cli_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout or ()], daemon=True).start()
+    try:
+        try:
+            listening = json.loads(lines.get(timeout=60))
+        except queue.Empty:
+            proc.kill()
+            raise AssertionError(f"the server did not listen: {proc.stderr.read() if proc.stderr else ''}") from None
+        assert listening["status"] == "listening" and listening["url"].endswith("/mcp"), listening
+        yield ws, listening["url"], tokens
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        errors = proc.stderr.read() if proc.stderr else ""
+        assert "Traceback" not in errors, errors
+
+
+def post(url: str, message: dict[str, Any], token: str | None = None) -> tuple[int, Any]:
+    """One JSON-RPC request as a plain HTTP POST: (status, JSON body)."""
+    headers = {"content-type": "application/json", "accept": "application/json, text/event-stream",
+               "mcp-protocol-version": PROTOCOL}
+    if token is not None:
+        headers["authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(url, data=json.dumps(message).encode(), headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return answer.status, json.loads(answer.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+
+
+@asynccontextmanager
+async def http_session(url: str, token: str) -> AsyncIterator[Client]:
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60) as http, \
+            streamable_http_client(url, http_client=http) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        yield Client(session)
+
+
+WHOAMI = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "whoami", "arguments": {}}}
+
+
+def test_a_request_without_a_live_bearer_token_is_401(served: tuple[Path, str, dict[str, str]]) -> None:
+    _, url, tokens = served
+    for token in (None, "", "tk_" + "x" * 40, "not-a-token"):
+        status, body = post(url, WHOAMI, token)
+        assert status == 401 and body["reason"] == "actor_unverified", (token, status, body)
+    status, body = post(url, WHOAMI, tokens["dev"])
+    assert status == 200 and body["result"]["structuredContent"]["principal"]["id"] == "DEV:dev-http", body
+
+
+async def test_the_agent_run_over_http(served: tuple[Path, str, dict[str, str]]) -> None:
+    ws, url, tokens = served
+    owner = Owner(ws)
+    try:
+        tid = owner.create()
+    finally:
+        owner.close()
+    async with http_session(url, tokens["dev"]) as dev:
+        check_schemas(await dev.list_tools())
+        me = await dev.ok("whoami")
+        assert (me["principal"]["id"], me["transport"]) == ("DEV:dev-http", "http")
+        assert (await dev.ok("claim_task", task_id=tid))["revision"] == 2
+        report = {"task_id": tid, "status": "done", "body": "done over HTTP", "artifacts": ["out.txt"]}
+        first, again = await dev.ok("report", **report), await dev.ok("report", **report)
+        assert (first["status"], again["status"], again["revision"]) == ("accepted", "replayed", 3)
+        stale = await dev.refused("submit_task", "stale_task_revision", task_id=tid, expect_rev=2)
+        assert (stale["revision"], stale["round"]) == (3, 1)
+        assert (await dev.ok("submit_task", task_id=tid))["message"].startswith("submit accepted")
+        await dev.refused("approve_task", "role_not_authorized", task_id=tid)
+        with pytest.raises(MCPError):
+            await dev.session.call_tool("report", {"task_id": tid})  # status is required: a malformed call
+        task_file = (await dev.session.read_resource(f"task://{tid}")).contents[0].text
+        assert "done over HTTP" not in task_file and "transitions:" in task_file  # the TASK file, not the report
+
+
+async def test_a_token_revoked_while_the_server_runs_stops_working(served: tuple[Path, str, dict[str, str]]) -> None:
+    ws, url, tokens = served
+    async with http_session(url, tokens["other"]) as gone:
+        assert (await gone.ok("whoami"))["principal"]["agent"] == "dev-gone"
+        assert run("token", "revoke", tokens["other"], cwd=ws).code == 0
+        with anyio.fail_after(60), pytest.raises(MCPError):  # the SDK client's view of the 401
+            await gone.session.call_tool("whoami", {})
+    status, body = post(url, WHOAMI, tokens["other"])
+    assert (status, body["reason"], body["message"]) == (401, "actor_unverified", "revoked credential")
+    assert post(url, WHOAMI, tokens["dev"])[0] == 200  # another credential still acts
