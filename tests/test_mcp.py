@@ -380,3 +380,38 @@ def test_the_tool_table_in_docs_lists_each_tools_arguments() -> None:
     assert set(rows) == EXPECTED_TOOLS
     for tool in TOOLS:
         assert rows[tool.name] == set(schemas.input_schema(tool.args)["properties"]), tool.name
+
+
+def test_check_action_judges_exactly_as_perform_does(tools: TaskTools) -> None:
+    """check_action builds the trace as perform's gate guard does: its verdict is what perform meets, and it
+    records nothing (no gate_decision, no effect)."""
+    from taskkernel.kernel.sessionlog import SessionLog
+
+    tid = call(tools, "create_task", LOCAL_OWNER, recipient="DEV", subject="raise the timeout",
+               risk_level="medium")["task_id"]
+    call(tools, "claim_task", DEV, task_id=tid)
+    log = SessionLog(tools.db)
+    for input_id, kind, by, payload in (
+            ("m1", "message", "ADMIN:alice", {"entity": "file:staging/config.json", "text": "raise it to 30s"}),
+            ("o1", "observation", "TOOL:probe", {"tool": "get_env", "status": "ok", "entity": "env:current",
+                                                 "key": "name", "value": "staging"}),
+            ("g1", "allow", "ADMIN:alice", {"permission": "write", "scope": "file:staging/*", "principal": "DEV"})):
+        log.accept("admin", {"input_id": input_id, "kind": kind, "payload": payload}, accepted_by=by)
+    plan = {"task_id": tid, "operation": "write", "entity": "file:staging/config.json", "tool": "write_file",
+            "args": {"path": "staging/config.json", "content": "{}\n"}, "based_on_event": "m1",
+            "permission_event": "g1", "requires_state": {"entity": "env:current", "key": "name", "equals": "staging"}}
+    events_before = tools.kernel.history(tid)
+    checked = call(tools, "check_action", DEV, **plan)
+    assert (checked["allowed"], checked["verdict"]["status"], checked["session"]) == (True, "PASS", "admin")
+    assert tools.kernel.history(tid) == events_before  # nothing recorded
+    blocked = call(tools, "check_action", DEV, **{**plan, "entity": "file:prod/config.json"})
+    assert blocked["verdict"]["status"] == "BLOCK" and not blocked["allowed"]
+    assert call(tools, "perform", DEV, **{**plan, "entity": "file:prod/config.json"})["reason"] == "gate_blocked"
+    assert call(tools, "perform", DEV, **plan)["status"] == "accepted"
+    log.accept("admin", {"input_id": "o2", "kind": "observation", "payload": {
+        "tool": "get_env", "status": "ok", "entity": "env:current", "key": "name", "value": "production"}},
+        accepted_by="TOOL:probe")  # the world moved on: the same plan no longer holds
+    later = call(tools, "check_action", DEV, **plan)
+    assert "STATE_DISALLOWS" in [r["code"] for r in later["verdict"]["reasons"]] and not later["allowed"]
+    again = call(tools, "perform", DEV, **plan, idempotency_key="second")
+    assert again["reason"] == "gate_blocked" and "STATE_DISALLOWS" in again["message"]
