@@ -415,3 +415,29 @@ def test_check_action_judges_exactly_as_perform_does(tools: TaskTools) -> None:
     assert "STATE_DISALLOWS" in [r["code"] for r in later["verdict"]["reasons"]] and not later["allowed"]
     again = call(tools, "perform", DEV, **plan, idempotency_key="second")
     assert again["reason"] == "gate_blocked" and "STATE_DISALLOWS" in again["message"]
+
+
+def test_task_resource_is_the_task_file_rendered_as_the_projection_writes_it(tmp_path: Path) -> None:
+    """task://ID renders a task the folder adapter has not written yet byte for byte as `up` then writes it,
+    and reads the file itself once it exists."""
+    from taskkernel.coordinator.mcp.resources import task_markdown, todo_markdown
+
+    ws = new_workspace(tmp_path)
+    owner = Owner(ws)
+    try:
+        tid = owner.create(body="line one\nline two: with a colon", references=["docs/x.md"], priority="P1")
+        claimed = owner.kernel.submit({"type": "claim", "task_id": tid, "expected_revision": 1, "round": 0,
+                                       "idempotency_key": "claim-it", "payload": {}}, Principal("DEV", "dev-1"))
+        assert claimed.status == "accepted"
+        db, workspace = owner.context.database(), owner.context.optional_workspace()
+        rendered = task_markdown(db, workspace, tid)
+        assert run("up", "--once", cwd=ws).code == 0
+        [written] = list((ws / "fcop" / "_lifecycle" / "active").glob(f"{tid}-*.md"))
+        assert rendered == written.read_text(encoding="utf-8")
+        written.write_text(written.read_text(encoding="utf-8") + "\nan agent's note\n", encoding="utf-8")
+        assert task_markdown(db, workspace, tid) == written.read_text(encoding="utf-8")  # the file, as it is
+        assert task_markdown(db, workspace, "TASK-20200101-001") is None
+        queue = todo_markdown(db, "DEV")
+        assert f"- [active] {tid} (round 1, P1): task 1" in queue and queue.endswith("## To review\n\n- nothing\n")
+    finally:
+        owner.close()

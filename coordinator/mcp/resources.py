@@ -28,13 +28,15 @@ TODO_SCHEME = "todo://"
 TODO_MAX = 200  # entries per section of a queue; the rest is counted, with the list_tasks call that pages them
 
 
-def task_markdown(db: Database, workspace: Workspace | None, task_id: str) -> str | None:
-    """The task's TASK file (or its rendering when it has none); None if there is no such task."""
+def task_markdown(db: Database, workspace: Workspace | None, task_id: str,
+                  files: FileTracker | None = None) -> str | None:
+    """The task's TASK file (or its rendering when it has none); None if there is no such task. ``files``: the
+    folder adapter's record of the files it placed (built once by the caller: building one creates its tables)."""
     doc = task_document(db, task_id)
     if doc is None:
         return None
     if workspace is not None:
-        rel = FileTracker(db).task_file(task_id)
+        rel = (files or FileTracker(db)).task_file(task_id)
         if rel is not None:
             try:
                 data, _ = read_bytes(workspace.fcop_dir / rel, MAX_FILE_BYTES)

@@ -113,7 +113,8 @@ def build_server(tools: TaskTools, who: Who) -> Server[Any]:
         uri = str(params.uri)
         if uri.startswith(resources.TASK_SCHEME):
             task_id = uri.removeprefix(resources.TASK_SCHEME).strip("/")
-            text = await anyio.to_thread.run_sync(resources.task_markdown, tools.db, tools.workspace, task_id)
+            text = await anyio.to_thread.run_sync(resources.task_markdown, tools.db, tools.workspace, task_id,
+                                                  tools.files)
             if text is None:
                 raise MCPError(RESOURCE_NOT_FOUND, f"task_not_found: {task_id} does not exist",
                                {"uri": uri, "reason": ReasonCode.TASK_NOT_FOUND.value})

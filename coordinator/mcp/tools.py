@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from taskkernel.coordinator.folders.tracking import FileTracker
 from taskkernel.coordinator.mcp import schemas as S
 from taskkernel.coordinator.mcp.results import (
     CursorError,
@@ -138,6 +139,7 @@ class TaskTools:
         self.log = SessionLog(db, workspace.grant_sessions if workspace else DEFAULT_ADMIN_SESSIONS)
         self.gate = next((g for g in kernel.guards if isinstance(g, GateGuard)), None)
         install_usage(db)
+        self.files = FileTracker(db) if workspace is not None else None  # where the folder adapter put TASK files
         self._methods: dict[str, Callable[[Principal, Any], Outcome]] = {t.name: getattr(self, t.name)
                                                                           for t in TOOLS}
 
