@@ -226,7 +226,14 @@ async def pipe_stdio() -> AsyncIterator[tuple[MemoryObjectReceiveStream[Any], Me
 
     async def read_lines() -> None:
         async with incoming_send:
-            while line := await reader.readline():
+            while True:
+                try:
+                    line = await reader.readline()
+                except ValueError:  # a line over MAX_MESSAGE_BYTES: no message can be told from the next
+                    log.error("mcp.message_too_large", limit=MAX_MESSAGE_BYTES)
+                    return
+                if not line:
+                    return
                 try:
                     message: Any = SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))
                 except Exception as exc:  # noqa: BLE001 - a malformed line is the protocol's to answer
@@ -237,7 +244,10 @@ async def pipe_stdio() -> AsyncIterator[tuple[MemoryObjectReceiveStream[Any], Me
         async with outgoing_receive:
             async for message in outgoing_receive:
                 writer.write(message.message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n")
-                await writer.drain()
+                try:
+                    await writer.drain()
+                except (BrokenPipeError, ConnectionResetError):  # the host went away: nobody reads answers
+                    return
 
     try:
         async with anyio.create_task_group() as group:
@@ -247,8 +257,6 @@ async def pipe_stdio() -> AsyncIterator[tuple[MemoryObjectReceiveStream[Any], Me
                 yield incoming, outgoing
             finally:
                 group.cancel_scope.cancel()
-    except (BrokenPipeError, ConnectionResetError):
-        pass  # the host went away
     finally:
         pipe.close()
         os.dup2(saved[0], 0)
