@@ -170,6 +170,10 @@ async def test_tools_schemas_and_one_agent_run(team: tuple[Path, dict[str, str]]
     ws, tokens = team
     tid = owner.create(body="fix the parser", risk_level="low")
     other = owner.create(recipient="QA")
+    from taskkernel.kernel.sessionlog import SessionLog
+
+    SessionLog(owner.context.database()).accept("TOOL:vault", {"input_id": "v1", "kind": "message", "payload": {
+        "entity": "file:src/a.py", "text": "vault-secret"}}, writer=Principal("TOOL", "vault"))
     async with stdio_session(ws, tokens["dev1"]) as dev:
         tools = await dev.list_tools()
         check_schemas(tools)
@@ -221,6 +225,11 @@ async def test_tools_schemas_and_one_agent_run(team: tuple[Path, dict[str, str]]
         assert (resumed["status"], resumed["anchor"]["text"], resumed["instructions"]) == (
             "resume", "parser fixed, tests next", [])
         await dev.refused("resume", "role_not_authorized", session="admin")  # the owner's grant session
+        vault = {"task_id": tid, "operation": "write", "entity": "file:src/a.py", "tool": "write_file",
+                 "session": "TOOL:vault"}  # another principal's session: check_action reads it under resume's rule
+        await dev.refused("resume", "role_not_authorized", session="TOOL:vault")
+        oracle = await dev.refused("check_action", "role_not_authorized", **vault)
+        assert "vault-secret" not in json.dumps(oracle) and "TOOL:vault" in oracle["message"]
 
         verdict = await dev.ok("check_action", task_id=tid, operation="write", entity="file:src/a.py",
                                tool="write_file")

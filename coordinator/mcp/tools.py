@@ -313,6 +313,8 @@ class TaskTools:
         if self.gate is None:  # pragma: no cover - compose.build_kernel always installs the gate
             return refusal("gate_unavailable", "this kernel has no execution gate")
         session = a.session or self.gate.default_session
+        if session != self.gate.default_session:  # another session is read under the session log's read rule
+            self.log.check_read(session, p)  # (its verdict quotes the inputs: no oracle for what `resume` refuses)
         records = self.gate.log.records(session)
         head = max((r.seq or 0 for r in records), default=0)
         try:  # the trace exactly as the kernel's GateGuard builds it for `perform`
