@@ -267,6 +267,22 @@ def test_run_tokens_of_one_role_do_not_share_sessions(ws: Ws) -> None:
     assert ws.run("session", "replay", "task-a", token=run_a).code == 0
 
 
+def test_a_session_named_after_a_principal_is_that_principals_own(ws: Ws) -> None:
+    """The MCP server's default sessions are named after their owner (``QA:qa``, ``RUN:DEV:dev@TASK-…``):
+    another agent writing first must not become their owner and lock the real one out."""
+    task = ws.submit({"type": "create_task", "idempotency_key": "sq", "payload": {
+        "sender": "ADMIN", "recipient": "DEV", "subject": "s"}}).json["task_id"]
+    run = ws.token("DEV", "--task", task, "--round", "0")
+    qa = ws.token("QA")
+    note = json.dumps({"text": "mine now"})
+    for target in ("QA:qa", f"RUN:DEV:dev@{task}-other"):
+        rejected(ws.run("session", "accept", target, "--kind", "message", "--input-id", "squat", "--payload", note,
+                        token=run), "role_not_authorized")
+    assert ws.run("session", "accept", "QA:qa", "--kind", "message", "--input-id", "q1", "--payload", note,
+                  token=qa).code == 0
+    assert ws.run("session", "replay", "QA:qa", token=qa).code == 0
+
+
 def test_a_configured_grant_session_is_admins_for_schedules_too(ws: Ws) -> None:
     config = ws.root / "taskkernel.toml"
     config.write_text(config.read_text() + '\n[gate]\nsession = "grants"\n')

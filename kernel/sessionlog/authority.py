@@ -10,9 +10,10 @@ run's token) is never ADMIN or OPERATOR, whatever its role, because it is handed
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection
 
-from taskkernel.kernel.model.principal import ADMIN, Principal
+from taskkernel.kernel.model.principal import ADMIN, RUN_PREFIX, Principal
 from taskkernel.kernel.sessionlog.models import InputKind, SessionLogError, SessionReason
 
 GRANT_KINDS = frozenset({InputKind.ALLOW.value, InputKind.REVOKE.value})
@@ -22,10 +23,18 @@ EVIDENCE_KIND = InputKind.OBSERVATION.value
 IMPORTED_PREFIX = "IMPORTED:"  # accepted_by of an import whose provenance could not be proven
 
 
+# A session named like a principal (``ROLE:agent``, ``RUN:ROLE:agent@TASK-…``) is that principal's own: the MCP
+# server and agents use these names as their default sessions, so nobody else may create one first and lock its
+# owner out (an agent squatting another's checkpoint session).
+_PROVENANCE_SHAPED = re.compile(rf"(?:{re.escape(RUN_PREFIX)})?[A-Z][A-Z0-9_]*:[^\s:@][^\s]*")
+
+
 def initial_owner(session: str, principal: Principal, admin_sessions: Collection[str]) -> str:
-    """The owner a new session gets: ADMIN for grant sessions, else whoever writes first (a run's
-    credential: its task's runs)."""
-    return ADMIN if session in admin_sessions else principal.provenance
+    """The owner a new session gets: ADMIN for grant sessions; the principal a session is named after (a
+    provenance-shaped name); else whoever writes first (a run's credential: its task's runs)."""
+    if session in admin_sessions:
+        return ADMIN
+    return session if _PROVENANCE_SHAPED.fullmatch(session) else principal.provenance
 
 
 def check_write(session: str, owner: str | None, principal: Principal, kind: str | None,
