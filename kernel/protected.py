@@ -20,6 +20,8 @@ from taskkernel.kernel.model.commands import Command, CommandType, PerformPayloa
 from taskkernel.kernel.model.principal import Principal
 from taskkernel.kernel.reasons import KernelError, ReasonCode
 from taskkernel.kernel.sessionlog import Rec, SessionLog
+from taskkernel.kernel.sessionlog.authority import check_read
+from taskkernel.kernel.sessionlog.models import SessionLogError
 from taskkernel.kernel.store.db import UnitOfWork
 from taskkernel.kernel.store.events import EventStore, NewEvent
 
@@ -89,6 +91,14 @@ class GateGuard:
         self.protected_by_risk = protected_by_risk
         self.protected_by_role = protected_by_role or {}
 
+    def _check_readable(self, uow: UnitOfWork, session: str, principal: Principal) -> None:
+        try:
+            check_read(session, self.log.owner(session, uow.conn), principal, self.log.admin_sessions)
+        except SessionLogError as exc:
+            raise KernelError(ReasonCode.ROLE_NOT_AUTHORIZED, f"{exc.message}; the gate judges this action "
+                                                              f"against session {self.default_session!r} or one "
+                                                              "you may read") from exc
+
     def protected_operations(self, risk_level: str, role: str) -> list[str] | None:
         """None means no policy event: the gate then protects every operation except read."""
         if risk_level == "irreversible":
@@ -102,6 +112,8 @@ class GateGuard:
         payload = cmd.validated_payload()
         assert isinstance(payload, PerformPayload)
         session = cmd.permission_session or self.default_session
+        if session != self.default_session:  # another session is read only if its reader may read it: a
+            self._check_readable(uow, session, principal)  # verdict quotes the inputs it weighed
         records = self.log.records(session, uow.conn)
         head = max((r.seq or 0 for r in records), default=0)
         try:

@@ -218,3 +218,19 @@ def test_protection_is_configurable_per_role_and_risk_level(tmp_path: Path) -> N
 
     assert perform("write", "w").status == "accepted", "write is not protected on low-risk tasks here"
     assert perform("close", "c").reason == "gate_insufficient_evidence", "DEV's close is protected"
+
+
+def test_a_plan_judged_against_a_session_the_caller_may_not_read_is_refused_and_records_nothing(
+        sqlite_db: Database) -> None:
+    """A verdict quotes the inputs it weighed: naming another principal's session as permission_session must not
+    turn the gate into a way to read it."""
+    h, tid = active_dev_task(sqlite_db)
+    log = SessionLog(sqlite_db)
+    log.accept("TOOL:vault", {"input_id": "o1", "kind": "observation", "payload": {
+        "tool": "read_secret", "status": "ok", "entity": "env:prod", "key": "db_password", "value": "hunter2"}},
+        accepted_by="TOOL:vault")
+    r = h.cmd("perform", tid, DEV, key="peek", payload=plan(), permission_session="TOOL:vault")
+    assert r.reason == "role_not_authorized" and "hunter2" not in r.message, r
+    assert gate_events(sqlite_db, tid) == []
+    own = h.cmd("perform", tid, DEV, key="own", payload=plan(), permission_session="DEV:dev-agent")
+    assert own.reason != "role_not_authorized", own  # its own session is judged (and lacks the evidence)
