@@ -125,3 +125,40 @@ async def test_a_token_revoked_while_the_server_runs_stops_working(served: tuple
     status, body = post(url, WHOAMI, tokens["other"])
     assert (status, body["reason"], body["message"]) == (401, "actor_unverified", "revoked credential")
     assert post(url, WHOAMI, tokens["dev"])[0] == 200  # another credential still acts
+
+
+async def test_a_database_fault_is_its_code_never_sql_nor_a_traceback(served: tuple[Path, str, dict[str, str]]) -> None:
+    """The database failing mid-session (here: tables gone from under the server): a resource read is the
+    protocol's internal error with the fault code, the bearer step answers 503 with it; no SQL, no traceback (the
+    fixture's teardown checks stderr). Run last: the tables are put back at the end."""
+    import sqlalchemy as sa
+
+    ws, url, tokens = served
+    owner = Owner(ws)
+    engine = owner.context.database().engine
+
+    def rename(old: str, new: str) -> None:
+        with engine.begin() as conn:
+            conn.execute(sa.text(f"ALTER TABLE {old} RENAME TO {new}"))
+
+    try:
+        async with http_session(url, tokens["dev"]) as dev:
+            rename("tasks", "tasks_gone")
+            try:
+                with pytest.raises(MCPError) as raised:
+                    await dev.session.read_resource("todo://DEV")
+                error = raised.value.error
+                assert error.code == -32603 and error.data == {"reason": "database_error"}, error
+                assert "SELECT" not in error.message and "[SQL" not in error.message, error.message
+            finally:
+                rename("tasks_gone", "tasks")
+        rename("credentials", "credentials_gone")
+        try:
+            status, body = post(url, WHOAMI, tokens["dev"])
+        finally:
+            rename("credentials_gone", "credentials")
+        assert (status, body["status"], body["reason"]) == (503, "rejected", "database_error"), (status, body)
+        assert "SELECT" not in body["message"], body
+        assert post(url, WHOAMI, tokens["dev"])[0] == 200
+    finally:
+        owner.close()

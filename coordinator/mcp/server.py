@@ -32,7 +32,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
-from mcp_types import INVALID_PARAMS, INVALID_REQUEST
+from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST
 from pydantic import ValidationError
 
 from taskkernel import __version__
@@ -102,15 +102,22 @@ def build_server(tools: TaskTools, who: Who) -> Server[Any]:
                                    "it drives (inbox, active) and the tasks in review it decides.")])
 
     async def list_resources(ctx: ServerRequestContext[Any, Any], params: Any) -> types.ListResourcesResult:
-        principal = await _principal(who(ctx))
+        principal = await _principal(who(ctx), tools)
         return types.ListResourcesResult(resources=[types.Resource(
             name=f"todo-{principal.role}", title=f"{principal.role}'s queue", uri=f"todo://{principal.role}",
             mime_type="text/markdown", description="What is waiting for your role.")])
 
     async def read_resource(ctx: ServerRequestContext[Any, Any], params: types.ReadResourceRequestParams
                             ) -> types.ReadResourceResult:
-        await _principal(who(ctx))  # a live credential reads, as for every tool
-        uri = str(params.uri)
+        await _principal(who(ctx), tools)  # a live credential reads, as for every tool
+        try:
+            return await _read(str(params.uri))
+        except MCPError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a fault: its code to the client, its traceback to the CLI log
+            raise fault_error(exc, tools) from None
+
+    async def _read(uri: str) -> types.ReadResourceResult:
         if uri.startswith(resources.TASK_SCHEME):
             task_id = uri.removeprefix(resources.TASK_SCHEME).strip("/")
             text = await anyio.to_thread.run_sync(resources.task_markdown, tools.db, tools.workspace, task_id,
@@ -136,11 +143,13 @@ def build_server(tools: TaskTools, who: Who) -> Server[Any]:
     return server
 
 
-async def _principal(caller: Callable[[], Principal]) -> Principal:
+async def _principal(caller: Callable[[], Principal], tools: TaskTools) -> Principal:
     try:
         return await anyio.to_thread.run_sync(caller)
     except KernelError as exc:
         raise MCPError(INVALID_REQUEST, f"{exc.reason.value}: {exc.message}", {"reason": exc.reason.value}) from None
+    except Exception as exc:  # noqa: BLE001 - the credential could not be read: a fault, not a refusal
+        raise fault_error(exc, tools) from None
 
 
 def _describe(exc: ValidationError) -> str:
@@ -168,6 +177,13 @@ def fault(exc: BaseException, tools: TaskTools) -> Outcome:
         pass
     log.error("mcp.fault", code=code, message=message)
     return refusal(code, message)
+
+
+def fault_error(exc: BaseException, tools: TaskTools) -> MCPError:
+    """A fault outside a tool call (a resource read, the credential check) as the protocol's internal error: the
+    summary and the stable code (``data.reason``), never the exception's own text or a traceback."""
+    out = fault(exc, tools)
+    return MCPError(INTERNAL_ERROR, out.summary, {"reason": out.structured["reason"]})
 
 
 # -- stdio ------------------------------------------------------------------------------------------------------
@@ -307,6 +323,11 @@ class BearerGate:
         except KernelError as exc:
             await unauthorized(send, exc.reason.value, exc.message)
             return
+        except Exception as exc:  # noqa: BLE001 - the credential could not be checked: 503 with the fault code
+            out = fault(exc, self.tools)
+            await answer(send, 503, {k: out.structured[k] for k in ("status", "reason", "message")},
+                         [(b"retry-after", b"5")])
+            return
         await self.app({**scope, PRINCIPAL_KEY: principal}, receive, send)
 
 
@@ -319,12 +340,17 @@ def bearer(scope: dict[str, Any]) -> str | None:
 
 
 async def unauthorized(send: Callable[[Any], Awaitable[None]], reason: str, message: str) -> None:
+    await answer(send, 401, {"status": "rejected", "reason": reason, "message": message},
+                 [(b"www-authenticate", b'Bearer realm="taskkernel", error="invalid_token"')])
+
+
+async def answer(send: Callable[[Any], Awaitable[None]], status: int, document: dict[str, Any],
+                 headers: list[tuple[bytes, bytes]]) -> None:
     import json
 
-    body = json.dumps({"status": "rejected", "reason": reason, "message": message}).encode()
-    await send({"type": "http.response.start", "status": 401, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-        (b"www-authenticate", b'Bearer realm="taskkernel", error="invalid_token"')]})
+    body = json.dumps(document).encode()
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers]})
     await send({"type": "http.response.body", "body": body})
 
 
