@@ -98,6 +98,10 @@ class TaskVerbs:
         result = self.kernel.submit({"type": command_type.value, "task_id": task_id, "expected_revision": revision,
                                      "round": acting_round, "idempotency_key": key, "payload": payload},
                                     principal, external=True)
+        if result.status == "rejected" and result.revision is None:  # refused before the kernel read the task
+            # (its shape, its credential): the caller still learns where the task stands
+            result = result.model_copy(update={"task_id": task_id, "revision": doc["revision"],
+                                               "round": doc["round"]})
         return VerbOutcome(result, key, self._hint(result, command_type, task_id))
 
     def _default_key(self, principal: Principal, verb: str, command_type: CommandType, doc: dict[str, Any],

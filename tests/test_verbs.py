@@ -67,6 +67,28 @@ def test_a_round_starting_verb_is_new_once_the_task_moved_on(h: Harness, verbs: 
     assert doc is not None and doc["round"] == 3
 
 
+def test_retried_reject_and_reopen_replay_while_the_task_stays_where_they_left_it(h: Harness,
+                                                                                  verbs: TaskVerbs) -> None:
+    tid = new_task(verbs)
+    for who, verb, payload in [(DEV, "claim", {}), (DEV, "report", {"status": "done"}), (DEV, "submit", {})]:
+        assert verbs.act(who, verb, tid, payload).result.status == "accepted", verb
+    assert verbs.act(ADMIN, "reject", tid, {"reason": "no"}).result.status == "accepted"
+    assert verbs.act(ADMIN, "reject", tid, {"reason": "no"}).result.status == "replayed"
+    for who, verb, payload in [(DEV, "report", {"status": "done"}), (DEV, "submit", {}), (ADMIN, "approve", {})]:
+        assert verbs.act(who, verb, tid, payload).result.status == "accepted", verb
+    assert verbs.act(ADMIN, "reopen", tid, {"reason": "regressed"}).result.status == "accepted"
+    assert verbs.act(ADMIN, "reopen", tid, {"reason": "regressed"}).result.status == "replayed"
+    doc = h.kernel.task(tid)
+    assert doc is not None and (doc["round"], doc["state"]) == (3, "active")
+
+
+def test_a_refusal_before_the_task_is_read_still_says_where_it_stands(verbs: TaskVerbs) -> None:
+    tid = new_task(verbs)
+    too_big = verbs.act(DEV, "reject", tid, {"reason": "x" * 100_000})
+    assert too_big.result.reason == "payload_too_large"
+    assert (too_big.result.task_id, too_big.result.revision, too_big.result.round) == (tid, 1, 0)
+
+
 def test_expect_rev_turns_on_the_optimistic_check(verbs: TaskVerbs) -> None:
     tid = new_task(verbs)
     stale = verbs.act(DEV, "claim", tid, expect_rev=7)
