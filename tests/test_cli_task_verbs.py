@@ -53,6 +53,9 @@ def test_an_agent_run_is_three_calls_with_no_json_written_by_hand(team: tuple[Pa
     first, last = (json.loads(line) for line in reported.out.splitlines())
     assert (first["status"], last["status"], last["message"].split(":")[0]) == ("accepted", "accepted", "submit "
                                                                                 "accepted")
+    assert run("up", "--once", cwd=ws).code == 0  # the REPORT file a reviewer reads lists the artifacts
+    [report_file] = (ws / "fcop" / "reports").glob("REPORT-*.md")
+    assert report_file.read_text().endswith("how it was fixed\n\n## Artifacts\n\n- dist/fix.patch\n")
     assert run("task", "approve", tid, cwd=ws).json["status"] == "accepted"
     assert run("task", "archive", tid, "--reason", "shipped", cwd=ws).json["revision"] == 6
     doc = run("task", "show", tid, cwd=ws).json

@@ -281,8 +281,12 @@ class Projection:
             role, extra = acting_role(event), {EVENT_KEY: event.global_pos}
             if event.type == "report_submitted":
                 body = str(event.data.get("body") or "")
+                body = body if body.endswith("\n") or not body else body + "\n"
+                if event.data.get("artifacts"):  # the evidence a reviewer opens, in the file they read
+                    body += ("\n" if body else "") + "## Artifacts\n\n" + "".join(
+                        f"- {a}\n" for a in event.data["artifacts"])
                 return write_report(self.fcop, sender=role, recipient=doc["sender"], task_id=task_id,
-                                    body=body if body.endswith("\n") or not body else body + "\n",
+                                    body=body,
                                     status=event.data["status"], priority=doc["priority"], extra=extra,
                                     references=[str(r) for r in event.data.get("references") or ()],
                                     before_publish=claim).path
