@@ -357,6 +357,45 @@ def test_a_long_body_is_cut_with_the_get_task_call_that_reads_on(tools: TaskTool
         assert read == expected
 
 
+def test_every_result_stays_within_the_budget_whatever_the_task_holds(tools: TaskTools) -> None:
+    """A task at every limit the kernel accepts (references, reports with artifacts, long reject reasons, an
+    escaped subject): get_task and check_action fit the default budget and a 1 KiB one, and the task's reports are
+    sent once (`reports`, not again inside `task`)."""
+    refs = [f"docs/{i}-" + "\u00e9" * 90 for i in range(32)]
+    tid = call(tools, "create_task", LOCAL_OWNER, recipient="DEV", subject="\u0001" * 500, body="b" * 5000,
+               references=refs)["task_id"]
+    for round_ in range(3):
+        if round_ == 0:
+            call(tools, "claim_task", DEV, task_id=tid)
+        for i in range(8):
+            artifacts = [f"out/{round_}/{i}/{n}-" + "a" * 180 for n in range(32)]
+            assert call(tools, "report", DEV, task_id=tid, status="done" if i == 7 else "in_progress",
+                        body=f"report {round_}.{i} " + "r" * 3000, artifacts=artifacts)["status"] == "accepted"
+        call(tools, "submit_task", DEV, task_id=tid)
+        assert call(tools, "reject_task", LOCAL_OWNER, task_id=tid, reason="why " * 2000)["status"] == "accepted"
+    whole = TaskTools(tools.db, tools.kernel, None, budget=16 * 2**20)
+    full = call(whole, "get_task", DEV, task_id=tid, history_limit=1000)
+    assert "reports" not in full["task"] and len(full["reports"]) == full["reports_total"] == 24
+    assert all(len(h.get("reason", "")) <= 301 for h in full["history"]) and any(h.get("reason_truncated")
+                                                                                for h in full["history"])
+    plan = {"task_id": tid, "operation": "write", "entity": "file:" + "\u0002" * 490, "tool": "write_file",
+            "args": {"content": "c" * 50_000}, "based_on_event": ["m" * 200] * 32,
+            "permission_event": "p" * 200}
+    for budget in (1024, 2048, 16384):
+        small = TaskTools(tools.db, tools.kernel, None, budget=budget)
+        for arguments in ({}, {"history_limit": 1000}, {"report_id": full["reports"][5]["report_id"]}):
+            doc = call(small, "get_task", DEV, task_id=tid, **arguments)
+            assert wire_size(doc) <= budget and doc["truncated"], (budget, arguments, wire_size(doc))
+            assert "reports" not in doc["task"] and doc["task"]["task_id"] == tid
+            cut = doc["reports"][0] if "report_id" in arguments else doc
+            assert cut["body_next"] or budget == 16384, (budget, arguments)
+            assert doc["reports"] or budget < 16384
+        checked = call(small, "check_action", DEV, **plan)
+        assert wire_size(checked) <= budget and checked["verdict"]["status"] != "PASS", (budget, wire_size(checked))
+    with pytest.raises(ValueError):  # at most 32 input ids
+        call(tools, "check_action", DEV, **{**plan, "based_on_event": ["m"] * 33})
+
+
 def test_list_filters_assigned_to_me_waiting_for_my_review_root_and_parent(tools: TaskTools) -> None:
     root = call(tools, "create_task", LOCAL_OWNER, recipient="DEV", subject="root", done_authority="PM")["task_id"]
     led = call(tools, "create_task", LOCAL_OWNER, recipient="PM", subject="driven by DEV", driver="DEV")["task_id"]

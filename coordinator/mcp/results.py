@@ -92,6 +92,45 @@ def cut_list(document: dict[str, Any], key: str, budget: int, cursor_after: Call
             "next_cursor": cursor_after(kept[-1]) if kept else document.get("next_cursor") or cursor_after(None)}
 
 
+SQUEEZE_FLOOR = 48  # bytes: a string or list this small is left as it is (ids, codes, short names)
+
+
+def squeeze(document: Any, budget: int, keep: frozenset[str] = frozenset(), rigid: frozenset[str] = frozenset()
+            ) -> bool:
+    """The last resort of a cut: halve the largest string (ending it in "…") or list (keeping its first half)
+    anywhere in ``document`` (in place, never under a key in ``keep``) until it fits ``budget`` or nothing larger
+    than SQUEEZE_FLOOR is left; a list under a key in ``rigid`` keeps its length (its items are cut). Types never
+    change, so the document still matches its schema. True if anything was cut."""
+    cut = False
+    while size(document) > budget:
+        found = _largest(document, keep, rigid)
+        if found is None:
+            break
+        holder, key = found
+        value = holder[key]
+        holder[key] = value[:len(value) // 2] + "…" if isinstance(value, str) else value[:len(value) // 2]
+        cut = True
+    return cut
+
+
+def _largest(node: Any, keep: frozenset[str], rigid: frozenset[str]) -> tuple[Any, Any] | None:
+    best: tuple[int, Any, Any] | None = None
+    stack: list[Any] = [node]
+    while stack:
+        current = stack.pop()
+        items = current.items() if isinstance(current, dict) else enumerate(current)
+        for key, value in items:
+            if isinstance(key, str) and key in keep:
+                continue
+            if isinstance(value, str) or (isinstance(value, list) and key not in rigid):
+                n = size(value)
+                if n > SQUEEZE_FLOOR and (best is None or n > best[0]):
+                    best = (n, current, key)
+            if isinstance(value, dict | list):
+                stack.append(value)
+    return None if best is None else (best[1], best[2])
+
+
 def cut_text(text: str, offset: int, chars: int) -> tuple[str, int | None]:
     """``text`` from character ``offset``, at most ``chars`` characters; and where the rest starts (None: all
     of it was given)."""

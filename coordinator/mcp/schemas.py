@@ -26,6 +26,8 @@ TaskId = Annotated[str, Field(min_length=1, max_length=100, description="A task 
 Role = Annotated[str, Field(min_length=1, max_length=32, description="A role code, e.g. DEV.")]
 Session = Annotated[str, Field(min_length=1, max_length=200)]
 Count = Annotated[int, Field(ge=0, le=2**53)]
+InputId = Annotated[str, Field(min_length=1, max_length=200)]
+MAX_BASED_ON = 32  # input ids one planned action may cite
 
 
 class Args(BaseModel):
@@ -144,7 +146,8 @@ class ActionArgs(Args):
     entity: str = Field(min_length=1, max_length=500, description="What the action changes, e.g. file:src/a.py.")
     tool: str = Field(min_length=1, max_length=100, description="The tool that would do it, e.g. write_file.")
     args: dict[str, Any] = Field(default_factory=dict)
-    based_on_event: str | list[str] | None = Field(None, description="Session input id(s) the plan relies on.")
+    based_on_event: InputId | Annotated[list[InputId], Field(max_length=MAX_BASED_ON)] | None = Field(
+        None, description="Session input id(s) the plan relies on (at most 32).")
     permission_event: str | None = Field(None, description="The grant (an allow input id) that permits it.")
     requires_state: RequiredStateArgs | None = None
     plan_seq: Count | None = Field(None, description="Session sequence the plan was formed at (default: now).")
@@ -270,7 +273,8 @@ class HistoryOut(Out):
 
 class GetTaskOut(Out):
     status: Literal["ok"]
-    task: dict[str, Any] = Field(description="The task's document (its body possibly cut: see body_next).")
+    task: dict[str, Any] = Field(description="The task's document without its reports (they are `reports`); its "
+                                             "body possibly cut: see body_next.")
     body_chars: int
     body_truncated: bool
     body_next: Next | None

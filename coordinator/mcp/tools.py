@@ -30,6 +30,7 @@ from taskkernel.coordinator.mcp.results import (
     refused,
     short,
     size,
+    squeeze,
 )
 from taskkernel.coordinator.workspace import Workspace
 from taskkernel.kernel.canonical import canonical_json, sha256_hex
@@ -51,6 +52,7 @@ from taskkernel.kernel.verbs import TaskVerbs, derive_key
 INVALID_ARGUMENTS = "invalid_arguments"  # well-typed arguments that cannot be served together
 INVALID_CURSOR = "invalid_cursor"  # a cursor another listing (or another call) printed
 CHILDREN_MAX = 100  # children read for get_task (more: list_tasks parent=…)
+HISTORY_REASON_CHARS = 300  # characters of a reject/archive reason in get_task's history
 MAX_INSTRUCTION_TEXT = 4_000  # characters of one resumed instruction (the anchor's own cut)
 PLANNED_ACTION = "planned-action"  # the action id check_action judges
 
@@ -193,7 +195,11 @@ class TaskTools:
             return refusal(ReasonCode.TASK_NOT_FOUND.value, f"{a.task_id} does not exist (see list_tasks)",
                            task_id=a.task_id)
         events = task_history(self.db, a.task_id)
-        reports = [_report(ev.data, ev.recorded_at) for ev in events if ev.type == "report_submitted"]
+        written = {ev.data.get("report_id"): (ev.data, ev.recorded_at) for ev in events
+                   if ev.type == "report_submitted"}  # the bodies; the document lists every report (imported too)
+        reports = [_report({**entry, **written.get(entry.get("report_id"), ({}, None))[0]},
+                           written.get(entry.get("report_id"), ({}, None))[1]) for entry in doc.get("reports", ())]
+        doc = {k: v for k, v in doc.items() if k != "reports"}  # they are `reports`: never sent twice
         if a.report_id is not None:
             reports = [r for r in reports if r["report_id"] == a.report_id]
             if not reports:
@@ -336,6 +342,8 @@ class TaskTools:
                "plan_seq": plan_seq, "verdict": verdict.to_dict(), "truncated": False}
         if size(out) > self.budget:
             out = {**out, "verdict": {**out["verdict"], "checks": None}, "truncated": True}
+            squeeze(out["verdict"], self.budget - (size(out) - size(out["verdict"])),
+                    keep=frozenset({"status", "decision", "code", "rule"}))
         first = verdict.reasons[0] if verdict.reasons else None
         why = f": {first.code.value} ({first.rule}): {first.detail}" if first else ""
         return Outcome(out, short(f"{verdict.status.value} for {a.operation} on {a.entity}{why}"))
@@ -396,10 +404,14 @@ def _report(data: dict[str, Any], at: str) -> dict[str, Any]:
 
 
 def _history(ev: Any) -> dict[str, Any]:
-    """One history entry as `taskkernel task show` lists it."""
-    return {"revision": ev.stream_version, "global_pos": ev.global_pos, "type": ev.type, "by": ev.data.get("by"),
-            "at": ev.recorded_at, **{k: v for k, v in ev.data.items()
-                                     if k in ("from", "round", "reason", "report_id", "status")}}
+    """One history entry as `taskkernel task show` lists it (a reason cut at HISTORY_REASON_CHARS, with
+    ``reason_truncated``: the whole one is in `taskkernel task show`)."""
+    entry = {"revision": ev.stream_version, "global_pos": ev.global_pos, "type": ev.type, "by": ev.data.get("by"),
+             "at": ev.recorded_at, **{k: v for k, v in ev.data.items()
+                                      if k in ("from", "round", "reason", "report_id", "status")}}
+    if isinstance(entry.get("reason"), str) and len(entry["reason"]) > HISTORY_REASON_CHARS:
+        entry.update(reason=entry["reason"][:HISTORY_REASON_CHARS] + "…", reason_truncated=True)
+    return entry
 
 
 def _fit_task(full: dict[str, Any], a: S.GetTaskArgs, budget: int) -> dict[str, Any]:
@@ -440,9 +452,10 @@ def _fit_task(full: dict[str, Any], a: S.GetTaskArgs, budget: int) -> dict[str, 
     out = assemble(whole, history, children, kept)
     if size(out) <= budget:
         return out
-    while True:  # the skeleton (no text) must leave room for the texts
+    target = budget * 3 // 5  # the skeleton (no text) must leave room for the texts
+    while True:
         skeleton = size(assemble([0] * (1 + kept), history, children, kept))
-        if skeleton <= budget * 3 // 5:
+        if skeleton <= target:
             break
         if history > 3:
             history = max(3, history // 2)
@@ -452,14 +465,48 @@ def _fit_task(full: dict[str, Any], a: S.GetTaskArgs, budget: int) -> dict[str, 
             kept = max(1, kept // 2)
         else:
             break
+    frame: dict[str, Any] | None = None
+    squeezed = False
+    for stage in range(3):  # long lists or strings in the document itself (references, actions, artifacts)
+        if skeleton <= target:
+            break
+        if stage == 1:  # a small budget: only the text asked for is left
+            history, children, kept = 0, 0, (0 if focus == 0 else kept)
+        frame = assemble([0] * (1 + kept), history, children, kept)
+        if stage == 2:  # too small even for the document: its identity fields only
+            frame["task"] = {k: v for k, v in frame["task"].items() if k in _TASK_CORE}
+        squeezed = squeeze(frame, target, keep=_TEXT_KEYS, rigid=frozenset({"reports"})) or stage > 0
+        skeleton = size(frame)
+
+    def build(chars: list[int]) -> dict[str, Any]:
+        texts = assemble(chars, history, children, kept)
+        return texts if frame is None else fill(frame, texts, squeezed)
+
     room = max(budget - skeleton, 0)
     share = room * 3 // 5 if kept else room
     chars = [share if i == focus else (room - share) // max(kept, 1) for i in range(1 + kept)]
     chars = [min(c, w) for c, w in zip(chars, [whole[0], *whole[len(whole) - kept:]], strict=True)]
-    out = assemble(chars, history, children, kept)
+    out = build(chars)
     while size(out) > budget and any(chars):  # escaped characters take more than one byte: shrink until it fits
         chars = [c * 4 // 5 for c in chars]
-        out = assemble(chars, history, children, kept)
+        out = build(chars)
+    if size(out) > budget:  # pragma: no cover - the frame was squeezed to 3/5 of the budget
+        squeeze(out, budget, keep=_TEXT_KEYS, rigid=frozenset({"reports"}))
+    return out
+
+
+_TASK_CORE = frozenset({"task_id", "state", "revision", "round", "subject", "body", "parent", "risk_level"})
+_TEXT_KEYS = frozenset({"body", "body_next", "children_next", "arguments", "task_id", "report_id"})
+
+
+def fill(frame: dict[str, Any], texts: dict[str, Any], squeezed: bool) -> dict[str, Any]:
+    """``frame`` (squeezed, texts empty) with the texts and their pointers of ``texts`` (the same shape)."""
+    out = {**frame, "task": {**frame["task"], "body": texts["task"]["body"]},
+           "truncated": squeezed or texts["truncated"]}
+    for key in ("body_chars", "body_truncated", "body_next"):
+        out[key] = texts[key]
+    out["reports"] = [{**r, **{k: t[k] for k in ("body", "body_truncated", "body_next")}}
+                      for r, t in zip(frame["reports"], texts["reports"], strict=True)]
     return out
 
 
