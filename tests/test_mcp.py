@@ -396,6 +396,33 @@ def test_every_result_stays_within_the_budget_whatever_the_task_holds(tools: Tas
         call(tools, "check_action", DEV, **{**plan, "based_on_event": ["m"] * 33})
 
 
+def test_resume_pages_always_move_on_even_when_one_instruction_does_not_fit(tools: TaskTools) -> None:
+    """At a 1 KiB budget an instruction of emoji and control characters (4 and 6 bytes each as written) is cut
+    in bytes to fit: each page gives at least one instruction and a cursor that moves on (no client loops)."""
+    from taskkernel.kernel.sessionlog import SessionLog
+
+    small = TaskTools(tools.db, tools.kernel, None, budget=1024)
+    assert call(small, "add_progress", DEV, text="checkpoint")["status"] == "accepted"
+    texts = ["\U0001f600" * 3000, "\u0007\u0000" * 2000, "short one", "\U0001f680" * 300]
+    log = SessionLog(tools.db)
+    for i, text in enumerate(texts):
+        log.accept("DEV:dev-1", {"input_id": f"m{i}", "kind": "message", "payload": {"text": text}},
+                   writer=DEV)
+    got: list[dict[str, Any]] = []
+    page, cursors = call(small, "resume", DEV), set()
+    while True:
+        assert wire_size(page) <= 1024 and page["instructions"], page
+        got += page["instructions"]
+        if page["next_cursor"] is None:
+            break
+        assert page["next_cursor"] not in cursors
+        cursors.add(page["next_cursor"])
+        page = call(small, "resume", DEV, cursor=page["next_cursor"])
+    assert [g["input_id"] for g in got] == ["m0", "m1", "m2", "m3"]
+    assert [g["text_truncated"] for g in got][:2] == [True, True] and got[2]["text"] == "short one"
+    assert all(t.startswith(g["text"]) for g, t in zip(got, texts, strict=True))
+
+
 def test_list_filters_assigned_to_me_waiting_for_my_review_root_and_parent(tools: TaskTools) -> None:
     root = call(tools, "create_task", LOCAL_OWNER, recipient="DEV", subject="root", done_authority="PM")["task_id"]
     led = call(tools, "create_task", LOCAL_OWNER, recipient="PM", subject="driven by DEV", driver="DEV")["task_id"]

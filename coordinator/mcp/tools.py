@@ -302,7 +302,20 @@ class TaskTools:
         positions = {id(ins): skip + i + 1 for i, ins in enumerate(instructions)}
         doc = cut_list(doc, "instructions", self.budget,
                        lambda ins: encode({"kind": "resume", "session": session,
-                                           "skip": positions[id(ins)] if ins is not None else skip}))
+                                           "skip": positions[id(ins)] if ins is not None else skip}), minimum=1)
+        if doc["instructions"] and size(doc) > self.budget:  # one instruction too long alone: its text is cut
+            first = doc["instructions"][0]                  # (in bytes, as written), the cursor still moves on
+            text = first["text"]
+            doc["instructions"][0] = {**first, "text_truncated": True}
+            low, high = 0, len(text)  # the longest prefix that fits lies in [low, high)
+            while high - low > 1:
+                mid = (low + high) // 2
+                doc["instructions"][0]["text"] = text[:mid]
+                low, high = (mid, high) if size(doc) <= self.budget else (low, mid)
+            doc["instructions"][0]["text"] = text[:low]
+            if doc["next_cursor"] is None and positions[id(first)] < skip + len(instructions):
+                doc.update(truncated=True, next_cursor=encode({"kind": "resume", "session": session,
+                                                               "skip": positions[id(first)]}))
         anchor = doc["anchor"]
         head = (f"resume {session} from checkpoint {anchor['seq']}: {anchor['text']}" if answer.status == "resume"
                 else f"{session} is complete (checkpoint {anchor['seq']})" if anchor
