@@ -155,12 +155,14 @@ def owner(team: tuple[Path, dict[str, str]]) -> Iterator[Owner]:
 
 def test_no_token_means_the_server_refuses_to_start(team: tuple[Path, dict[str, str]]) -> None:
     ws, _ = team
-    refused = run("mcp", cwd=ws)
-    assert refused.code == 2 and refused.json["reason"] == "actor_unverified", refused.out + refused.err
-    assert "TASKKERNEL_TOKEN" in refused.err and len(refused.err.strip().splitlines()) == 1, refused.err
-    assert "Traceback" not in refused.err
-    blank = run("--token", "", "mcp", cwd=ws)
-    assert blank.code == 2 and blank.json["reason"] == "actor_unverified", blank.out
+    refused = run("mcp", cwd=ws)  # stdout is the protocol channel: the refusal is on stderr only
+    envelope, line = refused.err.strip().splitlines()
+    assert refused.code == 2 and refused.out == "" and json.loads(envelope)["reason"] == "actor_unverified", refused
+    assert "TASKKERNEL_TOKEN" in line and "Traceback" not in refused.err
+    for token in ("", "tk_" + "x" * 40):  # blank, and a token that is not live
+        dead = run("--token", token, "mcp", cwd=ws)
+        assert (dead.code, dead.out) == (2, "") and json.loads(dead.err.splitlines()[0])["reason"] == \
+            "actor_unverified", dead
     for bad in (("--transport", "tcp"), ("--port", "70000"), ("--port", "x")):
         usage = run("mcp", *bad, cwd=ws)
         assert usage.code == 64 and "Traceback" not in usage.err, (bad, usage.err)

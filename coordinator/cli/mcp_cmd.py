@@ -3,7 +3,10 @@ only when the command runs."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
+from collections.abc import Iterator
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
@@ -40,10 +43,11 @@ def mcp(ctx: typer.Context,
     The credential is checked again at every call. Logs go to stderr (over stdio, stdout is the protocol).
     """
     c = get_ctx(ctx)
-    db = c.current_database()  # schema_behind / schema_ahead refused; a token given must be live
-    ws = c.optional_workspace()
-    identity = _stdio_identity(c, ws) if transport is Transport.STDIO else None  # refused before any SDK import
-    kernel = c.kernel()
+    with _off_the_wire(transport is Transport.STDIO):
+        db = c.current_database()  # schema_behind / schema_ahead refused; a token given must be live
+        ws = c.optional_workspace()
+        identity = _stdio_identity(c, ws) if transport is Transport.STDIO else None  # refused before the SDK
+        kernel = c.kernel()
     import anyio
 
     from taskkernel.coordinator.mcp.server import build_server, http_who, listen, serve_http, serve_stdio, stdio_who
@@ -66,6 +70,24 @@ def mcp(ctx: typer.Context,
     emit({"status": "listening", "transport": "http", "url": url}, generic=False)
     say(f"taskkernel mcp: listening on {url} (Authorization: Bearer <token> on every request)")
     anyio.run(serve_http, build_server(tools, http_who), tools, sock, host)
+
+
+@contextlib.contextmanager
+def _off_the_wire(stdio: bool) -> Iterator[None]:
+    """Over stdio, stdout is the protocol channel from the first byte: a refusal or fault at start-up (no
+    token, a dead one, a database that cannot be used) goes to stderr only, the exit status unchanged."""
+    if not stdio:
+        yield
+        return
+    with contextlib.redirect_stdout(sys.stderr):
+        try:
+            yield
+        except (typer.Exit, SystemExit, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # noqa: BLE001 - reported here, while stdout still points at stderr
+            from taskkernel.coordinator.cli.faults import report_fault
+
+            raise typer.Exit(report_fault(exc)) from None
 
 
 def _stdio_identity(c: CliContext, ws: Workspace | None) -> tuple[str | None, Principal]:
