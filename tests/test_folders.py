@@ -39,6 +39,14 @@ def task_file(ws: Path, name: str, sender: str = "ADMIN", recipient: str = "PM",
 NAME = "TASK-20261130-001-ADMIN-to-PM.md"
 
 
+def child_files(c) -> list[str]:  # type: ignore[no-untyped-def]
+    """The TASK file names of the root's children, which the kernel numbers on the day it creates them (UTC):
+    never a date written into a test."""
+    kids = c.kernel.children("TASK-20261130-001")
+    assert [k["recipient"] for k in kids] == ["DEV", "QA"]
+    return [f"{k['task_id']}-{k['sender']}-to-{k['recipient']}.md" for k in kids]
+
+
 def one_task_ingested(tmp_path: Path, roles: dict | None = None):  # type: ignore[no-untyped-def]
     """A workspace whose coordinator has taken in one ADMIN->PM TASK file; returns (ws, coordinator, lifecycle)."""
     ws = make_workspace(tmp_path / "ws", roles or {})
@@ -66,7 +74,7 @@ def test_a_task_file_flows_through_the_scripted_team(tmp_path: Path) -> None:
         (None, "inbox", "create_task"), ("inbox", "active", "claim_task"), ("active", "review", "submit_task")]
     assert c.kernel.task("TASK-20261130-001")["state"] == "review"
     done = sorted(p.name for p in (ws.root / "fcop" / "_lifecycle" / "done").iterdir())
-    assert done == ["TASK-20261130-002-PM-to-DEV.md", "TASK-20261130-003-PM-to-QA.md"]
+    assert done == child_files(c)
     ledger = [json.loads(x) for x in (ws.root / "fcop" / "ledger" / "tasks.jsonl").read_text().splitlines()]
     assert {t["task_id"]: t["state"] for t in ledger}["TASK-20261130-001"] == "review"
     assert "TASK-20261130-001" in (ws.root / "fcop" / "ledger" / "views" / "ADMIN.todo.md").read_text()
@@ -197,7 +205,8 @@ def test_files_the_kernel_writes_are_read_by_fcops_v3_reader(tmp_path: Path) -> 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         project = v3.Project(ws.root)
-        for task_id in ("TASK-20261130-001", "TASK-20261130-002", "TASK-20261130-003"):
+        kids = [k["task_id"] for k in c.kernel.children("TASK-20261130-001")]
+        for task_id in ("TASK-20261130-001", *kids):
             doc = c.kernel.task(task_id)
             seen = project.read_task(task_id)
             assert seen.path.parent.name == doc["state"]
@@ -210,17 +219,19 @@ def test_verify_finds_folder_drift_and_repairs_it(tmp_path: Path) -> None:
 
     ws = make_workspace(tmp_path / "ws", {"PM": SCRIPTED, "DEV": SCRIPTED, "QA": SCRIPTED})
     task_file(ws.root, "TASK-20261130-001-ADMIN-to-PM.md", subject="Ship it")
-    coordinator(ws).run_once()
+    c = coordinator(ws)
+    c.run_once()
+    dev_file = child_files(c)[0]
     lifecycle = ws.root / "fcop" / "_lifecycle"
     assert taskkernel("verify", cwd=ws.root).returncode == 0
-    shutil.move(lifecycle / "done" / "TASK-20261130-002-PM-to-DEV.md", lifecycle / "inbox")
+    shutil.move(lifecycle / "done" / dev_file, lifecycle / "inbox")
     broken = taskkernel("verify", cwd=ws.root)
     out = json.loads(broken.stdout)
     assert broken.returncode == 2 and out["problems"][0]["kind"] == "folder"
-    assert out["problems"][0]["task_id"] == "TASK-20261130-002"
+    assert out["problems"][0]["task_id"] == dev_file[:len("TASK-YYYYMMDD-NNN")]
     fixed = taskkernel("verify", "--repair", cwd=ws.root)
     assert fixed.returncode == 0 and json.loads(fixed.stdout)["repaired"] == 1
-    assert (lifecycle / "done" / "TASK-20261130-002-PM-to-DEV.md").is_file()
+    assert (lifecycle / "done" / dev_file).is_file()
 
 
 def test_a_decision_cannot_be_made_by_moving_a_file(tmp_path: Path) -> None:
