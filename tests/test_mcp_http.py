@@ -28,38 +28,51 @@ from tests.test_mcp import Client, Owner, check_schemas, issue
 PROTOCOL = "2025-11-25"
 
 
+def start(ws: Path, *options: str) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    """`taskkernel mcp --transport http --port 0 OPTIONS` (no credential at all) and its listening document."""
+    proc = subprocess.Popen([*CLI, "mcp", "--transport", "http", "--port", "0", *options], cwd=ws, env=cli_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout or ()], daemon=True).start()
+    try:
+        listening = json.loads(lines.get(timeout=60))
+    except queue.Empty:
+        proc.kill()
+        raise AssertionError(f"the server did not listen: {proc.stderr.read() if proc.stderr else ''}") from None
+    assert listening["status"] == "listening" and listening["url"].endswith("/mcp"), listening
+    return proc, listening
+
+
+def stop(proc: subprocess.Popen[str]) -> str:
+    """SIGTERM: a graceful stop exits 0 (docs/cli.md), with no traceback; its stderr."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    errors = proc.stderr.read() if proc.stderr else ""
+    assert "Traceback" not in errors, errors
+    assert proc.returncode == 0, (proc.returncode, errors)
+    return errors
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str, dict[str, str]]]:
     """A workspace, its HTTP server's URL (the server started with no credential at all) and agents' tokens."""
     ws = new_workspace(tmp_path_factory.mktemp("mcp-http"))
     tokens = dict(zip(("dev", "other"), issue(ws, ("DEV", "dev-http"), ("DEV", "dev-gone")), strict=True))
-    proc = subprocess.Popen([*CLI, "mcp", "--transport", "http", "--port", "0"], cwd=ws, env=cli_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout or ()], daemon=True).start()
+    proc, listening = start(ws)
     try:
-        try:
-            listening = json.loads(lines.get(timeout=60))
-        except queue.Empty:
-            proc.kill()
-            raise AssertionError(f"the server did not listen: {proc.stderr.read() if proc.stderr else ''}") from None
-        assert listening["status"] == "listening" and listening["url"].endswith("/mcp"), listening
         yield ws, listening["url"], tokens
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        errors = proc.stderr.read() if proc.stderr else ""
-        assert "Traceback" not in errors, errors
+        stop(proc)
 
 
-def post(url: str, message: dict[str, Any], token: str | None = None) -> tuple[int, Any]:
-    """One JSON-RPC request as a plain HTTP POST: (status, JSON body)."""
+def post(url: str, message: dict[str, Any], token: str | None = None, host: str | None = None) -> tuple[int, Any]:
+    """One JSON-RPC request as a plain HTTP POST: (status, JSON body or text)."""
     headers = {"content-type": "application/json", "accept": "application/json, text/event-stream",
-               "mcp-protocol-version": PROTOCOL}
+               "mcp-protocol-version": PROTOCOL, **({"host": host} if host else {})}
     if token is not None:
         headers["authorization"] = f"Bearer {token}"
     request = urllib.request.Request(url, data=json.dumps(message).encode(), headers=headers, method="POST")
@@ -67,7 +80,11 @@ def post(url: str, message: dict[str, Any], token: str | None = None) -> tuple[i
         with urllib.request.urlopen(request, timeout=60) as answer:
             return answer.status, json.loads(answer.read() or b"null")
     except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"null")
+        body = exc.read()
+        try:
+            return exc.code, json.loads(body or b"null")
+        except ValueError:
+            return exc.code, body.decode(errors="replace")
 
 
 @asynccontextmanager
@@ -162,3 +179,22 @@ async def test_a_database_fault_is_its_code_never_sql_nor_a_traceback(served: tu
         assert post(url, WHOAMI, tokens["dev"])[0] == 200
     finally:
         owner.close()
+
+
+def test_a_host_beyond_loopback_needs_allow_remote_and_keeps_the_host_checks(
+        served: tuple[Path, str, dict[str, str]]) -> None:
+    """--host other than loopback: a usage error without --allow-remote; with it, a warning on stderr and the
+    SDK's Host checks on, allowing exactly the address given."""
+    ws, _, tokens = served
+    refused = run("mcp", "--transport", "http", "--host", "0.0.0.0", "--port", "0", cwd=ws)
+    assert refused.code == 64 and "--allow-remote" in refused.err and "Traceback" not in refused.err, refused
+    proc, listening = start(ws, "--host", "0.0.0.0", "--allow-remote")
+    try:
+        port = int(listening["url"].rsplit(":", 1)[1].split("/")[0])
+        url = f"http://127.0.0.1:{port}/mcp"
+        assert post(url, WHOAMI, tokens["dev"], host=f"0.0.0.0:{port}")[0] == 200
+        assert post(url, WHOAMI, tokens["dev"], host=f"evil.example:{port}")[0] in (400, 403, 421)
+        assert post(url, WHOAMI, tokens["dev"])[0] in (400, 403, 421)  # 127.0.0.1 is not the address given
+    finally:
+        errors = stop(proc)
+    assert "clear text" in errors, errors

@@ -33,7 +33,10 @@ def mcp(ctx: typer.Context,
                                                  "Authorization: Bearer token)."),
         host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (http)."),
         port: int = typer.Option(DEFAULT_PORT, "--port", min=0, max=65535,
-                                 help="Port to listen on (http; 0: any free port, printed when listening).")) -> None:
+                                 help="Port to listen on (http; 0: any free port, printed when listening)."),
+        allow_remote: bool = typer.Option(False, "--allow-remote",
+                                          help="Allow a --host other than loopback (http): tokens then travel in "
+                                               "clear text unless a TLS proxy is in front.")) -> None:
     """Serve tasks to agent hosts over MCP: task verbs, reads, progress and resume, the execution gate, usage.
 
     stdio: acts as TASKKERNEL_TOKEN (or --token); without one only where require_token = false (docs/mcp.md).
@@ -43,6 +46,13 @@ def mcp(ctx: typer.Context,
     The credential is checked again at every call. Logs go to stderr (over stdio, stdout is the protocol).
     """
     c = get_ctx(ctx)
+    from taskkernel.coordinator.mcp import is_loopback
+
+    remote = transport is Transport.HTTP and not is_loopback(host)
+    if remote and not allow_remote:
+        fail(Exit.USAGE, f"--host {host} is not loopback: other machines could reach the server; pass "
+                         "--allow-remote to mean it (and put a TLS proxy in front: bearer tokens travel in clear "
+                         "text over plain HTTP)", error="usage")
     with _off_the_wire(transport is Transport.STDIO):
         db = c.current_database()  # schema_behind / schema_ahead refused; a token given must be live
         ws = c.optional_workspace()
@@ -65,6 +75,9 @@ def mcp(ctx: typer.Context,
     except OSError as exc:
         fail(Exit.USAGE, f"cannot listen on {host}:{port}: {exc.strerror or exc}", error="address_unavailable")
     bound = sock.getsockname()[1]
+    if remote:
+        warn(f"taskkernel mcp: warning: listening on {host}:{bound}, beyond this machine; bearer tokens travel in "
+             "clear text unless a TLS proxy is in front, and requests must name this Host (DNS-rebinding checks)")
     url = f"http://{host if ':' not in host else f'[{host}]'}:{bound}/mcp"
     tools = TaskTools(db, kernel, ws, transport="http", budget=budget)
     emit({"status": "listening", "transport": "http", "url": url}, generic=False)

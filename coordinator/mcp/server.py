@@ -19,7 +19,7 @@ import os
 import socket
 import sys
 import traceback
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -36,7 +36,7 @@ from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST
 from pydantic import ValidationError
 
 from taskkernel import __version__
-from taskkernel.coordinator.mcp import resources
+from taskkernel.coordinator.mcp import is_loopback, resources
 from taskkernel.coordinator.mcp.results import Outcome, refusal
 from taskkernel.coordinator.mcp.schemas import input_schema, output_schema
 from taskkernel.coordinator.mcp.tools import TOOLS, TaskTools
@@ -369,10 +369,36 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def transport_security(host: str, port: int) -> Any:
+    """The SDK's Host/Origin checks (DNS rebinding): the loopback names, plus the address given, at its port."""
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    given = f"[{host}]" if ":" in host else host
+    names = [given] + (["127.0.0.1", "localhost", "[::1]"] if is_loopback(host) else [])
+    names = list(dict.fromkeys(names))
+    return TransportSecuritySettings(enable_dns_rebinding_protection=True,
+                                     allowed_hosts=[f"{n}:{port}" for n in names],
+                                     allowed_origins=[f"{scheme}://{n}:{port}" for n in names
+                                                      for scheme in ("http", "https")])
+
+
 async def serve_http(server: Server[Any], tools: TaskTools, sock: socket.socket, host: str) -> None:
     import uvicorn
 
+    port = sock.getsockname()[1]
     app = server.streamable_http_app(streamable_http_path=HTTP_PATH, json_response=True, stateless_http=True,
-                                     host=host)
+                                     host=host, transport_security=transport_security(host, port))
     config = uvicorn.Config(BearerGate(app, tools), log_level="warning", access_log=False, lifespan="on")
-    await uvicorn.Server(config).serve(sockets=[sock])
+
+    class GracefulServer(uvicorn.Server):
+        """uvicorn re-raises SIGTERM/SIGINT once it has stopped (exit 143 / 130); a graceful stop is exit 0."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            with super().capture_signals():
+                try:
+                    yield
+                finally:
+                    self._captured_signals.clear()
+
+    await GracefulServer(config).serve(sockets=[sock])

@@ -409,7 +409,7 @@ def _action_payload(a: S.ActionArgs) -> dict[str, Any]:
     return payload
 
 
-def _report(data: dict[str, Any], at: str) -> dict[str, Any]:
+def _report(data: dict[str, Any], at: str | None) -> dict[str, Any]:
     return {"report_id": data.get("report_id"), "round": data.get("round"), "status": data.get("status"),
             "by": data.get("by"), "at": at, "body": data.get("body") or "", "body_chars": len(data.get("body") or ""),
             "body_truncated": False, "body_next": None, "artifacts": list(data.get("artifacts") or []),
