@@ -132,8 +132,7 @@ def _authority(name: str, postgres: bool) -> sa.ColumnElement[Any]:
     return sa.func.json_extract(tasks.c.doc, f"$.authority.{name}")
 
 
-def _query(filters: Mapping[str, str | None], after: str | None, postgres: bool) -> sa.Select[Any]:
-    q = sa.select(tasks.c.task_id, tasks.c.doc)
+def _where(q: sa.Select[Any], filters: Mapping[str, str | None], postgres: bool) -> sa.Select[Any]:
     if filters.get("state") is not None:
         q = q.where(tasks.c.state == filters["state"])
     if filters.get("role") is not None:
@@ -144,9 +143,24 @@ def _query(filters: Mapping[str, str | None], after: str | None, postgres: bool)
     for name in ("driver", "done_authority"):
         if filters.get(name) is not None:
             q = q.where(_authority(name, postgres) == filters[name])
+    return q
+
+
+def _query(filters: Mapping[str, str | None], after: str | None, postgres: bool) -> sa.Select[Any]:
+    q = _where(sa.select(tasks.c.task_id, tasks.c.doc), filters, postgres)
     if after is not None:
         q = q.where(tasks.c.task_id > after)
     return q.order_by(tasks.c.task_id)
+
+
+def count_tasks(db: Database, *, state: str | None = None, role: str | None = None, driver: str | None = None,
+                done_authority: str | None = None, root: str | None = None, parent: str | None = None) -> int:
+    """How many tasks a listing with these filters holds in all (checked as in ``page_tasks``)."""
+    filters = _filters(state, role, {"driver": driver, "done_authority": done_authority, "root": root,
+                                     "parent": parent})
+    with db.read() as conn:
+        return int(conn.execute(_where(sa.select(sa.func.count()).select_from(tasks), filters,
+                                       db.is_postgres)).scalar_one())
 
 
 def page_tasks(db: Database, *, state: str | None = None, role: str | None = None, limit: int = DEFAULT_LIMIT,

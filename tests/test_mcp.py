@@ -25,7 +25,7 @@ from mcp.shared.exceptions import MCPError
 
 from taskkernel.coordinator.cli.common import CliContext
 from taskkernel.coordinator.mcp import schemas
-from taskkernel.coordinator.mcp.tools import TOOL_NAMES, TOOLS, TaskTools
+from taskkernel.coordinator.mcp.tools import CHILDREN_MAX, TOOL_NAMES, TOOLS, TaskTools
 from taskkernel.kernel.commands import TaskCommandKernel
 from taskkernel.kernel.model.principal import LOCAL_OWNER, Principal
 from taskkernel.kernel.store.db import Database
@@ -281,6 +281,33 @@ async def test_racing_claims_one_wins_and_a_revoked_token_stops_mid_session(team
         assert (await a.ok("whoami"))["principal"]["agent"] == "dev-2"  # the other credential still acts
 
 
+async def test_a_run_token_acts_on_its_task_only_and_checkpoints_into_the_run_session(
+        team: tuple[Path, dict[str, str]], owner: Owner) -> None:
+    """A token as the dispatcher mints it for a run (task and round scoped): it claims, reports and submits its
+    task, is refused on another, reads tasks, and its checkpoints go to the run's session by default."""
+    from taskkernel.kernel.credentials import issue_token
+
+    ws, _ = team
+    mine, other = owner.create(), owner.create()
+    claimed = owner.kernel.submit({"type": "claim", "task_id": mine, "expected_revision": 1, "round": 0,
+                                   "idempotency_key": f"dispatch-{mine}"}, Principal("DEV", "runner-9"))
+    assert claimed.status == "accepted", claimed  # as the dispatcher claims for the run it starts
+    token = issue_token(owner.context.database(), "DEV", "runner-9", task_id=mine, round=claimed.round)
+    async with stdio_session(ws, token) as run_agent:
+        who = await run_agent.ok("whoami")
+        assert (who["principal"]["task_id"], who["session"]) == (mine, f"RUN:DEV:runner-9@{mine}")
+        refused = await run_agent.refused("claim_task", "role_not_authorized", task_id=other)
+        assert f"scoped to {mine}" in refused["message"] and refused["revision"] == 1
+        await run_agent.refused("create_task", "role_not_authorized", recipient="DEV", subject="escape")
+        assert (await run_agent.ok("get_task", task_id=other))["task"]["task_id"] == other
+        progress = await run_agent.ok("add_progress", text="half way")
+        assert progress["session"] == f"RUN:DEV:runner-9@{mine}"
+        await run_agent.ok("report", task_id=mine, status="done", body="done by the run")
+        assert (await run_agent.ok("submit_task", task_id=mine))["revision"] == claimed.revision + 2
+        await run_agent.refused("add_progress", "role_not_authorized", text="into DEV's own", session="DEV:dev-1")
+    assert owner.kernel.task(other)["state"] == "inbox"  # type: ignore[index]
+
+
 async def test_without_require_token_the_local_owner_acts(tmp_path: Path) -> None:
     ws = new_workspace(tmp_path)
     text = (ws / "taskkernel.toml").read_text().replace("require_token = true", "require_token = false")
@@ -518,3 +545,27 @@ def test_task_resource_is_the_task_file_rendered_as_the_projection_writes_it(tmp
         assert f"- [active] {tid} (round 1, P1): task 1" in queue and queue.endswith("## To review\n\n- nothing\n")
     finally:
         owner.close()
+
+
+def test_get_task_counts_every_child_past_the_first_page(tools: TaskTools) -> None:
+    """More children than get_task shows: children_total is the real count (not shown + 1), and children_next
+    lists the rest exactly."""
+    root = call(tools, "create_task", LOCAL_OWNER, recipient="DEV", subject="root")["task_id"]
+    kids = [call(tools, "create_task", LOCAL_OWNER, recipient="DEV", subject=f"c{i}", parent=root)["task_id"]
+            for i in range(CHILDREN_MAX + 3)]
+    whole = TaskTools(tools.db, tools.kernel, None, budget=16 * 2**20)
+    doc = call(whole, "get_task", DEV, task_id=root)
+    assert doc["children_total"] == CHILDREN_MAX + 3 and len(doc["children"]) == CHILDREN_MAX
+    rest = call(whole, "list_tasks", DEV, **doc["children_next"]["arguments"])
+    assert [c["task_id"] for c in doc["children"] + rest["tasks"]] == kids
+
+
+def test_a_retried_checkpoint_replays_but_the_same_text_later_is_a_new_one(tools: TaskTools) -> None:
+    first = call(tools, "add_progress", DEV, text="tests pass")
+    again = call(tools, "add_progress", DEV, text="tests pass")  # a retry after a lost answer
+    assert (first["status"], again["status"]) == ("accepted", "replayed")
+    assert again["input_id"] == first["input_id"] and again["accept_seq"] == first["accept_seq"]
+    call(tools, "add_progress", DEV, text="refactored the parser")
+    later = call(tools, "add_progress", DEV, text="tests pass")  # a new checkpoint with the same words
+    assert later["status"] == "accepted" and later["accept_seq"] == first["accept_seq"] + 2
+    assert call(tools, "resume", DEV)["anchor"]["input_id"] == later["input_id"]

@@ -33,14 +33,13 @@ from taskkernel.coordinator.mcp.results import (
     squeeze,
 )
 from taskkernel.coordinator.workspace import Workspace
-from taskkernel.kernel.canonical import canonical_json, sha256_hex
 from taskkernel.kernel.commands import TaskCommandKernel
 from taskkernel.kernel.gate import TraceIndex, evaluate
 from taskkernel.kernel.model.commands import CommandType
 from taskkernel.kernel.model.principal import Principal
 from taskkernel.kernel.permissions import DEFAULT_SESSION
 from taskkernel.kernel.protected import SEQ_STRIDE, GateGuard, build_trace
-from taskkernel.kernel.queries import TaskQueryError, encode_cursor, page_tasks, task_history
+from taskkernel.kernel.queries import TaskQueryError, count_tasks, encode_cursor, page_tasks, task_history
 from taskkernel.kernel.reasons import KernelError, ReasonCode
 from taskkernel.kernel.sessionlog import SessionLog, SessionLogError
 from taskkernel.kernel.sessionlog.authority import DEFAULT_ADMIN_SESSIONS
@@ -207,8 +206,9 @@ class TaskTools:
                                task_id=a.task_id, revision=doc["revision"], round_=doc["round"])
         children = page_tasks(self.db, parent=a.task_id, limit=CHILDREN_MAX)
         history = [_history(ev) for ev in events]
+        children_total = count_tasks(self.db, parent=a.task_id) if children.next_cursor else len(children.rows)
         full = {"status": "ok", "task": doc, "reports": reports, "reports_total": len(reports),
-                "children": children.rows, "children_total": len(children.rows) + (1 if children.next_cursor else 0),
+                "children": children.rows, "children_total": children_total,
                 "children_next": None, "history": history[-a.history_limit:] if a.history_limit else [],
                 "history_total": len(history), "truncated": False}
         if children.next_cursor:
@@ -275,8 +275,12 @@ class TaskTools:
     def add_progress(self, p: Principal, a: S.AddProgressArgs) -> Outcome:
         session = a.session or own_session(p)
         payload = {"text": a.text, "completed_tool_calls": a.completed_tool_calls, "done": a.done}
-        input_id = a.input_id or f"progress-{sha256_hex(canonical_json(payload))[:24]}"
-        res = self.log.accept(session, {"input_id": input_id, "kind": "progress", "payload": payload}, writer=p)
+        if a.input_id is None:
+            res = self.log.checkpoint(session, payload, writer=p)
+        else:
+            res = self.log.accept(session, {"input_id": a.input_id, "kind": "progress", "payload": payload},
+                                  writer=p)
+        input_id = res.input_id
         if res.status == "refused" or res.accept_seq is None:
             return refusal("input_refused", f"{input_id!r} was refused earlier in {session!r}: {res.reason}")
         doc = _out(S.ProgressOut, status=res.status, session=session, input_id=input_id, accept_seq=res.accept_seq)

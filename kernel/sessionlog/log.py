@@ -118,6 +118,23 @@ class SessionLog:
         self._insert(conn, session, record_no, seq, si, dig, accepted=True, accepted_by=accepted_by)
         return AcceptResult(session=session, input_id=si.input_id, accept_seq=seq, status="accepted")
 
+    def checkpoint(self, session: str, payload: Mapping[str, Any], *, writer: Principal) -> AcceptResult:
+        """Accept a ``progress`` input whose id the log derives: a checkpoint retried while it is still the
+        session's newest accepted input replays it; the same text after other inputs is a new checkpoint (its id
+        names the head it followed), so a repeated "tests pass" later in a session is never swallowed."""
+        with self.db.write() as uow:
+            self._authorize(uow.conn, session, writer, "progress")
+            head = uow.conn.execute(
+                sa.select(I.seq, I.input_id, I.content_digest)
+                .where(I.session_id == session, I.seq.is_not(None)).order_by(I.seq.desc()).limit(1)).first()
+            dig = content_digest("progress", SessionInput(input_id="-", kind="progress", payload=payload).payload)
+            if head is not None and head.content_digest == dig and head.input_id.startswith("progress-"):
+                input_id = head.input_id
+            else:
+                input_id = f"progress-{head.seq if head is not None else 0}-{dig[:24]}"
+            si = SessionInput(input_id=input_id, kind="progress", payload=payload)
+            return self.accept_in(uow.conn, session, si, accepted_by=writer.provenance)
+
     def refuse(self, session: str, inp: SessionInput | Mapping[str, Any], reason: str, *,
                writer: Principal | None = None) -> AcceptResult:
         """Record an input that was received but not accepted: no sequence, never replayed."""
