@@ -127,12 +127,13 @@ class SessionLog:
             head = uow.conn.execute(
                 sa.select(I.seq, I.input_id, I.content_digest)
                 .where(I.session_id == session, I.seq.is_not(None)).order_by(I.seq.desc()).limit(1)).first()
-            dig = content_digest("progress", SessionInput(input_id="-", kind="progress", payload=payload).payload)
+            si = coerce_input({"input_id": "progress-", "kind": "progress", "payload": dict(payload)})
+            dig = content_digest(si.kind.value, si.payload)
             if head is not None and head.content_digest == dig and head.input_id.startswith("progress-"):
                 input_id = head.input_id
             else:
                 input_id = f"progress-{head.seq if head is not None else 0}-{dig[:24]}"
-            si = SessionInput(input_id=input_id, kind="progress", payload=payload)
+            si = si.model_copy(update={"input_id": input_id})
             return self.accept_in(uow.conn, session, si, accepted_by=writer.provenance)
 
     def refuse(self, session: str, inp: SessionInput | Mapping[str, Any], reason: str, *,
