@@ -8,7 +8,9 @@ In one fresh workspace (durability full), in the same run:
 - **throughput**: tool calls per second through one stdio session of the official SDK's client (claim_task,
   report, submit_task on one task after another), against the same commands (claim, submit_report, submit)
   through ``TaskCommandKernel.submit`` in process. The two alternate in chunks so disk noise hits them alike.
-  Goal: ``ratio`` (MCP / in process) >= 0.5.
+  Goal: ``ratio`` (MCP / in process) >= 0.5. Beside it, the SDK's own floor in the same session: a ``ping``
+  round trip and a ``whoami`` call (one credential read, no command), in ms: a command through MCP costs at least
+  ``sdk_whoami_ms`` + ``in_process_ms_per_call``, which bounds the ratio whatever the server does (``ratio_ceiling``).
 - **one agent run**: a host starts `taskkernel mcp` (a fresh process, until ``initialize`` answers) and makes an
   agent run's kernel calls: claim, report, submit. Median over the runs, with and without the start-up.
   Goal: ``agent_run_s`` (the three calls, without the start-up) <= 0.5 s. The start-up is mostly the SDK's
@@ -45,6 +47,7 @@ from taskkernel.kernel.model.principal import LOCAL_OWNER, Principal  # noqa: E4
 
 CLI = [sys.executable, "-m", "taskkernel"]
 GOALS = {"ratio": 0.5, "agent_run_s": 0.5}
+FLOOR_CALLS = 100
 CHILD_ENV = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "TASKKERNEL_TOKEN",
                                                               "TASKKERNEL_DB", "TASKKERNEL_WORKSPACE")}
 
@@ -101,6 +104,14 @@ async def throughput(ws: Path, token: str, local: InProcess, mcp_tasks: list[str
             await session.list_tools()
             await mcp_cycle(session, mcp_tasks[0], 0)  # warm: first call paths, the client's validators
             local.cycle(local_tasks[0], 0)
+            t0 = time.perf_counter()
+            for _ in range(FLOOR_CALLS):
+                await session.send_ping()
+            t1 = time.perf_counter()
+            for _ in range(FLOOR_CALLS):
+                await session.call_tool("whoami", {})
+            floor = {"ping_ms": (t1 - t0) / FLOOR_CALLS * 1000,
+                     "whoami_ms": (time.perf_counter() - t1) / FLOOR_CALLS * 1000}
             for start in range(1, len(mcp_tasks), size):
                 t0 = time.perf_counter()
                 for i in range(start, min(start + size, len(mcp_tasks))):
@@ -111,7 +122,7 @@ async def throughput(ws: Path, token: str, local: InProcess, mcp_tasks: list[str
                 t2 = time.perf_counter()
                 spent["mcp"] += t1 - t0
                 spent["in_process"] += t2 - t1
-    return {k: calls[k] / spent[k] for k in spent}
+    return {**{k: calls[k] / spent[k] for k in spent}, **floor}
 
 
 async def agent_run(ws: Path, token: str, task_id: str) -> tuple[float, float]:
@@ -161,6 +172,10 @@ def main() -> None:
         "cycles": cycles, "calls_per_cycle": 3,
         "in_process_calls_per_s": round(rates["in_process"], 1), "mcp_calls_per_s": round(rates["mcp"], 1),
         "ratio": round(rates["mcp"] / rates["in_process"], 3),
+        "in_process_ms_per_call": round(1000 / rates["in_process"], 3),
+        "mcp_ms_per_call": round(1000 / rates["mcp"], 3),
+        "sdk_ping_ms": round(rates["ping_ms"], 3), "sdk_whoami_ms": round(rates["whoami_ms"], 3),
+        "ratio_ceiling": round(1000 / rates["in_process"] / (rates["whoami_ms"] + 1000 / rates["in_process"]), 3),
         "agent_runs": runs, "server_startup_s": round(startup, 3), "agent_run_s": round(calls, 3),
         "agent_run_with_startup_s": round(with_startup, 3), "targets": GOALS}
     report["goals_met"] = {"ratio": report["ratio"] >= GOALS["ratio"],
