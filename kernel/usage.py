@@ -10,7 +10,9 @@ finite, so a runner reporting nonsense cannot poison a sum or a budget.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -85,3 +87,23 @@ def summarize(db: Database, by: str = "root", since: str | None = None) -> list[
     out = [{"owner": r[0], "units": r[1], "wall_ms": int(r[2] or 0), "tokens_in": int(r[3] or 0),
             "tokens_out": int(r[4] or 0), "cost_usd": round(float(r[5] or 0.0), 6)} for r in rows]
     return sorted(out, key=lambda r: (-r["cost_usd"], -r["tokens_in"] - r["tokens_out"], -r["wall_ms"]))
+
+
+_AGO = re.compile(r"^(\d{1,6})\s*([smhdw])$")
+_UNIT = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+
+def since_utc(text: str, now: datetime | None = None) -> str | None:
+    """A ``since`` bound as the ledger writes timestamps (UTC, microseconds, Z), so rows compare by time and
+    not by spelling: ISO 8601 (a naive time is UTC) or an age (``90s``, ``30m``, ``24h``, ``7d``, ``2w`` before
+    now). None when the text is neither."""
+    ago = _AGO.match(text.strip().lower())
+    if ago:
+        when = (now or datetime.now(UTC)) - timedelta(**{_UNIT[ago.group(2)]: int(ago.group(1))})
+    else:
+        try:
+            when = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+        except ValueError:
+            return None
+    when = when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
+    return when.isoformat(timespec="microseconds")[:-6] + "Z"

@@ -55,6 +55,26 @@ def test_usage_by_root_sums_exactly_to_the_ledger(tmp_path: Path) -> None:
     assert table.code == 0 and "TOTAL" in table.out and "OPS" in table.out, table.out
     assert json.loads(usage_cli(ws.root, "--by", "role").stdout)["by"] == "role", "a pipe gets the JSON document"
     assert usage_cli(ws.root, "--by", "planet").returncode == 64
+    assert json.loads(usage_cli(ws.root, "--since", "1h", "--json").stdout)["total"]["units"] == ledger[0]
+    future = json.loads(usage_cli(ws.root, "--since", "2999-01-01", "--json").stdout)
+    assert future["total"]["units"] == 0 and future["rows"] == []
+    bad = usage_cli(ws.root, "--since", "yesterday")
+    assert bad.returncode == 64 and "neither an ISO date" in bad.stdout + bad.stderr
+
+
+def test_since_is_compared_by_time_not_by_spelling() -> None:
+    """The ledger's timestamps are UTC with microseconds and Z: every accepted spelling of one instant gives that
+    form (an offset is converted, a naive time is UTC), ages count back from now; anything else is None."""
+    from datetime import UTC, datetime
+
+    from taskkernel.kernel.usage import since_utc
+
+    now = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+    assert since_utc("2026-12-01T14:00+02:00") == since_utc("2026-12-01T12:00") == "2026-12-01T12:00:00.000000Z"
+    assert since_utc("2026-12-01T12:00:00Z") == "2026-12-01T12:00:00.000000Z"
+    assert since_utc(" 90S ", now) == "2026-12-01T11:58:30.000000Z"
+    assert since_utc("2w", now) == "2026-11-17T12:00:00.000000Z"
+    assert [since_utc(t, now) for t in ("yesterday", "7 days", "-1h", "1y", "")] == [None] * 5
 
 
 def test_a_child_cannot_escalate_its_roots_policy(tmp_path: Path) -> None:

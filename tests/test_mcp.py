@@ -239,6 +239,8 @@ async def test_tools_schemas_and_one_agent_run(team: tuple[Path, dict[str, str]]
         await dev.refused("perform", "illegal_transition", task_id=tid, operation="write", entity="file:src/a.py",
                           tool="write_file")
         assert (await dev.ok("usage", by="role"))["by"] == "role"
+        assert (await dev.ok("usage", since="2999-01-01"))["rows"] == []
+        await dev.refused("usage", "invalid_arguments", since="yesterday")
 
         task_file = (await dev.session.read_resource(f"task://{tid}")).contents[0]
         assert task_file.mime_type == "text/markdown" and "transitions:" in task_file.text

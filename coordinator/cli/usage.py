@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import re
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import typer
@@ -11,29 +10,18 @@ import typer
 from taskkernel.coordinator.cli.common import Exit, emit, fail, get_ctx, show
 from taskkernel.kernel.usage import GROUPINGS, summarize
 from taskkernel.kernel.usage import install as install_usage
+from taskkernel.kernel.usage import since_utc as parse_since
 
 TOP_N = 10
 
 
-_AGO = re.compile(r"^(\d{1,6})\s*([smhdw])$")
-_UNIT = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
-
-
 def since_utc(text: str, now: datetime | None = None) -> str:
-    """``--since`` as the recorded timestamps are written (UTC, microseconds, Z), so the comparison is by
-    time and not by spelling. ISO 8601 (a naive time is UTC) or an age: ``90s``, ``30m``, ``24h``, ``7d``,
-    ``2w`` before now."""
-    ago = _AGO.match(text.strip().lower())
-    if ago:
-        when = (now or datetime.now(UTC)) - timedelta(**{_UNIT[ago.group(2)]: int(ago.group(1))})
-    else:
-        try:
-            when = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-        except ValueError:
-            fail(Exit.USAGE, f"--since {text!r} is neither an ISO date or time (2026-11-30, 2026-11-30T23:59Z) "
-                             "nor an age (30m, 24h, 7d, 2w)")
-    when = when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
-    return when.isoformat(timespec="microseconds")[:-6] + "Z"
+    """``--since`` as the ledger writes timestamps (kernel.usage.since_utc), or a usage error."""
+    when = parse_since(text, now)
+    if when is None:
+        fail(Exit.USAGE, f"--since {text!r} is neither an ISO date or time (2026-11-30, 2026-11-30T23:59Z) "
+                         "nor an age (30m, 24h, 7d, 2w)")
+    return when
 
 
 def usage(ctx: typer.Context,

@@ -8,10 +8,8 @@ lifecycle, grants and the execution gate. Reads use kernel/queries.py and never 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel
@@ -45,7 +43,7 @@ from taskkernel.kernel.sessionlog import SessionLog, SessionLogError
 from taskkernel.kernel.sessionlog.authority import DEFAULT_ADMIN_SESSIONS
 from taskkernel.kernel.store.db import Database
 from taskkernel.kernel.usage import install as install_usage
-from taskkernel.kernel.usage import summarize
+from taskkernel.kernel.usage import since_utc, summarize
 from taskkernel.kernel.verbs import TaskVerbs, derive_key
 
 INVALID_ARGUMENTS = "invalid_arguments"  # well-typed arguments that cannot be served together
@@ -116,8 +114,6 @@ TOOLS: tuple[Tool, ...] = (
          "or agent), largest first.", S.UsageArgs, S.UsageOut, True),
 )
 TOOL_NAMES = tuple(t.name for t in TOOLS)
-_AGO = re.compile(r"^(\d{1,6})\s*([smhdw])$")
-_UNIT = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 
 
 def own_session(principal: Principal) -> str:
@@ -369,7 +365,7 @@ class TaskTools:
     def usage(self, p: Principal, a: S.UsageArgs) -> Outcome:
         since = None
         if a.since is not None:
-            since = _since_utc(a.since)
+            since = since_utc(a.since)
             if since is None:
                 return refusal(INVALID_ARGUMENTS, f"since {a.since!r} is neither an ISO date or time "
                                                   "(2026-11-30, 2026-11-30T23:59Z) nor an age (30m, 24h, 7d, 2w)")
@@ -525,18 +521,3 @@ def fill(frame: dict[str, Any], texts: dict[str, Any], squeezed: bool) -> dict[s
     out["reports"] = [{**r, **{k: t[k] for k in ("body", "body_truncated", "body_next")}}
                       for r, t in zip(frame["reports"], texts["reports"], strict=True)]
     return out
-
-
-def _since_utc(text: str, now: datetime | None = None) -> str | None:
-    """``since`` as the usage ledger writes timestamps (UTC, microseconds, Z); None if it is neither an ISO time
-    nor an age (the same forms as `taskkernel usage --since`)."""
-    ago = _AGO.match(text.strip().lower())
-    if ago:
-        when = (now or datetime.now(UTC)) - timedelta(**{_UNIT[ago.group(2)]: int(ago.group(1))})
-    else:
-        try:
-            when = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-        except ValueError:
-            return None
-    when = when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
-    return when.isoformat(timespec="microseconds")[:-6] + "Z"
