@@ -36,6 +36,8 @@ runs = sa.Table(
     sa.Column("agent_host", sa.Text),  # host and boot: a pid means nothing on another machine or after a reboot
     sa.Column("agent_pgid", sa.Integer),
     sa.Column("agent_start", sa.BigInteger),  # /proc/<pid>/stat field 22: tells a recycled pid apart
+    sa.Column("error_code", sa.Text),  # why the last attempt failed, a stable code (docs/runs.md)
+    sa.Column("heartbeat_at", sa.Text),  # the agent's own last heartbeat (heartbeat_timeout counts from it)
     sa.Index("ix_runs_due", "state", "not_before"),
 )
 
