@@ -15,6 +15,11 @@ task's ``authority.driver``, its recipient unless the task names another), the t
 children (``parent``). The authority filters read the stored document (JSON in SQL, on SQLite and PostgreSQL
 alike); every other filter is a column. A cursor carries every filter it was made with.
 
+``state`` also takes ``blocked``, which is not a lifecycle state: the active tasks whose document says they are
+blocked (``blocked`` set by the fold, kernel/model/task.py); ``active`` then means active and not blocked. Both read
+``state = 'active'`` (the ``(state, task_id)`` index) and test ``blocked.report_id`` in the stored document, JSON in
+SQL as for the authority filters; a document stored before the field existed lacks it and counts as not blocked.
+
 The listed fields of a task are TASK_LIST_FIELDS, taken from its stored document. ``task_document`` and
 ``task_history`` read one task for `task show` without building the command kernel (a read needs no roles,
 guards or effect rules).
@@ -25,7 +30,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from typing import Any, NamedTuple
 
 import orjson
@@ -39,11 +44,13 @@ from taskkernel.kernel.store.events import EventStore, RecordedEvent
 from taskkernel.kernel.store.schema import tasks
 
 TASK_LIST_FIELDS = ("task_id", "state", "revision", "round", "sender", "recipient", "subject", "priority",
-                    "risk_level", "parent", "root", "thread_key")
+                    "risk_level", "parent", "root", "thread_key", "blocked")
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 1000  # a page is held in memory; more than this is a stream (iter_tasks)
 BATCH = 1000  # rows per fetch when streaming
 STATES = frozenset(s.value for s in TaskState)
+BLOCKED = "blocked"  # a listing state, not a lifecycle one: active tasks whose latest report of the round is blocked
+LIST_STATES = (*(s.value for s in TaskState), BLOCKED)  # what ``state`` accepts, in the order errors name them
 _CURSOR_VERSION = 1
 
 
@@ -61,6 +68,14 @@ def task_row(doc_text: str | bytes) -> dict[str, Any]:
     """The listed fields of a stored task document (a field the document lacks is null)."""
     doc = orjson.loads(doc_text)
     return {k: doc.get(k) for k in TASK_LIST_FIELDS}
+
+
+def shown_state(row: Mapping[str, Any]) -> str:
+    """The state as people read it: ``blocked`` for an active task that is blocked, ``review (blocked)`` for a
+    task in review whose driver reported blocked since it was submitted, else the lifecycle state."""
+    if not row.get("blocked"):
+        return str(row["state"])
+    return BLOCKED if row["state"] == TaskState.ACTIVE.value else f"{row['state']} ({BLOCKED})"
 
 
 def task_document(db: Database, task_id: str) -> dict[str, Any] | None:
@@ -86,8 +101,8 @@ EXTRA_FILTERS = ("driver", "done_authority", "root", "parent")  # named in a cur
 
 def _filters(state: str | None, role: str | None, extra: Mapping[str, str | None] | None = None
              ) -> dict[str, str | None]:
-    if state is not None and state not in STATES:
-        raise TaskQueryError(f"{state!r} is not a task state; choose one of {', '.join(s.value for s in TaskState)}")
+    if state is not None and state not in LIST_STATES:
+        raise TaskQueryError(f"{state!r} is not a task state; choose one of {', '.join(LIST_STATES)}")
     unknown = sorted(set(extra or {}) - set(EXTRA_FILTERS))
     if unknown:
         raise TypeError(f"unknown task filter(s): {', '.join(unknown)}")
@@ -124,17 +139,27 @@ def decode_cursor(cursor: str, state: str | None = None, role: str | None = None
     return after
 
 
-def _authority(name: str, postgres: bool) -> sa.ColumnElement[Any]:
-    """The task's ``authority.<name>`` read from its stored document: ``doc::json #>> '{authority,<name>}'`` on
-    PostgreSQL, ``json_extract(doc, '$.authority.<name>')`` on SQLite (where a CAST to JSON would be numeric)."""
+def _doc_text(path: tuple[str, str], postgres: bool) -> sa.ColumnElement[Any]:
+    """``<a>.<b>`` of a task's stored document, as text (NULL when absent or null): ``doc::json #>> '{a,b}'`` on
+    PostgreSQL, ``json_extract(doc, '$.a.b')`` on SQLite (where a CAST to JSON would be numeric)."""
     if postgres:
-        return sa.cast(tasks.c.doc, sa.JSON)[("authority", name)].as_string()
-    return sa.func.json_extract(tasks.c.doc, f"$.authority.{name}")
+        return sa.cast(tasks.c.doc, sa.JSON)[path].as_string()
+    return sa.func.json_extract(tasks.c.doc, "$." + ".".join(path))
+
+
+def _authority(name: str, postgres: bool) -> sa.ColumnElement[Any]:
+    """The task's ``authority.<name>`` read from its stored document."""
+    return _doc_text(("authority", name), postgres)
 
 
 def _where(q: sa.Select[Any], filters: Mapping[str, str | None], postgres: bool) -> sa.Select[Any]:
-    if filters.get("state") is not None:
-        q = q.where(tasks.c.state == filters["state"])
+    state = filters.get("state")
+    if state in (BLOCKED, TaskState.ACTIVE.value):
+        marker = _doc_text(("blocked", "report_id"), postgres)
+        q = q.where(tasks.c.state == TaskState.ACTIVE.value,
+                    marker.is_not(None) if state == BLOCKED else marker.is_(None))
+    elif state is not None:
+        q = q.where(tasks.c.state == state)
     if filters.get("role") is not None:
         q = q.where(tasks.c.recipient == filters["role"])
     for column in ("root", "parent"):
@@ -190,7 +215,15 @@ def iter_tasks(db: Database, state: str | None = None, role: str | None = None, 
     early. Filters and ``after`` as in ``page_tasks``, checked at the call (TaskQueryError), before any read."""
     extra = {"driver": driver, "done_authority": done_authority, "root": root, "parent": parent}
     filters, after_id = _start(state, role, after, extra)
-    return _stream(db, filters, after_id, batch)
+    return _stream(db, filters, after_id, batch, task_row)
+
+
+def iter_documents(db: Database, state: str | None = None, *, batch: int = BATCH, driver: str | None = None,
+                   done_authority: str | None = None) -> Generator[dict[str, Any], None, None]:
+    """The whole stored document of every task of the listing (as ``iter_tasks`` streams its rows), for a read
+    that needs more than the listed fields (`taskkernel inbox`: a task's authority and risk)."""
+    filters, _ = _start(state, None, None, {"driver": driver, "done_authority": done_authority})
+    return _stream(db, filters, None, batch, orjson.loads)
 
 
 def _start(state: str | None, role: str | None, after: str | None, extra: Mapping[str, str | None]
@@ -200,12 +233,12 @@ def _start(state: str | None, role: str | None, after: str | None, extra: Mappin
     return filters, decode_cursor(after, state, role, **extra) if after is not None else None
 
 
-def _stream(db: Database, filters: Mapping[str, str | None], after_id: str | None,
-            batch: int) -> Generator[dict[str, Any], None, None]:
+def _stream(db: Database, filters: Mapping[str, str | None], after_id: str | None, batch: int,
+            convert: Callable[[str], dict[str, Any]]) -> Generator[dict[str, Any], None, None]:
     with db.read() as conn:
         result = conn.execute(_query(filters, after_id, db.is_postgres).execution_options(yield_per=batch))
         try:
             for _, doc in result:
-                yield task_row(doc)
+                yield convert(doc)
         finally:
             result.close()

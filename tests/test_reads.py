@@ -113,9 +113,9 @@ def test_pages_hold_every_task_once_in_task_id_order(h: Harness) -> None:
         assert [row for page in pages for row in page] == expected, limit
     assert list(iter_tasks(h.db)) == expected
     assert list(iter_tasks(h.db, batch=2)) == expected
-    # the fields `task list` has always shown
+    # the fields `task list` has always shown, then whether the task is blocked (issue 13)
     assert list(expected[0]) == ["task_id", "state", "revision", "round", "sender", "recipient", "subject",
-                                 "priority", "risk_level", "parent", "root", "thread_key"]
+                                 "priority", "risk_level", "parent", "root", "thread_key", "blocked"]
 
 
 def test_a_full_last_page_says_there_is_no_next_one(h: Harness) -> None:

@@ -2,6 +2,13 @@
 
 The document (a plain dict, for speed) is both the inline read model and what a rebuild
 from events must reproduce byte for byte; ``apply`` is the only place that shapes it.
+
+``blocked`` is derived here too, so the read model, a rebuild and `verify` agree: null, or the latest report of
+the current round when its status is ``blocked`` (``{report_id, reason, by, at}``: ``reason`` is the first
+non-blank line of the report's body, at most BLOCKED_REASON_MAX characters). A later report of another status
+clears it, and so does every event that moves the task or starts a round; an amend or an authorized action does
+not. ``state`` stays the lifecycle state. A document stored before the field existed lacks the key: readers and
+the projection comparison take a missing ``blocked`` for null.
 """
 
 from __future__ import annotations
@@ -81,6 +88,7 @@ EVENT_FOR: dict[CommandType, str] = {
     CommandType.ATTACH_RECORD: "record_attached",
 }
 REPORT_STATUSES = frozenset(s.value for s in ReportStatus)
+BLOCKED_REASON_MAX = 300
 TARGET_STATE_OF_EVENT = {EVENT_FOR[c]: target for c, (_src, target) in TRANSITIONS.items()}
 
 
@@ -101,6 +109,22 @@ def current_done_report(doc: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
+def blocked_reason(body: str | None) -> str:
+    """What a blocked report says, in one line: the first non-blank line of its body, at most
+    BLOCKED_REASON_MAX characters ("" for an empty body)."""
+    for line in (body or "").splitlines():
+        if line.strip():
+            return line.strip()[:BLOCKED_REASON_MAX]
+    return ""
+
+
+def _blocked_by(report_id: str, status: str | None, body: str | None, by: str | None,
+                at: str) -> dict[str, Any] | None:
+    if status != ReportStatus.BLOCKED.value:
+        return None
+    return {"report_id": report_id, "reason": blocked_reason(body), "by": by, "at": at}
+
+
 def apply(doc: dict[str, Any] | None, event_type: str, data: dict[str, Any], revision: int,
           recorded_at: str) -> dict[str, Any]:
     """Fold one event into the task document (pure; returns a new dict for creation)."""
@@ -112,19 +136,22 @@ def apply(doc: dict[str, Any] | None, event_type: str, data: dict[str, Any], rev
             "risk_level": data["risk_level"], "references": list(data["references"]),
             "cost_tier": data["cost_tier"], "budget": data["budget"],
             "authority": dict(data["authority"]), "state": data.get("state", TaskState.INBOX.value),
-            "revision": revision, "round": data.get("round", 0), "reports": [], "created_at": recorded_at,
+            "revision": revision, "round": data.get("round", 0), "reports": [], "blocked": None,
+            "created_at": recorded_at,
             "updated_at": recorded_at,
         }
     assert doc is not None, f"{event_type} before task_created"
     target = TARGET_STATE_OF_EVENT.get(event_type)
     if target is not None:
         doc["state"] = target.value
+        doc["blocked"] = None  # the task moved
         if "round" in data:
             doc["round"] = data["round"]
     elif event_type == "report_submitted":
         doc["reports"].append({"report_id": data["report_id"], "round": data["round"],
                                "status": data["status"], "by": data["by"],
                                **({"artifacts": data["artifacts"]} if data.get("artifacts") else {})})
+        doc["blocked"] = _blocked_by(data["report_id"], data["status"], data.get("body"), data["by"], recorded_at)
     elif event_type == "task_amended":
         doc.update(data["changes"])
     elif event_type == "record_attached":
@@ -132,6 +159,8 @@ def apply(doc: dict[str, Any] | None, event_type: str, data: dict[str, Any], rev
         if data["kind"] == "report" and data["status"] in REPORT_STATUSES:  # counts like a report of this round
             doc["reports"].append({"report_id": data["record_id"], "round": doc["round"], "status": data["status"],
                                    "by": data["author"], "imported": True})
+            doc["blocked"] = _blocked_by(data["record_id"], data["status"], data.get("body"), data["author"],
+                                         recorded_at)
     elif event_type == "action_authorized":
         doc.setdefault("actions", []).append({"action_id": data["action_id"], "operation": data["operation"],
                                               "entity": data["entity"], "round": data["round"]})
