@@ -66,7 +66,11 @@ class TaskPage(NamedTuple):
 
 def task_row(doc_text: str | bytes) -> dict[str, Any]:
     """The listed fields of a stored task document (a field the document lacks is null)."""
-    doc = orjson.loads(doc_text)
+    return row_of(orjson.loads(doc_text))
+
+
+def row_of(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """The listed fields of a task document."""
     return {k: doc.get(k) for k in TASK_LIST_FIELDS}
 
 

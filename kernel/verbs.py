@@ -116,7 +116,12 @@ class TaskVerbs:
     def _hint(self, result: CommandResult, command_type: CommandType, task_id: str) -> str | None:
         if result.reason != ReasonCode.PERMISSION_REQUIRED.value:
             return None
-        grant = {"permission": command_type.value, "scope": permission_scope(task_id)}
-        return (f"taskkernel session accept {shlex.quote(self.grant_session)} --kind allow "
-                f"--input-id {shlex.quote(f'grant-{command_type.value}-{task_id}')} "
-                f"--payload {shlex.quote(json.dumps(grant))}")
+        return grant_hint(command_type, task_id, self.grant_session)
+
+
+def grant_hint(command_type: CommandType, task_id: str, session: str = DEFAULT_SESSION) -> str:
+    """The exact command that grants ``command_type`` on the task (a refusal's hint; `taskkernel inbox`)."""
+    grant = {"permission": command_type.value, "scope": permission_scope(task_id)}
+    return (f"taskkernel session accept {shlex.quote(session)} --kind allow "
+            f"--input-id {shlex.quote(f'grant-{command_type.value}-{task_id}')} "
+            f"--payload {shlex.quote(json.dumps(grant))}")

@@ -68,7 +68,7 @@ def test_shell_completion(tmp_path: Path) -> None:
     assert complete(bash, tmp_path).split() == ["task"]
     bash_sub = {**bash, "COMP_WORDS": "taskkernel task ", "COMP_CWORD": "2"}
     assert set(complete(bash_sub, tmp_path).split()) == {"show", "list", "create", "claim", "report", "submit",
-                                                         "approve", "reject", "reopen", "archive", "amend"}
+                                                         "approve", "reject", "reopen", "archive", "amend", "watch"}
     zsh = {"_TASKKERNEL_COMPLETE": "complete_zsh", "_TYPER_COMPLETE_ARGS": "taskkernel session li"}
     assert '"list"' in complete(zsh, tmp_path)
     script = taskkernel("--show-completion", "bash", cwd=tmp_path)

@@ -1,12 +1,15 @@
-"""Kernel commands: init, token, submit, task, log."""
+"""Kernel commands: init, token, submit, task, log (and `log --follow`, `task watch`: streams that poll the event
+store by global position, never building the command kernel)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import signal
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +32,14 @@ from taskkernel.kernel.credentials import (
 )
 from taskkernel.kernel.model.ids import TASK_ID_RE
 from taskkernel.kernel.model.principal import LOCAL_OWNER
-from taskkernel.kernel.model.task import TaskState
+from taskkernel.kernel.model.task import TARGET_STATE_OF_EVENT, TaskState, task_stream
 from taskkernel.kernel.private import write_private
 from taskkernel.kernel.reasons import KernelError, ReasonCode
 from taskkernel.kernel.store.events import RecordedEvent
 
-STATES = tuple(s.value for s in TaskState)
+STATES = (*(s.value for s in TaskState), "blocked")  # = kernel.queries.LIST_STATES (not imported: no SQLAlchemy here)
+POLL_SECONDS = 0.2  # how often `log --follow` and `task watch` look for new events
+WATCH_ENDS = frozenset({TaskState.DONE.value, TaskState.ARCHIVE.value})  # where `task watch` stops
 
 task_app = typer.Typer(no_args_is_help=True, help="Tasks: list and show them, and act on them in one call.")
 token_app = typer.Typer(no_args_is_help=True, help="Credentials.")
@@ -172,12 +177,17 @@ def task_show(ctx: typer.Context, task_id: str) -> None:
                 "by": ev.data.get("by"), "at": ev.recorded_at,
                 **{k: v for k, v in ev.data.items() if k in ("from", "round", "reason", "report_id", "status")}}
                for ev in task_history(db, task_id)]
-    emit({**doc, "history": history}, _render_task)
+    emit({**doc, "blocked": doc.get("blocked"), "history": history}, _render_task)  # stored before: not blocked
 
 
 def _render_task(doc: dict[str, Any]) -> None:
-    say(f"{doc['task_id']} ", (doc["state"], "bold"),
+    from taskkernel.kernel.queries import shown_state
+
+    say(f"{doc['task_id']} ", (shown_state(doc), "bold"),
         f" rev {doc['revision']} round {doc['round']}: {oneline(doc['subject'])}")
+    if doc["blocked"]:
+        b = doc["blocked"]
+        say(("blocked", "red"), f" by {b['by']} at {b['at']} (report {b['report_id']}): {oneline(b['reason'])}")
     show(table_of({k: doc.get(k) for k in ("sender", "recipient", "priority", "risk_level", "parent", "root",
                                           "thread_key", "assignee", "lease") if doc.get(k) is not None}))
     if doc.get("body"):
@@ -190,8 +200,9 @@ def _render_task(doc: dict[str, Any]) -> None:
 
 @task_app.command("list")
 def task_list(ctx: typer.Context,
-              state: str | None = typer.Option(None, "--state",
-                                               help=f"Only tasks in this state: {', '.join(STATES)}."),
+              state: str | None = typer.Option(None, "--state", help=(
+                  f"Only tasks in this state: {', '.join(STATES)}. blocked: active tasks whose latest report of "
+                  "the round is blocked; active: the active tasks that are not blocked.")),
               role: str | None = typer.Option(None, "--role",
                                               help="Only tasks addressed to this role (the recipient)."),
               limit: int = typer.Option(50, "--limit", help="Tasks per page (1 to 1000)."),
@@ -221,12 +232,14 @@ def task_list(ctx: typer.Context,
 
 def _stream_tasks(rows: Iterator[dict[str, Any]]) -> None:
     """Every task as it is read: JSON lines, or one line per task on a terminal (no table held in memory)."""
+    from taskkernel.kernel.queries import shown_state
+
     count = 0
     human = human_mode()
     for row in rows:
         count += 1
         if human:
-            say(f"{row['task_id']}  {row['state']:<7} rev {row['revision']} round {row['round']}  "
+            say(f"{row['task_id']}  {shown_state(row):<7} rev {row['revision']} round {row['round']}  "
                 f"{row['sender']}→{row['recipient']}  {oneline(row['subject'])}")
         else:
             sys.stdout.write(json.dumps(row, ensure_ascii=False) + "\n")
@@ -237,34 +250,156 @@ def _render_tasks(rows: list[dict[str, Any]]) -> None:
     from rich.table import Table
     from rich.text import Text
 
+    from taskkernel.kernel.queries import shown_state
+
     table = Table("task", "state", "rev", "round", "route", "subject")
     for d in rows:
-        table.add_row(Text(d["task_id"]), Text(d["state"]), str(d["revision"]), str(d["round"]),
+        table.add_row(Text(d["task_id"]), Text(shown_state(d)), str(d["revision"]), str(d["round"]),
                       Text(f"{d['sender']}→{d['recipient']}"), Text(d["subject"]))
     show(table)
     say(f"{len(rows)} task(s)")
 
 
 def log(ctx: typer.Context, stream: str = typer.Option(None, "--stream", help="Only this stream, e.g. task:ID."),
-        from_pos: int = typer.Option(1, "--from", min=1, max=2**53, help="First global position.")) -> None:
+        from_pos: int = typer.Option(1, "--from", min=1, max=2**53, help="First global position."),
+        follow: bool = typer.Option(False, "--follow", "-f", help=(
+            "Then keep printing events as they commit, until SIGINT/SIGTERM (exit 0)."))) -> None:
     """Events in global (commit) order (JSON: one line per event)."""
     if stream and TASK_ID_RE.match(stream):  # a bare task id names its stream
         stream = f"task:{stream}"
     from taskkernel.kernel.queries import event_reader
+    from taskkernel.kernel.store.events import log_end
 
     db = get_ctx(ctx).database()
     store = event_reader()
-    with db.read() as conn:
-        events = store.read_stream(conn, stream) if stream else store.read_all(conn, from_pos)
-        human = human_mode()
-        for ev in events:
-            if ev.global_pos < from_pos:
-                continue
-            if human:
-                say(f"{ev.global_pos:>6} {ev.stream_id} v{ev.stream_version} {ev.type} by "
-                    f"{ev.data.get('by') or ev.meta.get('actor', '-')} at {ev.recorded_at}")
-            else:
-                sys.stdout.write(json.dumps(_event_json(ev), ensure_ascii=False) + "\n")
+    with _quiet_stop() if follow else contextlib.nullcontext(_Stop()) as stop:
+        with db.read() as conn:
+            end = log_end(conn)[0]  # first: every position up to it has committed (they commit in order)
+            events = store.read_stream(conn, stream) if stream else store.read_all(conn, from_pos)
+            for ev in events:
+                if ev.global_pos > end:
+                    break
+                if ev.global_pos >= from_pos:
+                    _print_event(ev)
+        if follow:
+            _follow(db, max(end, from_pos - 1), stream, stop, _print_and_go_on)
+
+
+def _print_event(ev: RecordedEvent) -> None:
+    """One event: a JSON line for scripts, a readable line on a terminal (flushed: a stream is read live)."""
+    if human_mode():
+        say(f"{ev.global_pos:>6} {ev.stream_id} v{ev.stream_version} {ev.type} by "
+            f"{ev.data.get('by') or ev.meta.get('actor', '-')} at {ev.recorded_at}")
+    else:
+        sys.stdout.write(json.dumps(_event_json(ev), ensure_ascii=False) + "\n")
+        sys.stdout.flush()
+
+
+def _print_and_go_on(ev: RecordedEvent) -> bool:
+    _print_event(ev)
+    return True
+
+
+class _Stop:
+    """Set by SIGINT/SIGTERM while a stream follows the log: the stream ends quietly with exit 0."""
+
+    requested = False
+
+
+@contextlib.contextmanager
+def _quiet_stop() -> Iterator[_Stop]:
+    """For the whole of a follow: SIGINT and SIGTERM stop it quietly with exit 0, at the latest one poll interval
+    later; a reader that went away (a closed pipe) ends it the same way."""
+    stop = _Stop()
+
+    def handler(signum: int, frame: object) -> None:
+        stop.requested = True
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    except BrokenPipeError:
+        with contextlib.suppress(OSError):  # nobody reads any more: nothing left to say, not even at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(0) from None
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+    if stop.requested:
+        raise typer.Exit(0)
+
+
+def _follow(db: Any, after: int, stream: str | None, stop: _Stop, on_event: Callable[[RecordedEvent], bool],
+            deadline: float | None = None) -> bool:
+    """Poll the event store every POLL_SECONDS for the events past global position ``after`` (only ``stream``'s
+    when given) and hand each to ``on_event`` in commit order. True as soon as ``on_event`` says False (enough);
+    False at ``deadline``; a stop request ends the command (exit 0). Each poll reads the log's end first, then
+    the events up to it: positions are handed out under the writer lock and commit in order, so every position
+    up to the end has committed and none is skipped or repeated, and a poll costs the events since the last one."""
+    from taskkernel.kernel.queries import event_reader
+    from taskkernel.kernel.store.events import log_end
+
+    store = event_reader()
+    while not stop.requested:
+        with db.read() as conn:
+            end = log_end(conn)[0]
+            if end > after:
+                for ev in store.read_all(conn, after + 1, batch=1000, stream_prefix=stream):
+                    if ev.global_pos > end:
+                        break
+                    if (stream is None or ev.stream_id == stream) and not on_event(ev):
+                        return True
+                after = end
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
+        time.sleep(POLL_SECONDS)
+    raise typer.Exit(0)
+
+
+@task_app.command("watch")
+def task_watch(ctx: typer.Context, task_id: str,
+               timeout: float | None = typer.Option(None, "--timeout", min=0, help=(
+                   "Give up after this many seconds: exit 1 (error code timeout) unless the task is done or "
+                   "archived by then."))) -> None:
+    """Follow a task until it is done or archived: its events so far, then each as it commits (JSON: one line
+    per event); exit 0 when it gets there, or on SIGINT/SIGTERM."""
+    from taskkernel.kernel.queries import task_document, task_history
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    db = get_ctx(ctx).database()
+    if task_document(db, task_id) is None:
+        reject("task_not_found", f"{task_id} does not exist (see `taskkernel task list`)")
+    watched = _Watched()
+    with _quiet_stop() as stop:
+        for ev in task_history(db, task_id):
+            if not watched.show(ev):
+                say(f"{task_id} is {watched.state}")
+                return
+        if _follow(db, watched.at, task_stream(task_id), stop, watched.show, deadline):
+            say(f"{task_id} is {watched.state}")
+            return
+    fail(Exit.INTERNAL, f"{task_id} is still {watched.state} after {timeout:g} s (--timeout): not done or archived",
+         error="timeout", task_id=task_id, state=watched.state)
+
+
+class _Watched:
+    """A watched task's lifecycle state, followed from its events as they are printed (so the last event is
+    always shown before the watch ends)."""
+
+    def __init__(self) -> None:
+        self.state: str = TaskState.INBOX.value
+        self.at = 0  # the global position of the last event shown
+
+    def show(self, ev: RecordedEvent) -> bool:
+        """Print the event; False once the task is where a watch ends."""
+        _print_event(ev)
+        target = TARGET_STATE_OF_EVENT.get(ev.type)
+        if ev.type in ("task_created", "task_adopted"):
+            self.state = str(ev.data.get("state", TaskState.INBOX.value))
+        elif target is not None:
+            self.state = target.value
+        self.at = ev.global_pos
+        return self.state not in WATCH_ENDS
 
 
 task_verbs.attach(task_app)  # create, claim, report, submit, approve, reject, reopen, archive, amend

@@ -51,8 +51,9 @@ class NoArgs(Args):
 
 
 class ListTasksArgs(Args):
-    state: Literal["inbox", "active", "review", "done", "archive"] | None = Field(None, description="Only tasks "
-                                                                                  "in this state.")
+    state: Literal["inbox", "active", "review", "done", "archive", "blocked"] | None = Field(None, description=(
+        "Only tasks in this state. blocked: the active tasks whose latest report of the round is blocked; active: "
+        "the active tasks that are not blocked."))
     assigned_to_me: bool = Field(False, description="Only tasks you drive (authority.driver is your role).")
     waiting_for_my_review: bool = Field(False, description="Only tasks in review whose done authority is your "
                                                            "role.")
@@ -224,6 +225,13 @@ class WhoamiOut(Out):
     output_budget: int
 
 
+class BlockedOut(Out):
+    report_id: str
+    reason: str = Field(description="The blocked report's first non-blank line, at most 300 characters.")
+    by: str | None
+    at: str
+
+
 class TaskRow(Out):
     task_id: str
     state: str
@@ -237,6 +245,8 @@ class TaskRow(Out):
     parent: str | None
     root: str | None
     thread_key: str | None
+    blocked: BlockedOut | None = Field(description="null, or the blocked report the task waits on: its latest "
+                                                   "report of the round said blocked.")
 
 
 class ListTasksOut(Out):

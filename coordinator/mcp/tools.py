@@ -78,7 +78,8 @@ TOOLS: tuple[Tool, ...] = (
     Tool("whoami", "Who am I", "The principal your credential stands for now (role, agent, the task and round "
          "it is scoped to), your own session for add_progress/resume, and the output budget.", S.NoArgs,
          S.WhoamiOut, True),
-    Tool("list_tasks", "List tasks", "Tasks in id order, one page at a time: filter by state, assigned_to_me "
+    Tool("list_tasks", "List tasks", "Tasks in id order, one page at a time: filter by state (blocked: active "
+         "tasks whose latest report is blocked), assigned_to_me "
          "(you drive them), waiting_for_my_review (in review, you decide), root or parent. Continue with "
          "next_cursor (same filters).", S.ListTasksArgs, S.ListTasksOut, True),
     Tool("get_task", "Read a task", "A task's document, its reports with their bodies, its children and its "
