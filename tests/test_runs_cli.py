@@ -13,9 +13,8 @@ import pytest
 
 from taskkernel.coordinator.runners.ledger import Purpose, RunLedger
 from taskkernel.coordinator.tables import runs
-from taskkernel.coordinator.workspace import Workspace
+from taskkernel.kernel.store.db import Database
 from tests.cli_support import append_config, new_workspace, run, run_tty
-from tests.coord_support import workspace_database
 
 
 def write_agent(path: Path, body: str) -> str:
@@ -151,9 +150,8 @@ def test_unknown_run_and_bad_options(team: dict[str, Any]) -> None:
     assert run("runs", "list", "--cursor", "not-a-cursor", cwd=ws).code == 64
 
 
-def ledger_states(ws: Path) -> dict[str, str]:
+def ledger_states(db: Database) -> dict[str, str]:
     """Runs in every state, written as the dispatcher writes them; the ids name the state they must show."""
-    db = workspace_database(Workspace.load(ws))
     ledger = RunLedger(db, "test-owner", lease_seconds=3600)
     names = ("queued", "running", "failed-old", "failed", "blocked", "blocked-2")
     with db.write() as uow:
@@ -168,14 +166,26 @@ def ledger_states(ws: Path) -> dict[str, str]:
         assert ledger.block(claimed[f"X:{name}"], f"gave up: {name}\nsecond line")
         with db.write() as uow:
             uow.conn.execute(runs.update().where(runs.c.run_id == f"X:{name}").values(error_code=code))
-    db.engine.dispose()
     return {"X:queued": "queued", "X:running": "running", "X:failed-old": "failed", "X:failed": "failed",
             "X:blocked": "blocked", "X:blocked-2": "blocked"}
 
 
-def test_every_state_and_the_pages(tmp_path: Path) -> None:
-    ws = new_workspace(tmp_path)
-    expected = ledger_states(ws)
+def test_every_state_and_the_pages(any_url: str, tmp_path: Path) -> None:
+    """On both backends, with only --db (no workspace: no log folder to read)."""
+    db_args = ("--db", any_url)
+    ws = tmp_path  # no taskkernel.toml here
+
+    def ok(*args: str, cwd: Path) -> Any:
+        r = run(*db_args, *args, cwd=cwd)
+        assert r.code == 0, (args, r.out, r.err)
+        return r.json
+
+    assert ok("runs", "list", cwd=ws) == [], "a new database: no runs yet (and its schema made, at head)"
+    db = Database(any_url)
+    try:
+        expected = ledger_states(db)
+    finally:
+        db.engine.dispose()
     rows = ok("runs", "list", cwd=ws)
     assert {r["run_id"]: r["state"] for r in rows} == expected
     for state in ("queued", "running", "failed", "blocked"):
@@ -190,19 +200,20 @@ def test_every_state_and_the_pages(tmp_path: Path) -> None:
     seen: list[str] = []
     cursor: list[str] = []
     for _ in range(5):
-        r = run("runs", "list", "--limit", "2", *cursor, cwd=ws)
+        r = run(*db_args, "runs", "list", "--limit", "2", *cursor, cwd=ws)
         assert r.code == 0, r.err
         seen += [x["run_id"] for x in json.loads(r.out)]
         more = [line for line in r.err.splitlines() if line.startswith("next page: --cursor ")]
         if not more:
             break
         cursor = ["--cursor", more[0].split()[-1]]
-        other = run("runs", "list", "--limit", "2", "--state", "failed", *cursor, cwd=ws)
+        other = run(*db_args, "runs", "list", "--limit", "2", "--state", "failed", *cursor, cwd=ws)
         assert other.code == 64 and "repeat those filters" in other.json["message"], "a cursor keeps its filters"
     assert seen == [r["run_id"] for r in rows] and len(seen) == 6
     shown = ok("runs", "show", "X:running", cwd=ws)
     assert shown["lease_owner"] == "test-owner" and shown["attempts"][0]["recorded"] is False
     assert shown["attempts"][0]["logs"] is None and shown["totals"]["recorded"] == 0
+    assert shown["log_dir"] is None
 
 
 def test_the_cli_choices_are_the_histories(tmp_path: Path) -> None:
