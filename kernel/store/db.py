@@ -30,6 +30,7 @@ from taskkernel.kernel.store.chain import Appending, Chain, ChainKeyError, read_
 
 # Any constant works; it only has to be the same in every process sharing a database.
 WRITER_LOCK_KEY = 0x7A5C_4B3E
+MAX_IDLE_WRITERS = 4  # write connections kept open between transactions (writes are serialized anyway)
 
 
 class Durability(StrEnum):
@@ -97,11 +98,13 @@ class Database:
         self.chain = Chain(chain_key)
         self.engine: Engine = _make_engine(url, self.durability)
         self.dialect: str = self.engine.dialect.name
-        # One write connection per thread, kept between transactions: checking a connection out of the
-        # pool and back for every command costs more than the command's own statements.
-        self._local = threading.local()
-        self._writers: list[Connection] = []
-        self._writers_lock = threading.Lock()
+        # Idle write connections, kept between transactions: checking one out of the pool and back for every
+        # command costs more than the command's own statements. They follow the work, not the thread: a write
+        # takes one and puts it back when it ends, so any number of short-lived or pooled threads share the
+        # few that are ever in use at once (a connection per thread would pin one for each thread ever seen).
+        self._idle: list[Connection] = []
+        self._idle_lock = threading.Lock()
+        self._idle_pid = os.getpid()
 
     @classmethod
     def sqlite_file(cls, path: str | os.PathLike[str],
@@ -116,7 +119,8 @@ class Database:
     def write(self) -> Iterator[UnitOfWork]:
         """Exclusive write transaction; commits on normal exit, rolls back on error. If events were appended,
         the chain head is sealed (under the same writer lock) as the last statement before the commit."""
-        conn, temporary = self._writer()
+        conn = self._take_writer()  # never the one of a write in progress: a nested write gets another
+        healthy = True
         try:
             with conn.begin():
                 if self.is_postgres:
@@ -128,29 +132,29 @@ class Database:
                 if uow.appending is not None and uow.appending.moved:
                     uow.chain.seal_head(uow, uow.appending)
         except sa.exc.DBAPIError as exc:
-            if not temporary and (exc.connection_invalidated or conn.invalidated):
-                self._drop_writer(conn)
+            healthy = not (exc.connection_invalidated or conn.invalidated)
             raise
         finally:
-            if temporary:
-                conn.close()
+            self._put_writer(conn, healthy)
 
-    def _writer(self) -> tuple[Connection, bool]:
-        """This thread's write connection, or (inside another write on this thread) a temporary one."""
-        conn: Connection | None = getattr(self._local, "conn", None)
-        if conn is None or conn.closed or conn.invalidated or getattr(self._local, "pid", None) != os.getpid():
-            conn = self.engine.connect().execution_options(taskkernel_write=True)
-            self._local.conn, self._local.pid = conn, os.getpid()
-            with self._writers_lock:
-                self._writers.append(conn)
-        if conn.in_transaction():
-            return self.engine.connect().execution_options(taskkernel_write=True), True
-        return conn, False
+    def _take_writer(self) -> Connection:
+        """An idle write connection, or a new one from the pool (none is shared by two writes at once)."""
+        with self._idle_lock:
+            if self._idle_pid != os.getpid():  # a forked child never uses its parent's connections
+                self._idle, self._idle_pid = [], os.getpid()
+            while self._idle:
+                conn = self._idle.pop()
+                if not (conn.closed or conn.invalidated):
+                    return conn
+        return self.engine.connect().execution_options(taskkernel_write=True)
 
-    def _drop_writer(self, conn: Connection) -> None:
-        self._local.conn = None
-        with self._writers_lock, contextlib.suppress(ValueError):
-            self._writers.remove(conn)
+    def _put_writer(self, conn: Connection, healthy: bool) -> None:
+        """Back to the idle list (at most MAX_IDLE_WRITERS kept), or closed: back to the engine's pool."""
+        if healthy and not (conn.closed or conn.invalidated):
+            with self._idle_lock:
+                if self._idle_pid == os.getpid() and len(self._idle) < MAX_IDLE_WRITERS:
+                    self._idle.append(conn)
+                    return
         with contextlib.suppress(Exception):
             conn.close()
 
@@ -260,8 +264,8 @@ class Database:
             raise
 
     def dispose(self) -> None:
-        with self._writers_lock:
-            writers, self._writers = self._writers, []
+        with self._idle_lock:
+            writers, self._idle = self._idle, []
         for conn in writers:
             with contextlib.suppress(Exception):
                 conn.close()
