@@ -40,6 +40,9 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("doctor", "doctor", "doctor", "Check the workspace: taskkernel.toml, private file modes, the FCoP folder, "
           "the team, each runner, the database and its schema, quarantined files and blocked tasks; exit 0 if "
           "healthy, 2 otherwise."),
+    Entry("inbox", "inbox", "inbox", "What waits for your role: reviews to decide, approvals that need a grant, "
+          "blocked tasks you drive."),
+    Entry("runs", "runs", "app", "Agent runs: what runs, retries, failed or is blocked, and each attempt."),
     Entry("mcp", "mcp_cmd", "mcp", "Serve tasks to agent hosts over MCP: task verbs, reads, progress and resume, the "
           "execution gate, usage."),
 )
