@@ -39,6 +39,8 @@ runs = sa.Table(
     sa.Column("error_code", sa.Text),  # why the last attempt failed, a stable code (docs/runs.md)
     sa.Column("heartbeat_at", sa.Text),  # the agent's own last heartbeat (heartbeat_timeout counts from it)
     sa.Index("ix_runs_due", "state", "not_before"),
+    sa.Index("ix_runs_created", "created_at", "run_id"),  # runs list: newest first, keyset pages
+    sa.Index("ix_runs_task", "task_id"),  # runs list --task
 )
 
 # What the adapter knows about each file (folders/tracking.py): the version it last ingested or wrote, for which task.

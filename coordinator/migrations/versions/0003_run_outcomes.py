@@ -8,7 +8,8 @@ Revises: 0002_tasks_by_state
 ``attempts_exhausted``, ``interrupted``, …: docs/runs.md), so `runs list --state failed|blocked` tells a run that
 gave up after its retries from one stopped at once by an error no retry can fix. ``heartbeat_at`` is the last
 time the agent renewed its lease itself (CLI verb, MCP tool or a stdout line), which ``heartbeat_timeout`` is
-measured from. Both are nullable: existing rows keep their meaning.
+measured from. Both are nullable: existing rows keep their meaning. Two indexes serve `runs list` (newest first,
+keyset pages on (created_at, run_id)) and `--task ID`, which otherwise sort or scan the whole ledger.
 """
 
 from __future__ import annotations
@@ -26,9 +27,13 @@ def upgrade() -> None:
     with op.batch_alter_table("runs") as batch:
         batch.add_column(sa.Column("error_code", sa.Text))
         batch.add_column(sa.Column("heartbeat_at", sa.Text))
+    op.create_index("ix_runs_created", "runs", ["created_at", "run_id"])
+    op.create_index("ix_runs_task", "runs", ["task_id"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_runs_task", table_name="runs")
+    op.drop_index("ix_runs_created", table_name="runs")
     with op.batch_alter_table("runs") as batch:
         batch.drop_column("heartbeat_at")
         batch.drop_column("error_code")
