@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
@@ -135,6 +135,9 @@ class KernelTable(_Table):
     # Absent: a workspace written before the setting existed keeps the old meaning (no token = the local owner).
     require_token: bool = False
     database: str | None = Field(default=None, min_length=1)
+    max_runs: int = Field(default=4, ge=1, le=256)  # agent runs at once in this coordinator, all roles together
+    # Seconds `up` waits after the first SIGINT/SIGTERM for running agents to finish before stopping them.
+    shutdown_grace: float = Field(default=30.0, ge=0, le=86400, allow_inf_nan=False)
 
     @field_validator("database")
     @classmethod
@@ -164,7 +167,8 @@ class RunnerKind(StrEnum):
     SCRIPTED = "scripted"
 
 
-_COMMAND_ONLY = ("argv", "cwd", "env", "pass_env", "run_as")
+_COMMAND_ONLY = ("argv", "cwd", "env", "pass_env", "run_as", "kill_grace", "heartbeat_timeout",
+                 "non_retryable_exit_codes")
 
 
 class RunnerSpec(_Table):
@@ -181,6 +185,12 @@ class RunnerSpec(_Table):
     max_attempts: int = Field(default=3, ge=1, le=20)
     backoff: float = Field(default=2.0, ge=0, allow_inf_nan=False)  # seconds before attempt n+1: backoff*2**(n-1)
     agent: str | None = Field(default=None, min_length=1)  # agent name recorded as `by`; default: <role>-agent
+    concurrency: int = Field(default=1, ge=1, le=256)  # this role's runs at once (within [kernel] max_runs)
+    kill_grace: float = Field(default=10.0, ge=0, le=3600, allow_inf_nan=False)  # SIGTERM -> SIGKILL, seconds
+    # Seconds an agent may go without a heartbeat (a stdout line, a CLI verb or MCP call with its token) before
+    # it is stopped as hung, long before `timeout`. None: no heartbeat is expected.
+    heartbeat_timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    non_retryable_exit_codes: list[Annotated[int, Field(ge=1, le=255)]] = Field(default_factory=list)  # block at once
 
     @model_validator(mode="after")
     def _consistent(self) -> RunnerSpec:
@@ -530,6 +540,8 @@ durability = "full"
 # agents get only their run's scoped token (docs/security.md).
 require_token = true
 # database = "postgresql+psycopg://user@host/db"   # default: .taskkernel/kernel.db (SQLite, WAL)
+# max_runs = 4                               # agent runs at once in this coordinator, all roles together
+# shutdown_grace = 30                        # seconds `up` lets running agents finish after Ctrl-C / SIGTERM
 {team}
 # How each role's agent runs (docs/roles.md). A role without a table is not run automatically: its tasks
 # wait for a person. `up` refuses a program it cannot find, and `doctor` says which.
@@ -541,7 +553,11 @@ require_token = true
 # env = {{ MODEL = "small" }}                 # explicit values added to the agent's environment
 # pass_env = ["OPENAI_API_KEY"]             # coordinator variables forwarded on purpose
 # run_as = "agent-dev"                      # start the agent as this OS user (the coordinator: root or that user)
-# timeout = 600                             # seconds; the agent's process group is killed after it
+# timeout = 600                             # seconds; then SIGTERM to the agent's process group
+# kill_grace = 10                           # seconds between that SIGTERM and SIGKILL
+# heartbeat_timeout = 120                   # stop a silent agent early (heartbeat: docs/runs.md)
+# concurrency = 1                           # this role's runs at once (within max_runs)
+# non_retryable_exit_codes = [2]            # exit codes that block the task at once, without a retry
 # lease = 660                               # seconds without renewal before another coordinator takes over
 # max_attempts = 3                          # then the task gets a blocked report
 # backoff = 2.0                             # seconds before attempt n+1: backoff * 2**(n-1)

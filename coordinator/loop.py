@@ -12,8 +12,10 @@ import asyncio
 import contextlib
 import os
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +61,20 @@ class PassStats:
         return self.dispatched + self.wakes + self.runs + sum(self.extra.values())
 
 
+@dataclass
+class Shutdown:
+    """How `run` ended: ``stopped`` (every run finished in the grace) or ``interrupted`` (runs were stopped),
+    and the runs that were running when the stop began."""
+
+    status: str
+    running_at_stop: list[dict[str, object]]
+
+
 Stage = Callable[[], int]
+ONCE_WAIT_MAX_S = 300.0  # up --once never waits longer than this for a retry by default
+COMMIT_POLL_S = 0.05  # how often `run` looks at the event log's head
 REFUSED = "_refused"  # suffix of the entries for writes the safe file layer refused (e.g. "ledger_refused")
+_AFTER_DISPATCH = ("project", "ledger")  # stages a pass runs between the wakes and the runs
 _CORE_FIELDS = {"dispatch": "dispatched", "wakes": "wakes", "runs": "runs"}  # stage -> PassStats field
 
 
@@ -77,9 +91,11 @@ class Coordinator:
         # A runner for a role the team lacks, a program not installed, an OS user it cannot become: refused
         # here (ConfigError, a ValueError: `up` exits 64), never found out when a task's run fails.
         specs = runner_specs(workspace.config, root=workspace.root, roles=roles)
+        self._wake_soon: Callable[[], None] = lambda: None  # set by `run`: a finished run wakes the loop
         self.dispatcher = Dispatcher(self.kernel, workspace.root, specs,
                                      owner=self.owner, leader=team.leader, handlers=handlers,
-                                     task_file=self._task_file)
+                                     task_file=self._task_file, max_runs=workspace.config.kernel.max_runs,
+                                     on_run_done=lambda: self._wake_soon())
         self.stages: dict[str, Stage] = {}  # further adapters (scheduler) register here
         self.failing: dict[str, StageFailure] = {}  # stages whose last run failed, for logs and the live view
         folder_cfg = workspace.config.folders
@@ -112,8 +128,13 @@ class Coordinator:
         """One pass over every stage. A stage that fails is logged and skipped for this pass: the
         coordinator keeps running, and the work it left (outbox rows, leases) is retried later."""
         stats = PassStats()
-        stages: list[tuple[str, Stage]] = [*self.stages.items(), ("dispatch", self.dispatcher.dispatch_new),
-                                           ("wakes", self.dispatcher.relay_wakes), ("runs", self.dispatcher.run_due)]
+        # The folders follow the claims before any run starts: an agent reads its TASK file where the projection
+        # has put it by then, and a run in the pool never races the move its own claim caused.
+        later = {name: self.stages[name] for name in _AFTER_DISPATCH if name in self.stages}
+        stages: list[tuple[str, Stage]] = [*((n, s) for n, s in self.stages.items() if n not in later),
+                                           ("dispatch", self.dispatcher.dispatch_new),
+                                           ("wakes", self.dispatcher.relay_wakes), *later.items(),
+                                           ("runs", self.dispatcher.run_due)]
         for name, stage in stages:
             try:
                 done = stage()
@@ -144,43 +165,121 @@ class Coordinator:
         log.error("coordinator_stage_failed", stage=failure.stage, error=failure.error, message=failure.message,
                   repeated=repeated, exc_info=traceback and not repeated)
 
-    def run_once(self, max_passes: int = 500) -> list[PassStats]:
-        """Process everything pending, then return (runs that back off into the future are left due)."""
+    def run_once(self, max_passes: int = 10_000, once_wait: float | None = None) -> list[PassStats]:
+        """Process everything pending, waiting for the runs started meanwhile and for retries due within
+        ``once_wait`` seconds (default: the longest backoff a role's retry can have, at most ONCE_WAIT_MAX_S);
+        retries due later are left pending (the ledger says which)."""
+        window = self.longest_backoff() if once_wait is None else once_wait
+        deadline = time.monotonic() + window
         history = []
+        pool = self.dispatcher.pool
         for _ in range(max_passes):
+            finished = pool.finished
             stats = self.pass_once()
             history.append(stats)
-            if stats.progress == 0:
+            if stats.progress or pool.finished != finished:  # a run that ended mid-pass left work to see
+                continue
+            if len(pool):
+                pool.wait(finished)  # until a run ends: its task moved, or a slot is free
+                continue
+            due = self.dispatcher.ledger.next_due()
+            if due is None:
                 break
+            wait_s = (due - datetime.now(UTC)).total_seconds()
+            if time.monotonic() + wait_s > deadline:
+                break
+            time.sleep(max(0.0, wait_s) + 0.01)
         return history
 
+    def longest_backoff(self) -> float:
+        """The longest wait before a retry any role's runner can have, bounded (up --once's default wait)."""
+        waits = [spec.backoff * 2 ** (spec.max_attempts - 1) for spec in self.dispatcher.specs.values()]
+        return min(max(waits, default=0.0), ONCE_WAIT_MAX_S)
+
     async def run(self, stop: asyncio.Event, poll_seconds: float = 1.0,
-                  on_pass: Callable[[PassStats], None] | None = None) -> None:
-        """Work until ``stop``: a pass after every burst of file changes (watchfiles), and at least every
-        ``poll_seconds`` as the safety net (timers, settling files, other coordinators' work)."""
+                  on_pass: Callable[[PassStats], None] | None = None, force: asyncio.Event | None = None,
+                  shutdown_grace: float | None = None) -> Shutdown:
+        """Work until ``stop``: a pass after every burst of file changes (watchfiles), every commit (the event
+        log's head, looked at every COMMIT_POLL_S), every finished run, and at least every ``poll_seconds``.
+        Then shut down: start no run, let the running ones finish for ``shutdown_grace`` seconds (default
+        ``[kernel] shutdown_grace``) while the other stages go on, and stop those still running when the grace
+        ends or ``force`` is set (SIGTERM, the role's kill_grace, SIGKILL): their runs are due again at the
+        next start."""
+        loop = asyncio.get_running_loop()
         wake = asyncio.Event()
-        watcher = asyncio.create_task(self._watch(stop, wake)) if self.folders is not None else None
+
+        def wake_soon() -> None:
+            loop.call_soon_threadsafe(wake.set)
+
+        self._wake_soon = wake_soon
+        watchers = [asyncio.create_task(self._watch_commits(stop, wake))]
+        if self.folders is not None:
+            watchers.append(asyncio.create_task(self._watch(stop, wake)))
         self.stages.pop("automations", None)
         scheduler = asyncio.create_task(self.automations.run(stop))
+        force = force or asyncio.Event()
         try:
             while not stop.is_set():
-                wake.clear()
-                stats = await asyncio.to_thread(self.pass_once)
-                if on_pass is not None:
-                    on_pass(stats)
-                if stats.progress == 0:
-                    waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(wake.wait())]
-                    await asyncio.wait(waiters, timeout=poll_seconds, return_when=asyncio.FIRST_COMPLETED)
-                    for w in waiters:
-                        w.cancel()
+                await self._pass(wake, on_pass, poll_seconds, stop)
+            shutdown = await self._shut_down(wake, on_pass, force, poll_seconds, shutdown_grace)
         finally:
             stop.set()
+            self.dispatcher.pool.close()
+            self._wake_soon = lambda: None
             await scheduler
-            if watcher is not None:
+            for watcher in watchers:
                 watcher.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await watcher
-        log.info("coordinator_stopped", owner=self.owner)
+        log.info("coordinator_stopped", owner=self.owner, status=shutdown.status)
+        return shutdown
+
+    async def _pass(self, wake: asyncio.Event, on_pass: Callable[[PassStats], None] | None, poll_seconds: float,
+                    *events: asyncio.Event) -> None:
+        """One pass, then (when it moved nothing) a wait for a wake-up, one of ``events``, or the poll."""
+        wake.clear()
+        stats = await asyncio.to_thread(self.pass_once)
+        if on_pass is not None:
+            on_pass(stats)
+        if stats.progress == 0:
+            waiters = [asyncio.create_task(e.wait()) for e in (wake, *events)]
+            await asyncio.wait(waiters, timeout=poll_seconds, return_when=asyncio.FIRST_COMPLETED)
+            for w in waiters:
+                w.cancel()
+
+    async def _shut_down(self, wake: asyncio.Event, on_pass: Callable[[PassStats], None] | None,
+                         force: asyncio.Event, poll_seconds: float, grace: float | None) -> Shutdown:
+        running = self.dispatcher.drain()
+        shutdown = Shutdown("stopped", [r.describe() for r in running])
+        if not running:
+            return shutdown
+        grace_s = self.workspace.config.kernel.shutdown_grace if grace is None else grace
+        log.warning("shutdown_waiting", running=shutdown.running_at_stop, grace_s=grace_s)
+        deadline = time.monotonic() + grace_s
+        while len(self.dispatcher.pool) and not force.is_set() and time.monotonic() < deadline:
+            await self._pass(wake, on_pass, min(poll_seconds, max(0.0, deadline - time.monotonic())), force)
+        if len(self.dispatcher.pool):
+            shutdown.status = "interrupted"
+            stopping = self.dispatcher.pool.stop_all()
+            log.warning("shutdown_interrupting", runs=[r.run.run_id for r in stopping],
+                        why="second signal" if force.is_set() else f"grace of {grace_s:g}s ended")
+            await asyncio.to_thread(self.dispatcher.pool.wait)
+        await asyncio.to_thread(self.pass_once)  # what the last runs committed reaches the folders
+        return shutdown
+
+    async def _watch_commits(self, stop: asyncio.Event, wake: asyncio.Event) -> None:
+        """Wake the loop when the event log grows (a command from another process, an agent's report)."""
+        last = None
+        while not stop.is_set():
+            head = await asyncio.to_thread(self._event_head)
+            if last is not None and head != last:
+                wake.set()
+            last = head
+            await asyncio.sleep(COMMIT_POLL_S)
+
+    def _event_head(self) -> int:
+        with self.db.read() as conn:
+            return int(conn.exec_driver_sql("SELECT max(global_pos) FROM events").scalar() or 0)
 
     async def _watch(self, stop: asyncio.Event, wake: asyncio.Event) -> None:
         from watchfiles import awatch

@@ -9,7 +9,7 @@ import logging
 import os
 import sys
 import threading
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 if TYPE_CHECKING:
     import structlog
@@ -29,6 +29,15 @@ def configure_logging(level: str | None = None) -> None:
         _pending = level or os.environ.get("TASKKERNEL_LOG_LEVEL", "WARNING")
         if "structlog" in sys.modules:
             _apply_locked()
+
+
+def prefer_level(level: str) -> None:
+    """A command's own default level (``up``: INFO, a line per run), unless TASKKERNEL_LOG_LEVEL names one;
+    only before the first log line."""
+    global _pending
+    with _lock:
+        if not _configured and "TASKKERNEL_LOG_LEVEL" not in os.environ:
+            _pending = level
 
 
 def _apply_pending() -> None:
@@ -54,10 +63,21 @@ def _apply_locked() -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=cast("TextIO", _CurrentStderr())),
         cache_logger_on_first_use=True,
     )
     _configured = True  # only once structlog is configured: no thread logs through its defaults meanwhile
+
+
+class _CurrentStderr:
+    """Whatever ``sys.stderr`` is when a line is written: a live view that redirects it (rich's Live) gets the
+    lines and prints them above itself instead of having them painted over."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
 
 
 class _LazyLogger:

@@ -116,9 +116,11 @@ def test_timeout_and_missing_binary_are_failures_not_crashes(tmp_path: Path) -> 
     dev_task = admin_task(c, subject="slow", recipient="DEV")
     qa_task = admin_task(c, subject="missing", recipient="QA")
     c.run_once()
-    errors = {r["task_id"]: r["last_error"] for r in c.dispatcher.ledger.all_runs()}
-    assert errors[dev_task].endswith("last: timeout after 0.5s")
-    assert "last: runner unavailable: " in errors[qa_task]
+    runs = {r["task_id"]: r for r in c.dispatcher.ledger.all_runs()}
+    assert "last: timeout after 0.5s (terminated)" in runs[dev_task]["last_error"]
+    assert runs[dev_task]["error_code"] == "attempts_exhausted"
+    assert runs[qa_task]["last_error"].startswith("binary_missing: runner unavailable: ")
+    assert runs[qa_task]["error_code"] == "binary_missing"
 
 
 def test_lost_lease_is_fenced_and_reclaimed(tmp_path: Path) -> None:

@@ -21,15 +21,21 @@ from taskkernel.coordinator.cli.common import Exit, emit, fail, fail_config, get
 from taskkernel.coordinator.cli.output import people
 from taskkernel.coordinator.config import ConfigError
 from taskkernel.coordinator.fcop import FcopError
-from taskkernel.coordinator.loop import Coordinator, PassStats, StageFailure
+from taskkernel.coordinator.loop import Coordinator, PassStats, Shutdown, StageFailure
 from taskkernel.coordinator.workspace import Workspace, WorkspaceNotFound
+from taskkernel.kernel.logging import prefer_level
 from taskkernel.kernel.store.schema import tasks
 
 
 def up(ctx: typer.Context, workspace: Path = typer.Argument(None, help="Workspace root (default: search upwards)."),
-       once: bool = typer.Option(False, "--once", help="Process everything pending, then exit.")) -> None:
+       once: bool = typer.Option(False, "--once", help="Process everything pending, then exit."),
+       once_wait: float = typer.Option(None, "--once-wait", min=0, max=86400,
+                                       help="With --once: wait up to this many seconds for retries that fall due "
+                                            "(default: the longest backoff a role's retry can have, at most 300).")
+       ) -> None:
     """Run the coordinator: folders, dispatcher, agents and automations."""
     c = get_ctx(ctx)
+    prefer_level("INFO")  # a line per run start, end, retry and block, unless TASKKERNEL_LOG_LEVEL says otherwise
     if workspace is not None:
         c.workspace_path = str(workspace)
     try:
@@ -48,9 +54,10 @@ def up(ctx: typer.Context, workspace: Path = typer.Argument(None, help="Workspac
     except ValueError as exc:  # a bad team (fcop.json)
         fail(Exit.USAGE, str(exc))
     if once:
-        passes = coordinator.run_once()
-        done = {"passes": len(passes), "dispatched": sum(p.dispatched for p in passes),
-                "wakes": sum(p.wakes for p in passes), "runs": sum(p.runs for p in passes)}
+        passes = coordinator.run_once(once_wait=once_wait)
+        done: dict[str, object] = {"passes": len(passes), "dispatched": sum(p.dispatched for p in passes),
+                                   "wakes": sum(p.wakes for p in passes), "runs": sum(p.runs for p in passes),
+                                   "pending": [_pending(r) for r in coordinator.dispatcher.ledger.pending()]}
         failed = _failed_stages([f for p in passes for f in p.failed])
         if failed:
             emit({"status": "degraded", "failed_stages": failed, **done})
@@ -59,7 +66,7 @@ def up(ctx: typer.Context, workspace: Path = typer.Argument(None, help="Workspac
         emit({"status": "ok", **done})
         say(f"processed: {done}")
         return
-    stop = asyncio.Event()
+    stop, force = asyncio.Event(), asyncio.Event()
     totals: dict[str, int] = {"passes": 0}
 
     def count(stats: PassStats) -> None:
@@ -68,24 +75,40 @@ def up(ctx: typer.Context, workspace: Path = typer.Argument(None, help="Workspac
                             **stats.extra}.items():
             totals[name] = totals.get(name, 0) + value
 
-    async def main() -> None:
+    def on_signal(sig: signal.Signals) -> None:
+        if not stop.is_set():
+            stop.set()  # no run starts from now; the running ones get [kernel] shutdown_grace to finish
+            running = coordinator.dispatcher.pool.running()
+            say(("stopping", "yellow"), f": {len(running)} run(s) still running"
+                + (f" ({', '.join(r.run.task_id for r in running)}); Ctrl-C again stops them now" if running else ""))
+        elif sig is signal.SIGINT:
+            force.set()  # a second Ctrl-C: terminate the agents (TERM, kill_grace, KILL), runs due at next start
+
+    async def main() -> Shutdown:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal, sig)
         say(("coordinator up", "green"), f" for {ws.root} (Ctrl-C to stop)")
         console = people()  # the live view goes where lines for people go
         if not console.is_terminal:
-            await coordinator.run(stop, on_pass=count)
-            return
+            return await coordinator.run(stop, on_pass=count, force=force)
         with Live(_status(coordinator, totals), console=console, refresh_per_second=2) as live:
             def show(stats: PassStats) -> None:
                 count(stats)
                 live.update(_status(coordinator, totals))
 
-            await coordinator.run(stop, on_pass=show)
+            return await coordinator.run(stop, on_pass=show, force=force)
 
-    asyncio.run(main())
-    emit({"status": "stopped", **totals})
+    shutdown = asyncio.run(main())
+    emit({"status": shutdown.status, "running_at_stop": shutdown.running_at_stop, **totals})
+    if shutdown.status == "interrupted":
+        raise typer.Exit(130)
+
+
+def _pending(run: dict[str, object]) -> dict[str, object]:
+    """A run still waiting after `up --once`: when it is due and why its last attempt failed."""
+    return {"run_id": run["run_id"], "task_id": run["task_id"], "role": run["role"], "attempt": run["attempt"],
+            "due": run["not_before"], "error_code": run["error_code"], "last_error": run["last_error"]}
 
 
 def _failed_stages(failures: list[StageFailure]) -> list[dict[str, object]]:

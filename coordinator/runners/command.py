@@ -18,9 +18,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,35 @@ BASE_ENV = ("PATH", "HOME", "LANG", "TERM", "TZ", "TMPDIR", "USER", "LOGNAME")  
 _PR_SET_PDEATHSIG = 1
 
 
+HEARTBEAT_LINE = "taskkernel:heartbeat"  # a line an agent prints on stdout to say it is alive
+TICK_S = 0.1  # how often a running agent is looked at (exit, deadlines, a shutdown's stop)
+EXTERNAL_BEAT_EVERY_S = 1.0  # how often heartbeats recorded by other processes (CLI, MCP) are read
+
+
+class ErrorCode(StrEnum):
+    """Why an attempt failed (runs.error_code, docs/runs.md). Those in NON_RETRYABLE cannot succeed by trying
+    again: the task is blocked at once with the reason."""
+
+    TIMEOUT = "timeout"
+    HEARTBEAT_TIMEOUT = "heartbeat_timeout"
+    EXIT_CODE = "exit_code"
+    NON_RETRYABLE_EXIT = "non_retryable_exit"
+    BINARY_MISSING = "binary_missing"
+    PLACEHOLDER_UNKNOWN = "placeholder_unknown"
+    CONFIG_INVALID = "config_invalid"
+    SPAWN_FAILED = "spawn_failed"
+    AGENT_RAISED = "agent_raised"
+    INTERRUPTED = "interrupted"
+    LEASE_LOST = "lease_lost"
+    INTERNAL_ERROR = "internal_error"
+    ATTEMPTS_EXHAUSTED = "attempts_exhausted"
+    GOAL_ENDED = "goal_ended"  # the task's goal was cancelled or ran out of budget: no run starts
+
+
+NON_RETRYABLE = frozenset({ErrorCode.NON_RETRYABLE_EXIT, ErrorCode.BINARY_MISSING, ErrorCode.PLACEHOLDER_UNKNOWN,
+                           ErrorCode.CONFIG_INVALID})
+
+
 @dataclass
 class Outcome:
     ok: bool
@@ -42,16 +73,25 @@ class Outcome:
     usage: dict[str, Any] = field(default_factory=dict)
     summary: str = ""
     fenced: bool = False  # our lease was lost while the agent ran: the run is someone else's now
+    code: ErrorCode | None = None  # why it failed (None when ok)
+
+    @property
+    def retryable(self) -> bool:
+        return self.code not in NON_RETRYABLE
 
 
 @dataclass(frozen=True)
 class Supervision:
-    """The dispatcher's hooks into a command run: record the agent once it exists, renew the lease
-    while it runs. Either answering False means the run was taken over, and the agent is stopped."""
+    """The dispatcher's hooks into a command run: record the agent once it exists, renew the lease while it
+    runs (False: the run was taken over, and the agent is stopped), record the agent's own heartbeats and read
+    those other processes recorded, and ``stop``: a shutdown asks for the agent to be terminated now."""
 
     on_start: Callable[[int, int | None], bool]  # (process group, start time)
     heartbeat: Callable[[], bool]
     every_s: float
+    beat: Callable[[], bool] = lambda: True  # the agent printed HEARTBEAT_LINE
+    last_beat: Callable[[], float | None] = lambda: None  # epoch seconds of the last recorded heartbeat
+    stop: threading.Event = field(default_factory=threading.Event)
 
 
 def agent_env(spec: RunnerSpec, run_vars: dict[str, str], source: dict[str, str] | None = None) -> dict[str, str]:
@@ -94,11 +134,19 @@ def parse_usage(stdout: str) -> dict[str, Any]:
 def run_command(spec: RunnerSpec, placeholders: dict[str, str], env: dict[str, str], workspace: Path,
                 log_dir: Path, supervision: Supervision | None = None) -> Outcome:
     """Run the agent in its own session (one process group to signal); ``env`` is already the whole
-    environment (see `agent_env`). While the coordinator lives, the agent never outlives this call."""
-    argv = [part.format(**placeholders) for part in spec.argv]
-    cwd = (workspace / spec.cwd) if spec.cwd else workspace
-    private_dir(log_dir)  # agents' output may echo secrets: readable by the workspace owner only
+    environment (see `agent_env`). While the coordinator lives, the agent never outlives this call. An error
+    no retry can fix (a missing program, an unknown placeholder, an OS user that cannot be used, an exit code
+    the role lists as non-retryable) says so in ``code``."""
     started = time.monotonic()
+    try:
+        argv = [part.format(**placeholders) for part in spec.argv]
+    except (KeyError, IndexError, ValueError) as exc:
+        return Outcome(False, None, 0, f"argv placeholder {exc} is unknown (known: {', '.join(placeholders)})",
+                       code=ErrorCode.PLACEHOLDER_UNKNOWN)
+    cwd = (workspace / spec.cwd) if spec.cwd else workspace
+    if not cwd.is_dir():
+        return Outcome(False, None, 0, f"working folder {cwd} does not exist", code=ErrorCode.CONFIG_INVALID)
+    private_dir(log_dir)  # agents' output may echo secrets: readable by the workspace owner only
     try:
         with open(log_dir / "stdout.log", "w+", encoding="utf-8", errors="replace", opener=_private) as out, \
                 open(log_dir / "stderr.log", "w", encoding="utf-8", opener=_private) as err:
@@ -106,42 +154,105 @@ def run_command(spec: RunnerSpec, placeholders: dict[str, str], env: dict[str, s
                                     start_new_session=True, preexec_fn=_die_with_parent(os.getpid()),
                                     **_identity(spec))
             try:
-                code = _supervise(proc, spec.timeout, supervision)
+                code = _supervise(proc, spec, supervision, log_dir / "stdout.log")
             except _Stopped as stop:
-                return Outcome(False, None, _ms(started), stop.error, fenced=stop.fenced)
+                return Outcome(False, None, _ms(started), stop.error, fenced=stop.fenced, code=stop.code)
             finally:
-                if proc.poll() is None:  # timeout, lost lease, or an error while supervising
+                if proc.poll() is None:  # lost lease, or an error while supervising
                     _kill_group(proc.pid)
                     proc.wait()
             out.seek(0)
             stdout = out.read()
-    except (OSError, ValueError, KeyError, IndexError, subprocess.SubprocessError) as exc:
-        return Outcome(False, None, _ms(started), f"runner unavailable: {exc}")  # binary, cwd, placeholder, user
+    except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
+        return Outcome(False, None, _ms(started), f"runner unavailable: {exc}", code=ErrorCode.BINARY_MISSING)
+    except (KeyError, ValueError) as exc:  # run_as: the user vanished or cannot be used
+        return Outcome(False, None, _ms(started), f"runner unavailable: {exc}", code=ErrorCode.CONFIG_INVALID)
+    except (OSError, subprocess.SubprocessError) as exc:  # out of processes or memory: may pass
+        return Outcome(False, None, _ms(started), f"could not start the agent: {exc}", code=ErrorCode.SPAWN_FAILED)
     usage = parse_usage(stdout)
     if code != 0:
-        return Outcome(False, code, _ms(started), f"exit code {code}", usage)
+        kind = ErrorCode.NON_RETRYABLE_EXIT if code in spec.non_retryable_exit_codes else ErrorCode.EXIT_CODE
+        return Outcome(False, code, _ms(started), f"exit code {code}", usage, code=kind)
     return Outcome(True, 0, _ms(started), None, usage, stdout.strip().splitlines()[-1][:200] if stdout.strip() else "")
 
 
 class _Stopped(Exception):
-    def __init__(self, error: str, fenced: bool = False) -> None:
+    def __init__(self, error: str, code: ErrorCode, fenced: bool = False) -> None:
         super().__init__(error)
-        self.error, self.fenced = error, fenced
+        self.error, self.code, self.fenced = error, code, fenced
 
 
-def _supervise(proc: subprocess.Popen[bytes], timeout: float, supervision: Supervision | None) -> int:
-    """The agent's exit code. With supervision, the agent is recorded and the lease renewed meanwhile."""
-    lost = _Stopped("lease lost: the run was taken over", fenced=True)
-    if supervision is not None and not supervision.on_start(proc.pid, process_start(proc.pid)):
-        raise lost
-    deadline = time.monotonic() + timeout
-    while (left := deadline - time.monotonic()) > 0:
+class _StdoutBeats:
+    """Heartbeat lines the agent printed since the last look (its stdout file, read from where we stopped)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset, self.partial = path, 0, b""
+
+    def seen(self) -> bool:
         try:
-            return proc.wait(timeout=min(left, supervision.every_s) if supervision else left)
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read(1 << 20)
+        except OSError:
+            return False
+        self.offset += len(chunk)
+        lines = (self.partial + chunk).split(b"\n")
+        self.partial = lines.pop()[-4096:]
+        return any(line.strip() == HEARTBEAT_LINE.encode() for line in lines)
+
+
+def _supervise(proc: subprocess.Popen[bytes], spec: RunnerSpec, supervision: Supervision | None,
+               stdout: Path) -> int:
+    """The agent's exit code. Meanwhile: the lease renewed, heartbeats watched, and the agent stopped (SIGTERM
+    to its group, ``kill_grace``, SIGKILL) at its timeout, when its heartbeats stop, or when a shutdown asks."""
+    if supervision is not None and not supervision.on_start(proc.pid, process_start(proc.pid)):
+        raise _Stopped("lease lost: the run was taken over", ErrorCode.LEASE_LOST, fenced=True)
+    started = time.monotonic()
+    deadline, renew_at, beat_at, read_beats_at = started + spec.timeout, started, started, started
+    beats = _StdoutBeats(stdout) if spec.heartbeat_timeout is not None else None
+    while True:
+        try:
+            return proc.wait(timeout=TICK_S)
         except subprocess.TimeoutExpired:
-            if supervision is not None and not supervision.heartbeat():
-                raise lost from None
-    raise _Stopped(f"timeout after {timeout:g}s")
+            pass
+        now = time.monotonic()
+        if supervision is not None and supervision.stop.is_set():
+            raise _Stopped(f"interrupted by a shutdown ({_terminate(proc, spec.kill_grace)})", ErrorCode.INTERRUPTED)
+        if now >= deadline:
+            raise _Stopped(f"timeout after {spec.timeout:g}s ({_terminate(proc, spec.kill_grace)})",
+                           ErrorCode.TIMEOUT)
+        if beats is not None and spec.heartbeat_timeout is not None:
+            if beats.seen():
+                beat_at = now
+                if supervision is not None:
+                    supervision.beat()
+            elif supervision is not None and now >= read_beats_at:
+                read_beats_at = now + EXTERNAL_BEAT_EVERY_S
+                last = supervision.last_beat()
+                if last is not None:
+                    beat_at = max(beat_at, now - max(0.0, time.time() - last))
+            if now - beat_at > spec.heartbeat_timeout:
+                raise _Stopped(f"no heartbeat for {spec.heartbeat_timeout:g}s "
+                               f"({_terminate(proc, spec.kill_grace)})", ErrorCode.HEARTBEAT_TIMEOUT)
+        if supervision is not None and now >= renew_at:
+            renew_at = now + supervision.every_s
+            if not supervision.heartbeat():
+                raise _Stopped("lease lost: the run was taken over", ErrorCode.LEASE_LOST, fenced=True)
+
+
+def _terminate(proc: subprocess.Popen[bytes], grace_s: float) -> str:
+    """SIGTERM to the agent's process group, ``grace_s`` for it to flush and exit, then SIGKILL to whatever of
+    the group is left. Says which it took: "terminated" or "killed"."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+        result = "terminated"
+    except subprocess.TimeoutExpired:
+        result = "killed"
+    _kill_group(proc.pid)  # helpers the agent started die with it either way
+    proc.wait()
+    return result
 
 
 def _identity(spec: RunnerSpec) -> dict[str, Any]:

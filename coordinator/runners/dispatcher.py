@@ -11,6 +11,7 @@ revokes the previous holder's token (`stale_lease`) and terminates its agent, an
 
 from __future__ import annotations
 
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -21,6 +22,7 @@ import sqlalchemy as sa
 
 from taskkernel.coordinator.runners.agent import AgentContext
 from taskkernel.coordinator.runners.command import (
+    ErrorCode,
     Outcome,
     Supervision,
     agent_env,
@@ -30,6 +32,7 @@ from taskkernel.coordinator.runners.command import (
 )
 from taskkernel.coordinator.runners.config import RunnerKind, RunnerSpec
 from taskkernel.coordinator.runners.ledger import ClaimedRun, Orphan, Purpose, RunLedger
+from taskkernel.coordinator.runners.pool import Running, RunPool
 from taskkernel.coordinator.runners.scripted import ScriptedAgent, agent_for
 from taskkernel.kernel.commands import EffectRule, TaskCommandKernel
 from taskkernel.kernel.credentials import STALE_LEASE, issue_token, revoke_hash, revoke_token, token_hash
@@ -54,7 +57,8 @@ class Dispatcher:
     def __init__(self, kernel: TaskCommandKernel, workspace: Path, specs: dict[str, RunnerSpec], *,
                  owner: str, leader: str, handlers: dict[str, ScriptedAgent] | None = None,
                  task_file: Callable[[dict[str, Any]], Path] | None = None,
-                 goals: GoalService | None = None) -> None:
+                 goals: GoalService | None = None, max_runs: int = 4,
+                 on_run_done: Callable[[], None] | None = None) -> None:
         self.kernel = kernel
         self.db = kernel.db
         self.workspace = workspace
@@ -68,6 +72,8 @@ class Dispatcher:
                                 role_leases=leases)
         self.host = host_identity()
         self.relay = OutboxRelay(self.db, {WAKE_EFFECT: self._on_wake})
+        self.pool = RunPool(max_runs, {role: spec.concurrency for role, spec in specs.items()}, on_run_done)
+        self.accepting = True  # False once a shutdown began: running agents finish, none starts
         install_usage(self.db)
 
     # -- one pass of each stage -------------------------------------------------------------
@@ -96,19 +102,36 @@ class Dispatcher:
     def relay_wakes(self) -> int:
         return self.relay.run_pending()
 
-    def run_due(self, limit: int = 10) -> int:
-        ran = 0
-        for run in self.ledger.claim_due(limit):
-            try:
-                self._run(run)
-            except Exception as exc:  # noqa: BLE001 - a bug in one run must not starve the others
-                log.exception("run_failed_internally", run_id=run.run_id)
-                if run.attempt < run.max_attempts:
-                    self.ledger.retry_later(run, self.specs[run.role].backoff, f"internal error: {exc}", None)
-                else:
-                    self.ledger.block(run, f"internal error: {exc}")
-            ran += 1
-        return ran
+    def run_due(self) -> int:
+        """Start the due runs there are free slots for, each in the pool; returns how many started."""
+        if not self.accepting:
+            return 0
+        total, per_role = self.pool.free()
+        claimed = self.ledger.claim_due(total, slots=per_role)
+        for run in claimed:
+            spec = self.specs[run.role]
+            timeout = spec.timeout if spec.runner is RunnerKind.COMMAND else None
+            self.pool.start(Running(run, self._agent_name(run.role), timeout), self._run_safely)
+        return len(claimed)
+
+    def _run_safely(self, running: Running) -> None:
+        run = running.run
+        log.info("run_started", run_id=run.run_id, task_id=run.task_id, role=run.role, agent=running.agent,
+                 attempt=run.attempt, timeout_s=running.timeout)
+        try:
+            self._run(run, running.stop)
+        except Exception as exc:  # noqa: BLE001 - a bug in one run must not starve the others
+            log.exception("run_failed_internally", run_id=run.run_id)
+            if run.attempt < run.max_attempts:
+                self.ledger.retry_later(run, self.specs[run.role].backoff, f"internal error: {exc}", None,
+                                        ErrorCode.INTERNAL_ERROR)
+            else:
+                self.ledger.block(run, f"internal error: {exc}", ErrorCode.INTERNAL_ERROR)
+
+    def drain(self) -> list[Running]:
+        """A shutdown began: start no run; what is still running."""
+        self.accepting = False
+        return self.pool.running()
 
     # -- wakes -------------------------------------------------------------------------------
     def _on_wake(self, key: str, payload: dict[str, Any]) -> None:
@@ -139,7 +162,7 @@ class Dispatcher:
                 self.ledger.enqueue(uow, run_id, target["task_id"], round_, role, purpose, spec.max_attempts)
 
     # -- running -----------------------------------------------------------------------------
-    def _run(self, run: ClaimedRun) -> None:
+    def _run(self, run: ClaimedRun, stop: threading.Event) -> None:
         spec = self.specs[run.role]
         if run.orphan is not None and not self._reap(run, run.orphan) and not run.exhausted:
             return  # never run beside a survivor: the lease lapses and a later takeover tries again
@@ -148,28 +171,40 @@ class Dispatcher:
             self.ledger.succeed(run, None)  # the world moved on: nothing to do for this wake
             return
         if run.exhausted:
-            self._give_up(run, doc, "attempts exhausted after repeated crashes or lost leases")
+            self._give_up(run, doc, "attempts exhausted after repeated crashes or lost leases",
+                          ErrorCode.ATTEMPTS_EXHAUSTED)
             return
         allowed, why = self.goals.allows_work(doc["root"])
         if not allowed:
-            self._give_up(run, doc, why or "goal ended")
+            self._give_up(run, doc, why or "goal ended", ErrorCode.GOAL_ENDED)
             return
         goal_id = self.goals.active_goal(doc["root"])  # the goal this run's verdict will be bound to
-        outcome = self._execute(spec, run, doc)
+        outcome = self._execute(spec, run, doc, stop)
         self._record_usage(run, doc, outcome)
+        log.info("run_finished", run_id=run.run_id, task_id=run.task_id, role=run.role, attempt=run.attempt,
+                 ok=outcome.ok, exit_code=outcome.exit_code, wall_ms=outcome.wall_ms, error_code=outcome.code,
+                 error=outcome.error)
         if outcome.fenced:
             log.warning("run_lease_lost", run_id=run.run_id, attempt=run.attempt)
             return  # the run is another coordinator's now; its verdict is theirs
+        if outcome.code is ErrorCode.INTERRUPTED:
+            self.ledger.interrupt(run, outcome.error or "interrupted")
+            log.warning("run_interrupted", run_id=run.run_id, task_id=run.task_id, role=run.role)
+            return  # due again at the next start; the attempt is not the agent's
         if goal_id is not None:
             self.goals.record_run(goal_id, executed=outcome.ok)
         if outcome.ok:
             self.ledger.succeed(run, outcome.exit_code)
+        elif not outcome.retryable:
+            self._give_up(run, doc, f"{outcome.code}: {outcome.error}", outcome.code or ErrorCode.EXIT_CODE)
         elif run.attempt < run.max_attempts:
             delay = spec.backoff * (2 ** (run.attempt - 1))
-            self.ledger.retry_later(run, delay, outcome.error or "failed", outcome.exit_code)
-            log.warning("run_retry", run_id=run.run_id, attempt=run.attempt, error=outcome.error, delay_s=delay)
+            self.ledger.retry_later(run, delay, outcome.error or "failed", outcome.exit_code, outcome.code)
+            log.warning("run_retry", run_id=run.run_id, task_id=run.task_id, role=run.role, attempt=run.attempt,
+                        error_code=outcome.code, error=outcome.error, delay_s=delay)
         else:
-            self._give_up(run, doc, f"{run.attempt} attempts failed; last: {outcome.error}")
+            self._give_up(run, doc, f"{run.attempt} attempts failed; last: {outcome.error}",
+                          ErrorCode.ATTEMPTS_EXHAUSTED)
 
     def _reap(self, run: ClaimedRun, orphan: Orphan) -> bool:
         """Fence out what the previous holder left: its token first (from then on the orphan's reports are
@@ -194,7 +229,7 @@ class Dispatcher:
         wanted = {Purpose.EXECUTE: "active", Purpose.REVIEW: "review", Purpose.CHILDREN: "active"}[run.purpose]
         return doc["state"] == wanted and doc["round"] == run.round
 
-    def _execute(self, spec: RunnerSpec, run: ClaimedRun, doc: dict[str, Any]) -> Outcome:
+    def _execute(self, spec: RunnerSpec, run: ClaimedRun, doc: dict[str, Any], stop: threading.Event) -> Outcome:
         principal = self._principal(run.role, task_id=run.task_id, round_=run.round)
         task_file = self.task_file(doc)
         if spec.runner is RunnerKind.SCRIPTED:
@@ -205,12 +240,14 @@ class Dispatcher:
                 summary = agent(ctx)
             except Exception as exc:  # noqa: BLE001 - an agent failure is an outcome, not a coordinator crash
                 log.warning("scripted_agent_failed", run_id=run.run_id, error=traceback.format_exc(limit=3))
-                return Outcome(False, 1, int((time.monotonic() - started) * 1000), f"agent raised: {exc}")
+                return Outcome(False, 1, int((time.monotonic() - started) * 1000), f"agent raised: {exc}",
+                               code=ErrorCode.AGENT_RAISED)
             return Outcome(True, 0, int((time.monotonic() - started) * 1000), summary=summary)
         token = issue_token(self.db, run.role, principal.agent, task_id=run.task_id, round=run.round)
         try:
             if not self.ledger.attach_token(run, token_hash(token)):
-                return Outcome(False, None, 0, "lease lost before the agent started", fenced=True)
+                return Outcome(False, None, 0, "lease lost before the agent started", fenced=True,
+                               code=ErrorCode.LEASE_LOST)
             placeholders = {"task_file": str(task_file), "task_id": run.task_id, "round": str(run.round),
                             "workspace": str(self.workspace), "role": run.role, "purpose": run.purpose.value}
             # No database URL: an agent's `taskkernel` finds the database through the workspace's config.
@@ -220,17 +257,19 @@ class Dispatcher:
                 "TASKKERNEL_PURPOSE": run.purpose.value})
             supervision = Supervision(
                 on_start=lambda pgid, start: self.ledger.attach_agent(run, self.host, pgid, start),
-                heartbeat=lambda: self.ledger.renew(run), every_s=max(0.2, spec.lease_seconds / 3))
+                heartbeat=lambda: self.ledger.renew(run), every_s=max(0.2, spec.lease_seconds / 3),
+                beat=lambda: self.ledger.beat(run), last_beat=lambda: self.ledger.last_beat(run), stop=stop)
             log_dir = (self.workspace / ".taskkernel" / "runs" / run.run_id.replace(":", "_")
                        / f"attempt-{run.attempt}")
             return run_command(spec, placeholders, env, self.workspace, log_dir, supervision)
         finally:
             revoke_token(self.db, token)  # the credential lives exactly as long as the run
 
-    def _give_up(self, run: ClaimedRun, doc: dict[str, Any], reason: str) -> None:
-        if not self.ledger.block(run, reason):
+    def _give_up(self, run: ClaimedRun, doc: dict[str, Any], reason: str, code: ErrorCode) -> None:
+        if not self.ledger.block(run, reason, code):
             return  # our lease was lost: whoever holds the run now decides
-        log.error("run_blocked", run_id=run.run_id, reason=reason)
+        log.error("run_blocked", run_id=run.run_id, task_id=run.task_id, role=run.role, error_code=code,
+                  reason=reason)
         if run.purpose is not Purpose.EXECUTE:
             return
         # ADR-0002's report gate: the session is over and no done report came, so say so on the task.

@@ -109,23 +109,36 @@ class RunLedger:
             state=RunState.PENDING.value, max_attempts=max_attempts, not_before=now, created_at=now))
         return True
 
-    def claim_due(self, limit: int = 10, now: datetime | None = None) -> list[ClaimedRun]:
+    def claim_due(self, limit: int = 10, now: datetime | None = None,
+                  slots: Mapping[str, int] | None = None) -> list[ClaimedRun]:
         """Take pending runs that are due, and running ones whose holder's lease expired (a crash counts
-        as a spent attempt)."""
+        as a spent attempt), oldest first: at most ``limit``, and with ``slots`` at most that many of each role
+        (a role not in it gets none)."""
         t = now or datetime.now(UTC)
         stamp = _iso(t)
         due = sa.or_(sa.and_(runs.c.state == RunState.PENDING.value, runs.c.not_before <= stamp),
                      sa.and_(runs.c.state == RunState.RUNNING.value, runs.c.lease_until < stamp))
+        free = dict(slots) if slots is not None else None
+        if limit <= 0 or (free is not None and not any(n > 0 for n in free.values())):
+            return []
+        query = sa.select(runs).where(due).order_by(runs.c.created_at, runs.c.run_id)
+        if free is not None:
+            query = query.where(runs.c.role.in_([role for role, n in free.items() if n > 0]))
         claimed: list[ClaimedRun] = []
         with self.db.write() as uow:
-            rows = uow.conn.execute(sa.select(runs).where(due).order_by(runs.c.created_at).limit(limit)).all()
-            for r in rows:
+            for r in uow.conn.execute(query.limit(limit if free is None else max(limit, 64))).all():
+                if len(claimed) >= limit:
+                    break
+                if free is not None:
+                    if free.get(r.role, 0) <= 0:
+                        continue
+                    free[r.role] -= 1
                 attempt, fencing = r.attempt + 1, r.fencing + 1
                 # The agent columns stay until the new holder starts its own agent: if it crashes before
                 # dealing with the orphan, the next takeover still finds it.
                 uow.conn.execute(runs.update().where(runs.c.run_id == r.run_id).values(
                     state=RunState.RUNNING.value, attempt=attempt, fencing=fencing, lease_owner=self.owner,
-                    lease_until=_iso(t + self.lease_for(r.role))))
+                    lease_until=_iso(t + self.lease_for(r.role)), heartbeat_at=None))
                 orphan = None
                 if r.state == RunState.RUNNING.value and (r.token_hash or r.agent_pgid):
                     orphan = Orphan(r.token_hash, r.agent_host, r.agent_pgid, r.agent_start)
@@ -133,7 +146,23 @@ class RunLedger:
                                           r.max_attempts, fencing, orphan))
         return claimed
 
+    def next_due(self) -> datetime | None:
+        """When the earliest pending run is due (None: nothing pending)."""
+        with self.db.read() as conn:
+            stamp = conn.execute(sa.select(sa.func.min(runs.c.not_before))
+                                 .where(runs.c.state == RunState.PENDING.value)).scalar()
+        return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC) if stamp else None
+
+    def pending(self) -> list[dict[str, object]]:
+        """Runs waiting to start (first attempts and retries), oldest first."""
+        with self.db.read() as conn:
+            return [dict(r._mapping) for r in conn.execute(
+                sa.select(runs.c.run_id, runs.c.task_id, runs.c.role, runs.c.attempt, runs.c.not_before,
+                          runs.c.last_error, runs.c.error_code)
+                .where(runs.c.state == RunState.PENDING.value).order_by(runs.c.not_before))]
+
     def renew(self, run: ClaimedRun) -> bool:
+        """The coordinator's own lease renewal while the agent runs (not a heartbeat of the agent)."""
         return self._fenced(run, lease_until=_iso(datetime.now(UTC) + self.lease_for(run.role)))
 
     def attach_token(self, run: ClaimedRun, token_hash: str) -> bool:
@@ -143,18 +172,38 @@ class RunLedger:
     def attach_agent(self, run: ClaimedRun, host: str, pgid: int, start: int | None) -> bool:
         return self._fenced(run, agent_host=host, agent_pgid=pgid, agent_start=start)
 
+    def beat(self, run: ClaimedRun) -> bool:
+        """The agent said it is alive: recorded (heartbeat_timeout counts from it) and the lease renewed."""
+        now = datetime.now(UTC)
+        return self._fenced(run, heartbeat_at=_iso(now), lease_until=_iso(now + self.lease_for(run.role)))
+
+    def last_beat(self, run: ClaimedRun) -> float | None:
+        """Epoch seconds of the run's last heartbeat, whoever recorded it (None: none yet)."""
+        with self.db.read() as conn:
+            stamp = conn.execute(sa.select(runs.c.heartbeat_at).where(runs.c.run_id == run.run_id,
+                                                                     runs.c.fencing == run.fencing)).scalar()
+        return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp() if stamp else None
+
     def succeed(self, run: ClaimedRun, exit_code: int | None) -> bool:
         return self._fenced(run, state=RunState.SUCCEEDED.value, exit_code=exit_code, ended_at=utc_now_iso(),
-                            lease_owner=None, lease_until=None, **_CLEARED)
+                            error_code=None, lease_owner=None, lease_until=None, **_CLEARED)
 
-    def retry_later(self, run: ClaimedRun, delay_s: float, error: str, exit_code: int | None) -> bool:
+    def retry_later(self, run: ClaimedRun, delay_s: float, error: str, exit_code: int | None,
+                    code: str | None = None) -> bool:
         not_before = _iso(datetime.now(UTC) + timedelta(seconds=delay_s))
         return self._fenced(run, state=RunState.PENDING.value, not_before=not_before, last_error=error,
-                            exit_code=exit_code, lease_owner=None, lease_until=None, **_CLEARED)
+                            exit_code=exit_code, error_code=code, lease_owner=None, lease_until=None, **_CLEARED)
 
-    def block(self, run: ClaimedRun, error: str) -> bool:
-        return self._fenced(run, state=RunState.BLOCKED.value, last_error=error, ended_at=utc_now_iso(),
-                            lease_owner=None, lease_until=None, **_CLEARED)
+    def interrupt(self, run: ClaimedRun, error: str) -> bool:
+        """A shutdown stopped the agent: the run is due again at the next start, and the attempt a person's
+        stop took is given back (it says nothing of the agent)."""
+        return self._fenced(run, state=RunState.PENDING.value, not_before=utc_now_iso(), last_error=error,
+                            error_code="interrupted", attempt=run.attempt - 1, lease_owner=None, lease_until=None,
+                            **_CLEARED)
+
+    def block(self, run: ClaimedRun, error: str, code: str | None = None) -> bool:
+        return self._fenced(run, state=RunState.BLOCKED.value, last_error=error, error_code=code,
+                            ended_at=utc_now_iso(), lease_owner=None, lease_until=None, **_CLEARED)
 
     def _fenced(self, run: ClaimedRun, **values: object) -> bool:
         with self.db.write() as uow:
