@@ -94,7 +94,7 @@ class CliContext:
         (--token or TASKKERNEL_TOKEN, even empty) must be a live credential. Without one: in a workspace
         with ``require_token`` the owner's credential file is read; in an older workspace, or with only
         --db (whoever holds the database URL holds the database), the caller is the local owner."""
-        from taskkernel.kernel.credentials import authenticate
+        from taskkernel.coordinator.runners.ledger import authenticate_agent
         from taskkernel.kernel.model.principal import LOCAL_OWNER
         from taskkernel.kernel.private import read_private
         from taskkernel.kernel.reasons import KernelError, ReasonCode
@@ -114,7 +114,7 @@ class CliContext:
                                    f"{ws.owner_token_path}, readable only by the workspace owner)")
         self.used_token = token  # `token revoke` will not revoke the credential it runs with
         try:
-            return authenticate(self.database(), token)
+            return authenticate_agent(self.database(), token)  # a run's token: also its agent's heartbeat
         except KernelError as exc:
             return exc
 

@@ -40,7 +40,7 @@ from taskkernel.coordinator.mcp import is_loopback, resources
 from taskkernel.coordinator.mcp.results import Outcome, refusal
 from taskkernel.coordinator.mcp.schemas import input_schema, output_schema
 from taskkernel.coordinator.mcp.tools import TOOLS, TaskTools
-from taskkernel.kernel.credentials import authenticate
+from taskkernel.coordinator.runners.ledger import authenticate_agent
 from taskkernel.kernel.logging import get_logger
 from taskkernel.kernel.model.principal import Principal
 from taskkernel.kernel.reasons import KernelError, ReasonCode
@@ -191,7 +191,7 @@ def fault_error(exc: BaseException, tools: TaskTools) -> MCPError:
 def stdio_who(tools: TaskTools, token: str | None, fixed: Principal) -> Who:
     """The server's own credential, authenticated again at each call (``fixed``: the local owner, no token)."""
     def principal() -> Principal:
-        return fixed if token is None else authenticate(tools.db, token)
+        return fixed if token is None else authenticate_agent(tools.db, token)  # a run's token: a heartbeat too
 
     return lambda ctx: principal
 
@@ -319,7 +319,7 @@ class BearerGate:
                                                          "ROLE prints one)")
             return
         try:
-            principal = await anyio.to_thread.run_sync(authenticate, self.tools.db, token)
+            principal = await anyio.to_thread.run_sync(authenticate_agent, self.tools.db, token)
         except KernelError as exc:
             await unauthorized(send, exc.reason.value, exc.message)
             return

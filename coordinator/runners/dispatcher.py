@@ -254,6 +254,7 @@ class Dispatcher:
             env = agent_env(spec, {
                 "TASKKERNEL_TOKEN": token, "TASKKERNEL_TASK_ID": run.task_id, "TASKKERNEL_ROUND": str(run.round),
                 "TASKKERNEL_TASK_FILE": str(task_file), "TASKKERNEL_WORKSPACE": str(self.workspace),
+                "TASKKERNEL_ROLE": run.role,
                 "TASKKERNEL_PURPOSE": run.purpose.value})
             supervision = Supervision(
                 on_start=lambda pgid, start: self.ledger.attach_agent(run, self.host, pgid, start),

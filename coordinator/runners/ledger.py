@@ -20,6 +20,8 @@ import sqlalchemy as sa
 
 from taskkernel.coordinator.tables import metadata, runs
 from taskkernel.kernel.canonical import utc_now_iso
+from taskkernel.kernel.credentials import authenticate, token_hash
+from taskkernel.kernel.model.principal import Principal
 from taskkernel.kernel.store.db import Database, UnitOfWork
 
 
@@ -214,3 +216,15 @@ class RunLedger:
     def all_runs(self) -> list[dict[str, object]]:
         with self.db.read() as conn:
             return [dict(r._mapping) for r in conn.execute(sa.select(runs).order_by(runs.c.created_at))]
+
+
+def authenticate_agent(db: Database, token: str) -> Principal:
+    """``authenticate``, and for a run's token a heartbeat of that run: any CLI verb or MCP call an agent makes
+    says it is alive (its supervisor's heartbeat_timeout counts from the last one)."""
+    principal = authenticate(db, token)
+    if principal.task_id is not None:
+        with db.write() as uow:
+            uow.conn.execute(runs.update().where(runs.c.token_hash == token_hash(token),
+                                                 runs.c.state == RunState.RUNNING.value)
+                             .values(heartbeat_at=utc_now_iso()))
+    return principal
