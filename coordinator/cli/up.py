@@ -1,30 +1,30 @@
 """`taskkernel up`: run the coordinator over a workspace.
 
 A stage that failed is never reported as ok: `--once` exits 1 with ``"status": "degraded"`` and the
-failed stages; the long-running form keeps going and shows the failing stages in its live table
-(the coordinator logs each failure as a structured line either way).
+failed stages; the long-running form keeps going and shows the failing stages in its live view
+(coordinator/cli/live.py; the coordinator logs each failure as a structured line either way).
 """
 
 from __future__ import annotations
 
 import asyncio
 import signal
+import sys
+import time
 from pathlib import Path
 
-import sqlalchemy as sa
 import typer
 from rich.live import Live
-from rich.table import Table
 from rich.text import Text
 
 from taskkernel.coordinator.cli.common import Exit, emit, fail, fail_config, get_ctx, say
-from taskkernel.coordinator.cli.output import people
+from taskkernel.coordinator.cli.live import Notices, live_view, rows_for, watching_notices
+from taskkernel.coordinator.cli.output import oneline, people
 from taskkernel.coordinator.config import ConfigError
 from taskkernel.coordinator.fcop import FcopError
 from taskkernel.coordinator.loop import Coordinator, PassStats, Shutdown, StageFailure
 from taskkernel.coordinator.workspace import Workspace, WorkspaceNotFound
 from taskkernel.kernel.logging import prefer_level
-from taskkernel.kernel.store.schema import tasks
 
 
 def up(ctx: typer.Context, workspace: Path = typer.Argument(None, help="Workspace root (default: search upwards)."),
@@ -92,10 +92,18 @@ def up(ctx: typer.Context, workspace: Path = typer.Argument(None, help="Workspac
         console = people()  # the live view goes where lines for people go
         if not console.is_terminal:
             return await coordinator.run(stop, on_pass=count, force=force)
-        with Live(_status(coordinator, totals), console=console, refresh_per_second=2) as live:
+        # While the view is up, rich sends what is written to a terminal's sys.stdout/sys.stderr (the log lines:
+        # kernel/logging.py writes to the current sys.stderr) to the console above the view instead of under it,
+        # where the next refresh would paint over it; a stream that is not a terminal (`2>up.log`) stays as it is.
+        with watching_notices() as notices, Live(console=console, refresh_per_second=2,
+                                                 redirect_stdout=sys.stdout.isatty(),
+                                                 redirect_stderr=sys.stderr.isatty()) as live:
+            view = _LiveView(coordinator, totals, notices, live)
+            view.refresh()
+
             def show(stats: PassStats) -> None:
                 count(stats)
-                live.update(_status(coordinator, totals))
+                view.refresh()
 
             return await coordinator.run(stop, on_pass=show, force=force)
 
@@ -119,19 +127,23 @@ def _failed_stages(failures: list[StageFailure]) -> list[dict[str, object]]:
     return [{"stage": f.stage, "error": f.error, "message": f.message, "passes": n} for f, n in counts.items()]
 
 
-def _status(coordinator: Coordinator, totals: dict[str, int]) -> Table:
-    """The live view: tasks per state, what the coordinator has done since it started, failing stages."""
-    with coordinator.db.read() as conn:
-        states: dict[str, int] = {row[0]: row[1] for row in conn.execute(
-            sa.select(tasks.c.state, sa.func.count()).group_by(tasks.c.state))}
-    table = Table(title=f"taskkernel up: {coordinator.workspace.root}", show_header=True)
-    for state in ("inbox", "active", "review", "done", "archive"):
-        table.add_column(state, justify="right")
-    table.add_row(*(str(states.get(s, 0)) for s in ("inbox", "active", "review", "done", "archive")))
-    table.caption = " · ".join(f"{k} {v}" for k, v in totals.items())
-    if coordinator.failing:
-        table.title = Text.assemble(f"taskkernel up: {coordinator.workspace.root} ", ("(degraded)", "bold red"))
-        table.caption = Text("\n").join([Text(table.caption), *(
-            Text.assemble(("failing", "red"), f" {f.stage}: {f.error}: {f.message}")
-            for f in coordinator.failing.values())])
-    return table
+class _LiveView:
+    """Redraws the view after a pass, at most every REFRESH_S (a burst of passes reads the store once)."""
+
+    REFRESH_S = 0.5
+
+    def __init__(self, coordinator: Coordinator, totals: dict[str, int], notices: Notices, live: Live) -> None:
+        self.coordinator, self.totals, self.notices, self.live = coordinator, totals, notices, live
+        self.last = float("-inf")
+
+    def refresh(self) -> None:
+        now = time.monotonic()
+        if now - self.last < self.REFRESH_S:
+            return
+        self.last = now
+        try:
+            view = live_view(self.coordinator, self.totals, self.notices,
+                             rows=rows_for(self.live.console.height))
+        except Exception as exc:  # noqa: BLE001 - the view must never stop the coordinator (a locked store, …)
+            view = Text.assemble(("live view unavailable", "red"), f": {type(exc).__name__}: {oneline(str(exc))}")
+        self.live.update(view)
