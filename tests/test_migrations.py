@@ -335,3 +335,30 @@ def test_a_release_0_1_postgresql_database_upgrades_without_losing_an_event(tmp_
     with db.read() as conn:
         assert compare_metadata(MigrationContext.configure(conn), schema.target_metadata()) == []
     db.dispose()
+
+
+def test_a_task_blocked_before_the_upgrade_is_listed_blocked_after_it(tmp_path: Path) -> None:
+    """0004: a document stored before the fold derived `blocked` gets it from its events, so `task list --state
+    blocked` lists the task and verify finds no drift; other documents are left as they were."""
+    ws = tmp_path / "ws"
+    assert taskkernel("init", str(ws), cwd=tmp_path).returncode == 0
+    made = [json.loads(run("task", "create", "--to", "DEV", "--subject", s, cwd=ws).out)["task_id"]
+            for s in ("stuck", "fine")]
+    for task_id, status in zip(made, ("blocked", "in_progress"), strict=True):
+        assert run("task", "claim", task_id, cwd=ws).code == 0
+        assert run("task", "report", task_id, "--status", status, "--body", f"{status}\nmore", cwd=ws).code == 0
+    url = sqlite_url(ws)
+    with sa.create_engine(url).begin() as conn:  # as release 0003 stored them: no `blocked` key
+        for task_id, text in conn.exec_driver_sql("SELECT task_id, doc FROM tasks").all():
+            doc = json.loads(text)
+            doc.pop("blocked")
+            conn.exec_driver_sql("UPDATE tasks SET doc = ? WHERE task_id = ?", (json.dumps(doc), task_id))
+        conn.exec_driver_sql(f"UPDATE {version.VERSION_TABLE} SET version_num = '0003_run_outcomes'")
+    assert run("db", "upgrade", cwd=ws).code == 0
+    assert stamp_of(url) == [HEAD]
+    blocked = json.loads(run("task", "list", "--state", "blocked", cwd=ws).out)
+    assert [(t["task_id"], t["blocked"]["reason"]) for t in blocked] == [(made[0], "blocked")]
+    assert run("verify", cwd=ws).code == 0
+    with sa.create_engine(url).connect() as conn:
+        other = json.loads(conn.exec_driver_sql("SELECT doc FROM tasks WHERE task_id = ?", (made[1],)).scalar())
+    assert "blocked" not in other
