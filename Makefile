@@ -33,6 +33,7 @@ bench: setup
 	$(BIN)/python bench/cli.py
 	$(BIN)/python bench/reads.py
 	$(BIN)/python bench/mcp.py
+	$(BIN)/python bench/team.py
 
 lint: setup
 	$(BIN)/ruff check kernel roles scheduler coordinator taskkernel tests bench examples
