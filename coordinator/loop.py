@@ -19,10 +19,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import sqlalchemy as sa
+
 from taskkernel.coordinator.automations import Automations
 from taskkernel.coordinator.compose import build_kernel
 from taskkernel.coordinator.fcop import safeio
 from taskkernel.coordinator.folders.adapter import FolderAdapter
+from taskkernel.coordinator.folders.projection import PROJECT_EFFECT
 from taskkernel.coordinator.runners.config import runner_specs
 from taskkernel.coordinator.runners.dispatcher import Dispatcher
 from taskkernel.coordinator.runners.tools import PERFORM_EFFECT, ToolExecutor
@@ -31,6 +34,7 @@ from taskkernel.kernel.logging import get_logger
 from taskkernel.kernel.outbox import OutboxRelay
 from taskkernel.kernel.sessionlog import SessionLog
 from taskkernel.kernel.store.db import Database
+from taskkernel.kernel.store.schema import outbox
 
 log = get_logger(__name__)
 
@@ -74,7 +78,8 @@ Stage = Callable[[], int]
 ONCE_WAIT_MAX_S = 300.0  # up --once never waits longer than this for a retry by default
 COMMIT_POLL_S = 0.05  # how often `run` looks at the event log's head
 REFUSED = "_refused"  # suffix of the entries for writes the safe file layer refused (e.g. "ledger_refused")
-_AFTER_DISPATCH = ("project", "ledger")  # stages a pass runs between the wakes and the runs
+_AFTER_RUNS = ("project", "ledger")  # stages a pass runs after starting the due runs
+PROJECTION_WAIT_S = 30.0  # how long a run waits for its TASK file to be projected before starting anyway
 _CORE_FIELDS = {"dispatch": "dispatched", "wakes": "wakes", "runs": "runs"}  # stage -> PassStats field
 
 
@@ -95,7 +100,7 @@ class Coordinator:
         self.dispatcher = Dispatcher(self.kernel, workspace.root, specs,
                                      owner=self.owner, leader=team.leader, handlers=handlers,
                                      task_file=self._task_file, max_runs=workspace.config.kernel.max_runs,
-                                     on_run_done=lambda: self._wake_soon())
+                                     on_run_done=lambda: self._wake_soon(), settled=self._projected)
         self.stages: dict[str, Stage] = {}  # further adapters (scheduler) register here
         self.failing: dict[str, StageFailure] = {}  # stages whose last run failed, for logs and the live view
         folder_cfg = workspace.config.folders
@@ -121,6 +126,23 @@ class Coordinator:
                 return path
         return self.dispatcher.fallback_task_file(doc)
 
+    def _projected(self, position: int) -> None:
+        """Wait (a run's worker thread) until the folders reflect the event at ``position``: its projection is
+        done, failed for good, or PROJECTION_WAIT_S passed. Runs start as soon as their own TASK file is in
+        place, while the projection works through the rest, instead of after a whole projection stage."""
+        if self.folders is None:
+            return
+        key = f"{PROJECT_EFFECT}:{position}"
+        deadline = time.monotonic() + PROJECTION_WAIT_S
+        while time.monotonic() < deadline:
+            with self.db.read() as conn:
+                status = conn.execute(sa.select(outbox.c.status).where(outbox.c.effect_key == key)).scalar()
+            if status not in ("pending", "claimed"):
+                return
+            self._wake_soon()
+            time.sleep(0.02)
+        log.warning("run_started_before_projection", position=position, waited_s=PROJECTION_WAIT_S)
+
     def add_stage(self, name: str, stage: Stage) -> None:
         self.stages[name] = stage
 
@@ -128,13 +150,13 @@ class Coordinator:
         """One pass over every stage. A stage that fails is logged and skipped for this pass: the
         coordinator keeps running, and the work it left (outbox rows, leases) is retried later."""
         stats = PassStats()
-        # The folders follow the claims before any run starts: an agent reads its TASK file where the projection
-        # has put it by then, and a run in the pool never races the move its own claim caused.
-        later = {name: self.stages[name] for name in _AFTER_DISPATCH if name in self.stages}
+        # Runs start before the projection stage: each run's worker waits for its own TASK file to be in place
+        # (`_projected`), so agents start as their files land instead of after the whole batch.
+        later = {name: self.stages[name] for name in _AFTER_RUNS if name in self.stages}
         stages: list[tuple[str, Stage]] = [*((n, s) for n, s in self.stages.items() if n not in later),
                                            ("dispatch", self.dispatcher.dispatch_new),
-                                           ("wakes", self.dispatcher.relay_wakes), *later.items(),
-                                           ("runs", self.dispatcher.run_due)]
+                                           ("wakes", self.dispatcher.relay_wakes),
+                                           ("runs", self.dispatcher.run_due), *later.items()]
         for name, stage in stages:
             try:
                 done = stage()

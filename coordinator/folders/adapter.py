@@ -14,6 +14,9 @@ from taskkernel.kernel.commands import TaskCommandKernel
 from taskkernel.kernel.outbox import OutboxRelay
 
 
+PROJECT_BATCH = 25  # events projected per pass (about 10 ms each: a TASK file written and synced)
+
+
 class FolderAdapter:
     def __init__(self, kernel: TaskCommandKernel, workspace_root: Path, *, settle_s: float = 1.0,
                  grace_s: float = 5.0, submit_on_done_report: bool = True) -> None:
@@ -42,7 +45,9 @@ class FolderAdapter:
         return self.last_ingest.progress + imported
 
     def project_pass(self) -> int:
-        return self.relay.run_pending()
+        """Up to PROJECT_BATCH events into files: a pass stays short, so runs waiting for their TASK file and
+        new claims are not held up behind a long backlog (the next pass goes on with it)."""
+        return self.relay.run_pending(limit=PROJECT_BATCH)
 
     def ledger_pass(self) -> int:
         """Ledger rewrites are bookkeeping, not progress: they must not keep `--once` looping."""

@@ -58,7 +58,8 @@ class Dispatcher:
                  owner: str, leader: str, handlers: dict[str, ScriptedAgent] | None = None,
                  task_file: Callable[[dict[str, Any]], Path] | None = None,
                  goals: GoalService | None = None, max_runs: int = 4,
-                 on_run_done: Callable[[], None] | None = None) -> None:
+                 on_run_done: Callable[[], None] | None = None,
+                 settled: Callable[[int], None] | None = None) -> None:
         self.kernel = kernel
         self.db = kernel.db
         self.workspace = workspace
@@ -66,6 +67,7 @@ class Dispatcher:
         self.leader = leader
         self.handlers = handlers or {}
         self.task_file = task_file or self.fallback_task_file
+        self.settled = settled  # waits until the files reflect the event at a position (the folder projection)
         self.goals = goals or GoalService(self.db, kernel.store)
         leases = {role: spec.lease_seconds for role, spec in specs.items()}
         self.ledger = RunLedger(self.db, owner, lease_seconds=max(leases.values(), default=660.0),
@@ -166,6 +168,8 @@ class Dispatcher:
         spec = self.specs[run.role]
         if run.orphan is not None and not self._reap(run, run.orphan) and not run.exhausted:
             return  # never run beside a survivor: the lease lapses and a later takeover tries again
+        if self.settled is not None and run.source_pos is not None:
+            self.settled(run.source_pos)  # the agent reads its TASK file where the event that woke it put it
         doc = self.kernel.task(run.task_id)
         if doc is None or not self._still_relevant(run, doc):
             self.ledger.succeed(run, None)  # the world moved on: nothing to do for this wake

@@ -68,6 +68,12 @@ class ClaimedRun:
     def exhausted(self) -> bool:
         return self.attempt > self.max_attempts
 
+    @property
+    def source_pos(self) -> int | None:
+        """The global position of the event that woke this run (the run id's last part), when it has one."""
+        last = self.run_id.rsplit(":", 1)[-1]
+        return int(last) if last.isdigit() else None
+
 
 def _iso(t: datetime) -> str:
     return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
