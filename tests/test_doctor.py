@@ -147,7 +147,8 @@ def test_work_waiting_for_a_person_is_a_warning_not_a_failure(tmp_path: Path) ->
     assert [q["reason"] for q in waiting["quarantined"]] == ["missing_front_matter"], waiting
     assert waiting["refused"] == [{"file": "_lifecycle/inbox/TASK-20260101-007-ADMIN-to-DEVV.md",
                                    "reason": "unknown_role"}]
-    assert [t["task_id"] for t in found["blocked_tasks"]["tasks"]] == [made.json["task_id"]]
+    [stuck] = found["blocked_tasks"]["tasks"]
+    assert stuck["task_id"] == made.json["task_id"] and "exit code 3" in stuck["reason"], stuck
     assert found["unknown_recipients"]["tasks"] == [{"task_id": "TASK-20250101-001", "state": "active",
                                                      "recipient": "GHOST"}]
 

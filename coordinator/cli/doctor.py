@@ -303,10 +303,9 @@ def check_tasks(db: Any, registry: Any) -> list[Check]:
                 sa.select(tasks.c.task_id, tasks.c.state, tasks.c.recipient, tasks.c.doc)
                 .where(tasks.c.state.in_(OPEN_STATES)).order_by(tasks.c.task_id)):
             doc = json.loads(raw)
-            current = [r for r in doc.get("reports", []) if r.get("round") == doc.get("round")]
-            if current and current[-1].get("status") == "blocked":
+            if doc.get("blocked"):  # the fold's own verdict (kernel/model/task.py), as task list --state blocked
                 blocked.append({"task_id": task_id, "state": state, "recipient": recipient,
-                                "report": current[-1].get("report_id")})
+                                "report": doc["blocked"]["report_id"], "reason": doc["blocked"]["reason"]})
             if registry is not None and recipient and not registry.known(recipient):
                 orphaned.append({"task_id": task_id, "state": state, "recipient": recipient})
     out = [Check("blocked_tasks", "warn" if blocked else "ok",
