@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from taskkernel.coordinator.folders.adapter import FolderAdapter
 from taskkernel.coordinator.folders.projection import PROJECT_EFFECT
 from taskkernel.coordinator.runners.config import runner_specs
 from taskkernel.coordinator.runners.dispatcher import Dispatcher
+from taskkernel.coordinator.runners.pool import Running
 from taskkernel.coordinator.runners.tools import PERFORM_EFFECT, ToolExecutor
 from taskkernel.coordinator.workspace import Workspace
 from taskkernel.kernel.logging import get_logger
@@ -75,7 +77,7 @@ class Shutdown:
 
 
 Stage = Callable[[], int]
-ONCE_WAIT_MAX_S = 300.0  # up --once never waits longer than this for a retry by default
+ONCE_WAIT_MAX_S = 300.0  # up --once waits for retries due within this by default
 COMMIT_POLL_S = 0.05  # how often `run` looks at the event log's head
 REFUSED = "_refused"  # suffix of the entries for writes the safe file layer refused (e.g. "ledger_refused")
 _AFTER_RUNS = ("project", "ledger")  # stages a pass runs after starting the due runs
@@ -97,6 +99,7 @@ class Coordinator:
         # here (ConfigError, a ValueError: `up` exits 64), never found out when a task's run fails.
         specs = runner_specs(workspace.config, root=workspace.root, roles=roles)
         self._wake_soon: Callable[[], None] = lambda: None  # set by `run`: a finished run wakes the loop
+        self._once_stopped = threading.Event()  # `run_once` waiting for a retry ends at once on a signal
         self.dispatcher = Dispatcher(self.kernel, workspace.root, specs,
                                      owner=self.owner, leader=team.leader, handlers=handlers,
                                      task_file=self._task_file, max_runs=workspace.config.kernel.max_runs,
@@ -126,7 +129,7 @@ class Coordinator:
                 return path
         return self.dispatcher.fallback_task_file(doc)
 
-    def _projected(self, position: int) -> None:
+    def _projected(self, position: int, stop: threading.Event) -> None:
         """Wait (a run's worker thread) until the folders reflect the event at ``position``: its projection is
         done, failed for good, or PROJECTION_WAIT_S passed. Runs start as soon as their own TASK file is in
         place, while the projection works through the rest, instead of after a whole projection stage."""
@@ -134,14 +137,15 @@ class Coordinator:
             return
         key = f"{PROJECT_EFFECT}:{position}"
         deadline = time.monotonic() + PROJECTION_WAIT_S
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not stop.is_set():
             with self.db.read() as conn:
                 status = conn.execute(sa.select(outbox.c.status).where(outbox.c.effect_key == key)).scalar()
             if status not in ("pending", "claimed"):
                 return
             self._wake_soon()
             time.sleep(0.02)
-        log.warning("run_started_before_projection", position=position, waited_s=PROJECTION_WAIT_S)
+        if not stop.is_set():
+            log.warning("run_started_before_projection", position=position, waited_s=PROJECTION_WAIT_S)
 
     def add_stage(self, name: str, stage: Stage) -> None:
         self.stages[name] = stage
@@ -188,13 +192,13 @@ class Coordinator:
                   repeated=repeated, exc_info=traceback and not repeated)
 
     def run_once(self, max_passes: int = 10_000, once_wait: float | None = None) -> list[PassStats]:
-        """Process everything pending, waiting for the runs started meanwhile and for retries due within
-        ``once_wait`` seconds (default: the longest backoff a role's retry can have, at most ONCE_WAIT_MAX_S);
-        retries due later are left pending (the ledger says which)."""
-        window = self.longest_backoff() if once_wait is None else once_wait
-        deadline = time.monotonic() + window
+        """Process everything pending, waiting for the runs started meanwhile and, once none runs, for retries
+        due within ``once_wait`` seconds from then (default ONCE_WAIT_MAX_S); retries due later are left
+        pending (the ledger says which). A shutdown (``interrupt_once``) ends it once the running agents are
+        stopped."""
+        limit = ONCE_WAIT_MAX_S if once_wait is None else once_wait
+        pool, roles = self.dispatcher.pool, list(self.dispatcher.specs)
         history = []
-        pool = self.dispatcher.pool
         for _ in range(max_passes):
             finished = pool.finished
             stats = self.pass_once()
@@ -204,19 +208,22 @@ class Coordinator:
             if len(pool):
                 pool.wait(finished)  # until a run ends: its task moved, or a slot is free
                 continue
-            due = self.dispatcher.ledger.next_due()
+            due = self.dispatcher.ledger.next_due(roles) if self.dispatcher.accepting else None
             if due is None:
                 break
             wait_s = (due - datetime.now(UTC)).total_seconds()
-            if time.monotonic() + wait_s > deadline:
+            if wait_s > limit or (wait_s <= 0 and stats.runs == 0):  # later than the wait, or due but not taken
                 break
-            time.sleep(max(0.0, wait_s) + 0.01)
+            if self._once_stopped.wait(max(0.0, wait_s) + 0.01):
+                break
         return history
 
-    def longest_backoff(self) -> float:
-        """The longest wait before a retry any role's runner can have, bounded (up --once's default wait)."""
-        waits = [spec.backoff * 2 ** (spec.max_attempts - 1) for spec in self.dispatcher.specs.values()]
-        return min(max(waits, default=0.0), ONCE_WAIT_MAX_S)
+    def interrupt_once(self) -> list[Running]:
+        """Stop `run_once` (a signal): no run starts, the running agents are stopped (SIGTERM, kill_grace,
+        SIGKILL) and their runs are due again at the next start."""
+        self.dispatcher.drain()
+        self._once_stopped.set()
+        return self.dispatcher.pool.stop_all()
 
     async def run(self, stop: asyncio.Event, poll_seconds: float = 1.0,
                   on_pass: Callable[[PassStats], None] | None = None, force: asyncio.Event | None = None,

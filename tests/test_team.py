@@ -76,7 +76,8 @@ def test_a_hung_agent_does_not_hold_up_another_role_and_a_stop_loses_nothing(tmp
     assert stopped["status"] == "interrupted"
     assert [r["task_id"] for r in stopped["running_at_stop"]] == [ops_task]
     interrupted = runs(ws.root)[ops_task]
-    assert (interrupted["state"], interrupted["error_code"], interrupted["attempt"]) == ("queued", "interrupted", 0)
+    assert (interrupted["state"], interrupted["error_code"], interrupted["attempt"]) == ("retrying", "interrupted", 1)
+    assert interrupted["max_attempts"] == 3  # the attempt a person's stop took is given back
     again = taskkernel("up", str(ws.root), "--once", cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     starts = [e[2] for e in log_lines(tmp_path) if e[:2] == ("start", "OPS")]
@@ -204,3 +205,92 @@ def test_cli_verbs_with_the_run_token_are_heartbeats(tmp_path: Path) -> None:
     assert end - start > 4.8  # it outlived heartbeat_timeout, alive through its reports
     shown = json.loads(taskkernel("runs", "show", ended["run_id"], "--json", cwd=ws.root).stdout)
     assert shown["heartbeat_at"] is not None  # recorded by the agent's CLI calls, not by a stdout line
+
+
+# -- regressions from the review of this change -------------------------------------------------------------------
+
+def test_once_waits_for_a_retry_scheduled_after_a_long_attempt(tmp_path: Path) -> None:
+    """--once-wait counts from when nothing runs any more, not from the start: an attempt longer than the wait
+    still gets its retry."""
+    slow = agent(tmp_path, "slow", f'if [ ! -e {tmp_path}/tried ]; then touch {tmp_path}/tried; sleep 3; exit 1; fi')
+    ws = make_workspace(tmp_path / "ws", {"DEV": runner(slow, max_attempts=2, backoff=1)})
+    task = admin_task(coordinator(ws), subject="slow", recipient="DEV")
+    done = taskkernel("up", str(ws.root), "--once", "--once-wait", "2", cwd=tmp_path)
+    assert done.returncode == 0 and json.loads(done.stdout)["pending"] == [], done.stdout
+    assert (runs(ws.root)[task]["state"], runs(ws.root)[task]["attempt"]) == ("done", 2)
+
+
+def test_once_ends_when_what_is_due_belongs_to_a_role_without_a_runner_now(tmp_path: Path) -> None:
+    failing = agent(tmp_path, "failing", "exit 1")
+    ws = make_workspace(tmp_path / "ws", {"DEV": runner(failing, max_attempts=3, backoff=0.5)})
+    task = admin_task(coordinator(ws), subject="orphaned retry", recipient="DEV")
+    assert taskkernel("up", str(ws.root), "--once", "--once-wait", "0", cwd=tmp_path).returncode == 0
+    config = ws.root / "taskkernel.toml"
+    config.write_text(config.read_text().split("[roles.DEV]")[0])  # the runner is gone; its retry stays
+    time.sleep(0.6)
+    started = time.monotonic()
+    done = taskkernel("up", str(ws.root), "--once", "--once-wait", "5", cwd=tmp_path)
+    assert done.returncode == 0 and time.monotonic() - started < 20, done.stderr[-500:]
+    assert [p["task_id"] for p in json.loads(done.stdout)["pending"]] == [task]
+
+
+def test_helpers_get_the_grace_and_none_outlives_its_run(tmp_path: Path) -> None:
+    """The whole process group gets kill_grace (a helper that flushes on SIGTERM does), and a helper left
+    behind by an agent that exited normally is stopped with it."""
+    flushing = agent(tmp_path, "flushing", f"(trap 'sleep 1; echo flushed >> {tmp_path}/flushed; exit 0' TERM; "
+                                           "while true; do sleep 0.1; done) &\nsleep 60")
+    leaving = agent(tmp_path, "leaving", "(sleep 31.75 &)\ntrue")
+    ws = make_workspace(tmp_path / "ws", {"DEV": runner(flushing, timeout=1, kill_grace=5),
+                                          "QA": runner(leaving)})
+    c = coordinator(ws)
+    admin_task(c, subject="flush", recipient="DEV")
+    admin_task(c, subject="leave", recipient="QA")
+    assert taskkernel("up", str(ws.root), "--once", cwd=tmp_path).returncode == 0
+    assert (tmp_path / "flushed").read_text().strip() == "flushed"
+    assert subprocess.run(["pgrep", "-f", "sleep 31.75"], capture_output=True).returncode == 1
+
+
+def test_a_signal_stops_up_once_and_its_runs_run_again_later(tmp_path: Path) -> None:
+    hung = agent(tmp_path, "hung", "sleep 60")
+    ws = make_workspace(tmp_path / "ws", {"DEV": runner(hung, timeout=120, kill_grace=1)})
+    task = admin_task(coordinator(ws), subject="hangs", recipient="DEV")
+    proc = taskkernel_bg("up", str(ws.root), "--once", cwd=tmp_path)
+    try:
+        assert wait_for(lambda: any(e[:2] == ("start", "DEV") for e in log_lines(tmp_path)), 30)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    stopped = json.loads(out)
+    assert stopped["status"] == "interrupted" and [r["task_id"] for r in stopped["running_at_stop"]] == [task]
+    assert (runs(ws.root)[task]["state"], runs(ws.root)[task]["error_code"]) == ("retrying", "interrupted")
+
+
+def test_a_long_scripted_run_is_never_taken_over_by_its_own_coordinator(tmp_path: Path) -> None:
+    """A scripted agent cannot renew its lease while it works: the coordinator running it must not claim it
+    again when the lease lapses (it did, and ran the agent three times at once)."""
+    ws = make_workspace(tmp_path / "ws", {"DEV": {"runner": "scripted", "lease": 1, "concurrency": 2}})
+    c = coordinator(ws)
+    calls: list[float] = []
+
+    def slow(ctx: Any) -> str:
+        calls.append(time.time())
+        time.sleep(2.5)
+        return "slept"
+
+    c.dispatcher.handlers["DEV"] = slow
+    task = admin_task(c, subject="slow", recipient="DEV")
+    c.run_once()
+    assert len(calls) == 1
+    [run] = [r for r in c.dispatcher.ledger.all_runs() if r["task_id"] == task]
+    assert (run["state"], run["attempt"]) == ("succeeded", 1)
+
+
+def test_a_draining_coordinator_claims_nothing_new(tmp_path: Path) -> None:
+    ws = make_workspace(tmp_path / "ws", {"DEV": {"runner": "scripted"}})
+    c = coordinator(ws)
+    c.dispatcher.drain()
+    task = admin_task(c, subject="late", recipient="DEV")
+    c.pass_once()
+    assert c.kernel.task(task)["state"] == "inbox"  # type: ignore[index]

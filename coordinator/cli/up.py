@@ -54,10 +54,21 @@ def up(ctx: typer.Context, workspace: Path = typer.Argument(None, help="Workspac
     except ValueError as exc:  # a bad team (fcop.json)
         fail(Exit.USAGE, str(exc))
     if once:
+        stopped: list[dict[str, object]] = []
+
+        def stop_once(signum: int, _frame: object) -> None:  # the agents are stopped; their runs are due again
+            stopped.extend(r.describe() for r in coordinator.interrupt_once() if r.describe() not in stopped)
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, stop_once)
         passes = coordinator.run_once(once_wait=once_wait)
         done: dict[str, object] = {"passes": len(passes), "dispatched": sum(p.dispatched for p in passes),
                                    "wakes": sum(p.wakes for p in passes), "runs": sum(p.runs for p in passes),
                                    "pending": [_pending(r) for r in coordinator.dispatcher.ledger.pending()]}
+        if not coordinator.dispatcher.accepting:  # a signal ended it
+            emit({"status": "interrupted", "running_at_stop": stopped, **done})
+            say(("interrupted", "yellow"), f": {len(stopped)} run(s) stopped; they run again at the next start")
+            raise typer.Exit(130)
         failed = _failed_stages([f for p in passes for f in p.failed])
         if failed:
             emit({"status": "degraded", "failed_stages": failed, **done})
@@ -81,8 +92,8 @@ def up(ctx: typer.Context, workspace: Path = typer.Argument(None, help="Workspac
             running = coordinator.dispatcher.pool.running()
             say(("stopping", "yellow"), f": {len(running)} run(s) still running"
                 + (f" ({', '.join(r.run.task_id for r in running)}); Ctrl-C again stops them now" if running else ""))
-        elif sig is signal.SIGINT:
-            force.set()  # a second Ctrl-C: terminate the agents (TERM, kill_grace, KILL), runs due at next start
+        else:  # a second Ctrl-C or SIGTERM: terminate the agents (TERM, kill_grace, KILL), runs due at next start
+            force.set()
 
     async def main() -> Shutdown:
         loop = asyncio.get_running_loop()

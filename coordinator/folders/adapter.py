@@ -13,7 +13,6 @@ from taskkernel.coordinator.workspace import STATE_DIR
 from taskkernel.kernel.commands import TaskCommandKernel
 from taskkernel.kernel.outbox import OutboxRelay
 
-
 PROJECT_BATCH = 25  # events projected per pass (about 10 ms each: a TASK file written and synced)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import functools
 import json
 import math
@@ -146,29 +147,36 @@ def run_command(spec: RunnerSpec, placeholders: dict[str, str], env: dict[str, s
     cwd = (workspace / spec.cwd) if spec.cwd else workspace
     if not cwd.is_dir():
         return Outcome(False, None, 0, f"working folder {cwd} does not exist", code=ErrorCode.CONFIG_INVALID)
-    private_dir(log_dir)  # agents' output may echo secrets: readable by the workspace owner only
     try:
-        with open(log_dir / "stdout.log", "w+", encoding="utf-8", errors="replace", opener=_private) as out, \
-                open(log_dir / "stderr.log", "w", encoding="utf-8", opener=_private) as err:
+        private_dir(log_dir)  # agents' output may echo secrets: readable by the workspace owner only
+        out = open(log_dir / "stdout.log", "w+", encoding="utf-8", errors="replace", opener=_private)  # noqa: SIM115
+        err = open(log_dir / "stderr.log", "w", encoding="utf-8", opener=_private)  # noqa: SIM115
+    except OSError as exc:  # our own log folder (a full disk, a permission): may pass
+        return Outcome(False, None, 0, f"could not open the run's logs: {exc}", code=ErrorCode.SPAWN_FAILED)
+    with out, err:
+        try:
             proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                                     start_new_session=True, preexec_fn=_die_with_parent(os.getpid()),
                                     **_identity(spec))
-            try:
-                code = _supervise(proc, spec, supervision, log_dir / "stdout.log")
-            except _Stopped as stop:
-                return Outcome(False, None, _ms(started), stop.error, fenced=stop.fenced, code=stop.code)
-            finally:
-                if proc.poll() is None:  # lost lease, or an error while supervising
-                    _kill_group(proc.pid)
-                    proc.wait()
-            out.seek(0)
-            stdout = out.read()
-    except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
-        return Outcome(False, None, _ms(started), f"runner unavailable: {exc}", code=ErrorCode.BINARY_MISSING)
-    except (KeyError, ValueError) as exc:  # run_as: the user vanished or cannot be used
-        return Outcome(False, None, _ms(started), f"runner unavailable: {exc}", code=ErrorCode.CONFIG_INVALID)
-    except (OSError, subprocess.SubprocessError) as exc:  # out of processes or memory: may pass
-        return Outcome(False, None, _ms(started), f"could not start the agent: {exc}", code=ErrorCode.SPAWN_FAILED)
+        except (KeyError, ValueError) as exc:  # run_as: the user vanished or cannot be used
+            return Outcome(False, None, _ms(started), f"runner unavailable: {exc}", code=ErrorCode.CONFIG_INVALID)
+        except OSError as exc:
+            return Outcome(False, None, _ms(started), f"runner unavailable: {exc}", code=_spawn_error(exc, cwd))
+        except subprocess.SubprocessError as exc:
+            return Outcome(False, None, _ms(started), f"could not start the agent: {exc}",
+                           code=ErrorCode.SPAWN_FAILED)
+        try:
+            code = _supervise(proc, spec, supervision, log_dir / "stdout.log")
+        except _Stopped as stop:
+            return Outcome(False, None, _ms(started), stop.error, fenced=stop.fenced, code=stop.code)
+        finally:
+            if proc.poll() is None:  # lost lease, or an error while supervising
+                _kill_group(proc.pid)
+                proc.wait()
+            elif group_alive(proc.pid):  # the agent exited and left helpers behind: they end with it
+                _stop_group(proc.pid, spec.kill_grace)
+        out.seek(0)
+        stdout = out.read()
     usage = parse_usage(stdout)
     if code != 0:
         kind = ErrorCode.NON_RETRYABLE_EXIT if code in spec.non_retryable_exit_codes else ErrorCode.EXIT_CODE
@@ -241,18 +249,36 @@ def _supervise(proc: subprocess.Popen[bytes], spec: RunnerSpec, supervision: Sup
 
 
 def _terminate(proc: subprocess.Popen[bytes], grace_s: float) -> str:
-    """SIGTERM to the agent's process group, ``grace_s`` for it to flush and exit, then SIGKILL to whatever of
-    the group is left. Says which it took: "terminated" or "killed"."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=grace_s)
-        result = "terminated"
-    except subprocess.TimeoutExpired:
-        result = "killed"
-    _kill_group(proc.pid)  # helpers the agent started die with it either way
+    """Stop a running agent: its whole process group (see ``_stop_group``); the leader is reaped."""
+    result = _stop_group(proc.pid, grace_s, proc)
     proc.wait()
     return result
+
+
+def _stop_group(pgid: int, grace_s: float, leader: subprocess.Popen[bytes] | None = None) -> str:
+    """SIGTERM to the process group, up to ``grace_s`` for every member (the leader and its helpers) to flush
+    and exit, then SIGKILL to whatever is left. Says which it took: "terminated" or "killed"."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if leader is not None:
+            leader.poll()  # reap the leader as it exits: a zombie leader keeps the group id taken
+        if not group_alive(pgid):
+            return "terminated"
+        time.sleep(0.05)
+    _kill_group(pgid)
+    return "killed"
+
+
+def _spawn_error(exc: OSError, cwd: Path) -> ErrorCode:
+    """Why Popen failed: the program is missing or cannot be executed (no retry fixes it), the working folder
+    vanished (configuration), or the machine is short of something (may pass)."""
+    if exc.errno in (errno.ENOENT, errno.ENOTDIR) and not cwd.is_dir():
+        return ErrorCode.CONFIG_INVALID
+    if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.ENOEXEC, errno.EISDIR):
+        return ErrorCode.BINARY_MISSING
+    return ErrorCode.SPAWN_FAILED
 
 
 def _identity(spec: RunnerSpec) -> dict[str, Any]:

@@ -59,7 +59,7 @@ class Dispatcher:
                  task_file: Callable[[dict[str, Any]], Path] | None = None,
                  goals: GoalService | None = None, max_runs: int = 4,
                  on_run_done: Callable[[], None] | None = None,
-                 settled: Callable[[int], None] | None = None) -> None:
+                 settled: Callable[[int, threading.Event], None] | None = None) -> None:
         self.kernel = kernel
         self.db = kernel.db
         self.workspace = workspace
@@ -82,7 +82,7 @@ class Dispatcher:
     def dispatch_new(self) -> int:
         """Claim every inbox task addressed to a role that has a runner (only those are read: a pass costs
         the work there is, not the size of the inbox)."""
-        if not self.specs:
+        if not self.specs or not self.accepting:  # a shutdown began: claim nothing no agent would work on
             return 0
         with self.db.read() as conn:
             rows = conn.execute(sa.select(tasks.c.task_id, tasks.c.recipient).where(
@@ -102,14 +102,15 @@ class Dispatcher:
         return claimed
 
     def relay_wakes(self) -> int:
-        return self.relay.run_pending()
+        """Wake-ups into runs; none while a shutdown drains (their outbox rows wait for the next start)."""
+        return self.relay.run_pending() if self.accepting else 0
 
     def run_due(self) -> int:
         """Start the due runs there are free slots for, each in the pool; returns how many started."""
         if not self.accepting:
             return 0
         total, per_role = self.pool.free()
-        claimed = self.ledger.claim_due(total, slots=per_role)
+        claimed = self.ledger.claim_due(total, slots=per_role, held=self.pool.held())
         for run in claimed:
             spec = self.specs[run.role]
             timeout = spec.timeout if spec.runner is RunnerKind.COMMAND else None
@@ -169,7 +170,7 @@ class Dispatcher:
         if run.orphan is not None and not self._reap(run, run.orphan) and not run.exhausted:
             return  # never run beside a survivor: the lease lapses and a later takeover tries again
         if self.settled is not None and run.source_pos is not None:
-            self.settled(run.source_pos)  # the agent reads its TASK file where the event that woke it put it
+            self.settled(run.source_pos, stop)  # the agent reads its TASK file where its waking event put it
         doc = self.kernel.task(run.task_id)
         if doc is None or not self._still_relevant(run, doc):
             self.ledger.succeed(run, None)  # the world moved on: nothing to do for this wake
@@ -234,6 +235,9 @@ class Dispatcher:
         return doc["state"] == wanted and doc["round"] == run.round
 
     def _execute(self, spec: RunnerSpec, run: ClaimedRun, doc: dict[str, Any], stop: threading.Event) -> Outcome:
+        if stop.is_set():  # stopped before the agent started: nothing of it ran
+            return Outcome(False, None, 0, "interrupted by a shutdown before the agent started",
+                           code=ErrorCode.INTERRUPTED)
         principal = self._principal(run.role, task_id=run.task_id, round_=run.round)
         task_file = self.task_file(doc)
         if spec.runner is RunnerKind.SCRIPTED:

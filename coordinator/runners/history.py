@@ -33,10 +33,6 @@ from taskkernel.kernel.store.schema import usage as usage_table
 # what a reader sees, in the order a run goes through them
 VIEW_STATES = ("queued", "running", "retrying", "done", "failed", "blocked")
 EXHAUSTED = "attempts_exhausted"
-# every code the dispatcher writes to runs.error_code (docs/runs.md explains each)
-ERROR_CODES = ("timeout", "heartbeat_timeout", "binary_missing", "placeholder_unknown", "config_invalid",
-               "non_retryable_exit", "exit_code", "attempts_exhausted", "interrupted", "lease_lost",
-               "internal_error")
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 1000
 TAIL_LINES = 20

@@ -11,6 +11,7 @@ so it can terminate the agent and revoke its token before running the task again
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -23,6 +24,8 @@ from taskkernel.kernel.canonical import utc_now_iso
 from taskkernel.kernel.credentials import authenticate, token_hash
 from taskkernel.kernel.model.principal import Principal
 from taskkernel.kernel.store.db import Database, UnitOfWork
+
+HEARTBEAT_EVERY_S = 1.0  # an agent's calls record at most one heartbeat a second
 
 
 class RunState(StrEnum):
@@ -118,10 +121,10 @@ class RunLedger:
         return True
 
     def claim_due(self, limit: int = 10, now: datetime | None = None,
-                  slots: Mapping[str, int] | None = None) -> list[ClaimedRun]:
+                  slots: Mapping[str, int] | None = None, held: frozenset[str] = frozenset()) -> list[ClaimedRun]:
         """Take pending runs that are due, and running ones whose holder's lease expired (a crash counts
         as a spent attempt), oldest first: at most ``limit``, and with ``slots`` at most that many of each role
-        (a role not in it gets none)."""
+        (a role not in it gets none). Runs in ``held`` (running in this process) are never taken over."""
         t = now or datetime.now(UTC)
         stamp = _iso(t)
         due = sa.or_(sa.and_(runs.c.state == RunState.PENDING.value, runs.c.not_before <= stamp),
@@ -137,6 +140,8 @@ class RunLedger:
             for r in uow.conn.execute(query.limit(limit if free is None else max(limit, 64))).all():
                 if len(claimed) >= limit:
                     break
+                if r.run_id in held:
+                    continue
                 if free is not None:
                     if free.get(r.role, 0) <= 0:
                         continue
@@ -154,11 +159,11 @@ class RunLedger:
                                           r.max_attempts, fencing, orphan))
         return claimed
 
-    def next_due(self) -> datetime | None:
-        """When the earliest pending run is due (None: nothing pending)."""
+    def next_due(self, roles: list[str]) -> datetime | None:
+        """When the earliest pending run of these roles (those with a runner here) is due (None: none)."""
         with self.db.read() as conn:
             stamp = conn.execute(sa.select(sa.func.min(runs.c.not_before))
-                                 .where(runs.c.state == RunState.PENDING.value)).scalar()
+                                 .where(runs.c.state == RunState.PENDING.value, runs.c.role.in_(roles))).scalar()
         return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC) if stamp else None
 
     def pending(self) -> list[dict[str, object]]:
@@ -203,20 +208,23 @@ class RunLedger:
                             exit_code=exit_code, error_code=code, lease_owner=None, lease_until=None, **_CLEARED)
 
     def interrupt(self, run: ClaimedRun, error: str) -> bool:
-        """A shutdown stopped the agent: the run is due again at the next start, and the attempt a person's
-        stop took is given back (it says nothing of the agent)."""
+        """A shutdown stopped the agent: the run is due again at the next start, and one more attempt is allowed
+        (a person's stop says nothing of the agent). The attempt keeps its number: its usage and logs stay
+        its own, beside the next attempt's."""
         return self._fenced(run, state=RunState.PENDING.value, not_before=utc_now_iso(), last_error=error,
-                            error_code="interrupted", attempt=run.attempt - 1, lease_owner=None, lease_until=None,
-                            **_CLEARED)
+                            error_code="interrupted", max_attempts=run.max_attempts + 1, lease_owner=None,
+                            lease_until=None, **_CLEARED)
 
     def block(self, run: ClaimedRun, error: str, code: str | None = None) -> bool:
         return self._fenced(run, state=RunState.BLOCKED.value, last_error=error, error_code=code,
                             ended_at=utc_now_iso(), lease_owner=None, lease_until=None, **_CLEARED)
 
     def _fenced(self, run: ClaimedRun, **values: object) -> bool:
+        """Change the run only while this claim holds it (its fencing token) and it is still running: a run
+        already ended (blocked, succeeded) is never moved again by a late write of its holder."""
         with self.db.write() as uow:
-            res = uow.conn.execute(runs.update().where(runs.c.run_id == run.run_id,
-                                                       runs.c.fencing == run.fencing).values(**values))
+            res = uow.conn.execute(runs.update().where(runs.c.run_id == run.run_id, runs.c.fencing == run.fencing,
+                                                       runs.c.state == RunState.RUNNING.value).values(**values))
             return bool(res.rowcount)
 
     def all_runs(self) -> list[dict[str, object]]:
@@ -229,8 +237,19 @@ def authenticate_agent(db: Database, token: str) -> Principal:
     says it is alive (its supervisor's heartbeat_timeout counts from the last one)."""
     principal = authenticate(db, token)
     if principal.task_id is not None:
-        with db.write() as uow:
-            uow.conn.execute(runs.update().where(runs.c.token_hash == token_hash(token),
-                                                 runs.c.state == RunState.RUNNING.value)
-                             .values(heartbeat_at=utc_now_iso()))
+        _heartbeat(db, token_hash(token))
     return principal
+
+
+def _heartbeat(db: Database, hashed: str) -> None:
+    """Best effort and cheap: a read first, a write only for a running run last heard of over
+    HEARTBEAT_EVERY_S ago; a store busy or failing never fails the agent's own call."""
+    fresh = _iso(datetime.now(UTC) - timedelta(seconds=HEARTBEAT_EVERY_S))
+    stale = sa.and_(runs.c.token_hash == hashed, runs.c.state == RunState.RUNNING.value,
+                    sa.or_(runs.c.heartbeat_at.is_(None), runs.c.heartbeat_at < fresh))
+    with contextlib.suppress(sa.exc.SQLAlchemyError):
+        with db.read() as conn:
+            if conn.execute(sa.select(runs.c.run_id).where(stale)).first() is None:
+                return
+        with db.write() as uow:
+            uow.conn.execute(runs.update().where(stale).values(heartbeat_at=utc_now_iso()))

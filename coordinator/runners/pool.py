@@ -11,10 +11,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from taskkernel.coordinator.runners.ledger import ClaimedRun
+from taskkernel.kernel.logging import get_logger
+
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,7 @@ class RunPool:
         self._executor = ThreadPoolExecutor(max_workers=max_runs, thread_name_prefix="taskkernel-run")
         self._running: dict[str, Running] = {}
         self.finished = 0  # runs ended so far: a pass that saw this change may have missed what they committed
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entrant: a signal handler (up --once) may stop runs mid-call
         self._finished = threading.Condition(self._lock)
 
     def free(self) -> tuple[int, dict[str, int]]:
@@ -58,9 +61,17 @@ class RunPool:
         with self._lock:
             self._running[running.run.run_id] = running
         future = self._executor.submit(work, running)
-        future.add_done_callback(lambda _f: self._done(running))
+        future.add_done_callback(lambda f: self._done(running, f))
 
-    def _done(self, running: Running) -> None:
+    def held(self) -> frozenset[str]:
+        """The runs running here: the ledger must not hand one of them to this coordinator again."""
+        with self._lock:
+            return frozenset(self._running)
+
+    def _done(self, running: Running, future: Future[None]) -> None:
+        if (exc := future.exception()) is not None:  # the work's own handler failed: never silently
+            log.error("run_worker_failed", run_id=running.run.run_id, error=f"{type(exc).__name__}: {exc}",
+                      exc_info=exc)
         with self._lock:
             self._running.pop(running.run.run_id, None)
             self.finished += 1
