@@ -15,6 +15,7 @@ import functools
 import json
 import math
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -218,34 +219,61 @@ def _supervise(proc: subprocess.Popen[bytes], spec: RunnerSpec, supervision: Sup
     started = time.monotonic()
     deadline, renew_at, beat_at, read_beats_at = started + spec.timeout, started, started, started
     beats = _StdoutBeats(stdout) if spec.heartbeat_timeout is not None else None
-    while True:
+    with _ExitWatch(proc) as watch:
+        while (code := watch.wait(TICK_S)) is None:
+            now = time.monotonic()
+            if supervision is not None and supervision.stop.is_set():
+                raise _Stopped(f"interrupted by a shutdown ({_terminate(proc, spec.kill_grace)})",
+                               ErrorCode.INTERRUPTED)
+            if now >= deadline:
+                raise _Stopped(f"timeout after {spec.timeout:g}s ({_terminate(proc, spec.kill_grace)})",
+                               ErrorCode.TIMEOUT)
+            if beats is not None and spec.heartbeat_timeout is not None:
+                if beats.seen():
+                    beat_at = now
+                    if supervision is not None:
+                        supervision.beat()
+                elif supervision is not None and now >= read_beats_at:
+                    read_beats_at = now + EXTERNAL_BEAT_EVERY_S
+                    last = supervision.last_beat()
+                    if last is not None:
+                        beat_at = max(beat_at, now - max(0.0, time.time() - last))
+                if now - beat_at > spec.heartbeat_timeout:
+                    raise _Stopped(f"no heartbeat for {spec.heartbeat_timeout:g}s "
+                                   f"({_terminate(proc, spec.kill_grace)})", ErrorCode.HEARTBEAT_TIMEOUT)
+            if supervision is not None and now >= renew_at:
+                renew_at = now + supervision.every_s
+                if not supervision.heartbeat():
+                    raise _Stopped("lease lost: the run was taken over", ErrorCode.LEASE_LOST, fenced=True)
+    return code
+
+
+class _ExitWatch:
+    """The agent's exit code as soon as it exits (a pidfd wakes us on Linux; elsewhere Popen's polling wait,
+    which notices an exit up to 50 ms late), or None when the timeout passed."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
         try:
-            return proc.wait(timeout=TICK_S)
+            self.fd: int | None = os.pidfd_open(proc.pid)
+        except (AttributeError, OSError):
+            self.fd = None
+
+    def __enter__(self) -> _ExitWatch:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+
+    def wait(self, timeout: float) -> int | None:
+        if self.fd is not None:
+            ready, _, _ = select.select([self.fd], [], [], timeout)
+            return self.proc.wait() if ready else None
+        try:
+            return self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            pass
-        now = time.monotonic()
-        if supervision is not None and supervision.stop.is_set():
-            raise _Stopped(f"interrupted by a shutdown ({_terminate(proc, spec.kill_grace)})", ErrorCode.INTERRUPTED)
-        if now >= deadline:
-            raise _Stopped(f"timeout after {spec.timeout:g}s ({_terminate(proc, spec.kill_grace)})",
-                           ErrorCode.TIMEOUT)
-        if beats is not None and spec.heartbeat_timeout is not None:
-            if beats.seen():
-                beat_at = now
-                if supervision is not None:
-                    supervision.beat()
-            elif supervision is not None and now >= read_beats_at:
-                read_beats_at = now + EXTERNAL_BEAT_EVERY_S
-                last = supervision.last_beat()
-                if last is not None:
-                    beat_at = max(beat_at, now - max(0.0, time.time() - last))
-            if now - beat_at > spec.heartbeat_timeout:
-                raise _Stopped(f"no heartbeat for {spec.heartbeat_timeout:g}s "
-                               f"({_terminate(proc, spec.kill_grace)})", ErrorCode.HEARTBEAT_TIMEOUT)
-        if supervision is not None and now >= renew_at:
-            renew_at = now + supervision.every_s
-            if not supervision.heartbeat():
-                raise _Stopped("lease lost: the run was taken over", ErrorCode.LEASE_LOST, fenced=True)
+            return None
 
 
 def _terminate(proc: subprocess.Popen[bytes], grace_s: float) -> str:
