@@ -71,8 +71,10 @@ def test_shell_completion(tmp_path: Path) -> None:
                                                          "approve", "reject", "reopen", "archive", "amend", "watch"}
     zsh = {"_TASKKERNEL_COMPLETE": "complete_zsh", "_TYPER_COMPLETE_ARGS": "taskkernel session li"}
     assert '"list"' in complete(zsh, tmp_path)
-    script = taskkernel("--show-completion", "bash", cwd=tmp_path)
-    assert script.returncode == 0 and "_TASKKERNEL_COMPLETE" in script.stdout
+    # --show-completion detects the shell it runs under (its parent process): run it from bash, as a user would
+    script = subprocess.run(["bash", "-c", f"{sys.executable} -m taskkernel --show-completion; exit $?"], cwd=tmp_path,
+                            capture_output=True, text=True, env=cli_env(), timeout=120)
+    assert script.returncode == 0 and "_TASKKERNEL_COMPLETE" in script.stdout, script.stderr
 
 
 def test_json_wherever_it_is_put(tmp_path: Path) -> None:
