@@ -131,7 +131,7 @@ class Coordinator:
 
     def _projected(self, position: int, stop: threading.Event) -> None:
         """Wait (a run's worker thread) until the folders reflect the event at ``position``: its projection is
-        done, failed for good, or PROJECTION_WAIT_S passed. Runs start as soon as their own TASK file is in
+        done, has failed once, or PROJECTION_WAIT_S passed. Runs start as soon as their own TASK file is in
         place, while the projection works through the rest, instead of after a whole projection stage."""
         if self.folders is None:
             return
@@ -139,9 +139,10 @@ class Coordinator:
         deadline = time.monotonic() + PROJECTION_WAIT_S
         while time.monotonic() < deadline and not stop.is_set():
             with self.db.read() as conn:
-                status = conn.execute(sa.select(outbox.c.status).where(outbox.c.effect_key == key)).scalar()
-            if status not in ("pending", "claimed"):
-                return
+                row = conn.execute(sa.select(outbox.c.status, outbox.c.last_error)
+                                   .where(outbox.c.effect_key == key)).first()
+            if row is None or row.status not in ("pending", "claimed") or row.last_error is not None:
+                return  # projected, or failing (a refused write is retried, and reported, by its own stage)
             self._wake_soon()
             time.sleep(0.02)
         if not stop.is_set():
