@@ -321,6 +321,7 @@ def test_up_refuses_linked_locks_and_ledger(tmp_path: Path) -> None:
     task_file(ws.root, "TASK-20261130-001-ADMIN-to-OPS.md", recipient="OPS", subject="Restart it")
     up = taskkernel("up", str(ws.root), "--once", cwd=tmp_path)
     assert "Traceback" not in up.stderr, up.stderr
+    assert "run_started_before_projection" not in up.stderr  # a refused projection never holds a run back
     assert {rel: snapshot(v) for rel, v in victims.items()} == before
     reported = {(r["op"], r["reason"], r["path"]) for r in refused(up.stderr)}
     assert ("project", "symlink_refused", str(links[".locks"])) in reported, up.stderr
