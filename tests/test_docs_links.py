@@ -325,7 +325,8 @@ def test_a_problem_names_its_line() -> None:
 
 @pytest.mark.parametrize("text", [
     "See [fcop](fcop.md#transitions-we-write) and [the layout](folders.md#symlinks-refused-everywhere).",
-    "See [the errors](fcop.md#error-codes-fcopreason-stable-values) and [up](cli.md#taskkernel-up-workspace---once---once-wait-s).",
+    "See [the errors](fcop.md#error-codes-fcopreason-stable-values) and "
+    "[up](cli.md#taskkernel-up-workspace---once---once-wait-s).",
     "See [here](#somewhere).\n\n## Somewhere",
     "Twice: [a](#same-1).\n\n## Same\n\n## Same",
     "An anchor: [a](#set-aside). <a id=\"set-aside\"></a>",
