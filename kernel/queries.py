@@ -143,25 +143,31 @@ def decode_cursor(cursor: str, state: str | None = None, role: str | None = None
     return after
 
 
-def _doc_text(path: tuple[str, str], postgres: bool) -> sa.ColumnElement[Any]:
-    """``<a>.<b>`` of a task's stored document, as text (NULL when absent or null): ``doc::json #>> '{a,b}'`` on
-    PostgreSQL, ``json_extract(doc, '$.a.b')`` on SQLite (where a CAST to JSON would be numeric)."""
+def doc_text(path: tuple[str, ...], postgres: bool) -> sa.ColumnElement[Any]:
+    """A field (``<a>.<b>``) of a task's stored document, as text (NULL when absent or null):
+    ``doc::json #>> '{a,b}'`` on PostgreSQL, ``json_extract(doc, '$.a.b')`` on SQLite (where a CAST to JSON would
+    be numeric)."""
     if postgres:
         return sa.cast(tasks.c.doc, sa.JSON)[path].as_string()
     return sa.func.json_extract(tasks.c.doc, "$." + ".".join(path))
 
 
+def blocked_now(postgres: bool, blocked: bool = True) -> sa.ColumnElement[bool]:
+    """The listing state ``blocked`` (active, its document's ``blocked`` set), or with ``blocked=False`` the
+    listing state ``active`` (active and not blocked)."""
+    marker = doc_text(("blocked", "report_id"), postgres)
+    return sa.and_(tasks.c.state == TaskState.ACTIVE.value, marker.is_not(None) if blocked else marker.is_(None))
+
+
 def _authority(name: str, postgres: bool) -> sa.ColumnElement[Any]:
     """The task's ``authority.<name>`` read from its stored document."""
-    return _doc_text(("authority", name), postgres)
+    return doc_text(("authority", name), postgres)
 
 
 def _where(q: sa.Select[Any], filters: Mapping[str, str | None], postgres: bool) -> sa.Select[Any]:
     state = filters.get("state")
     if state in (BLOCKED, TaskState.ACTIVE.value):
-        marker = _doc_text(("blocked", "report_id"), postgres)
-        q = q.where(tasks.c.state == TaskState.ACTIVE.value,
-                    marker.is_not(None) if state == BLOCKED else marker.is_(None))
+        q = q.where(blocked_now(postgres, blocked=state == BLOCKED))
     elif state is not None:
         q = q.where(tasks.c.state == state)
     if filters.get("role") is not None:

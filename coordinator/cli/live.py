@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -31,6 +31,7 @@ from taskkernel.coordinator.cli.output import oneline
 from taskkernel.coordinator.runners.ledger import RunState
 from taskkernel.coordinator.tables import runs
 from taskkernel.kernel.logging import get_logger
+from taskkernel.kernel.queries import blocked_now, doc_text
 from taskkernel.kernel.store.schema import tasks
 
 if TYPE_CHECKING:
@@ -152,18 +153,17 @@ def read_snapshot(db: Database, runners: set[str], rows: int) -> Snapshot:
     """One snapshot, bounded queries: counts per state, the first ``rows`` retries due (soonest first), blocked
     tasks and tasks waiting for a human (task id order), and how many of each there are."""
     pg = db.is_postgres
-    marker = _field(("blocked", "report_id"), pg)
-    blocked_now = sa.and_(tasks.c.state == "active", marker.is_not(None))  # as kernel/queries.py lists `blocked`
+    is_blocked = blocked_now(pg)
     retrying = sa.and_(runs.c.state == RunState.PENDING.value, runs.c.attempt >= 1)
     waiting = sa.or_(
-        sa.and_(tasks.c.state == "review", sa.func.coalesce(_field(("authority", "done_authority"), pg), "")
+        sa.and_(tasks.c.state == "review", sa.func.coalesce(doc_text(("authority", "done_authority"), pg), "")
                 .not_in(sorted(runners))),
         sa.and_(tasks.c.state.in_(("inbox", "active")), tasks.c.recipient.not_in(sorted(runners)),
-                marker.is_(None)))
+                doc_text(("blocked", "report_id"), pg).is_(None)))
     with db.snapshot() as conn:
         states = {str(s): int(n) for s, n in conn.execute(
             sa.select(tasks.c.state, sa.func.count()).group_by(tasks.c.state))}
-        states["blocked"] = int(conn.execute(sa.select(sa.func.count()).where(blocked_now)).scalar_one())
+        states["blocked"] = int(conn.execute(sa.select(sa.func.count()).where(is_blocked)).scalar_one())
         states["active"] = states.get("active", 0) - states["blocked"]
         retries = [dict(r._mapping) for r in conn.execute(
             sa.select(runs.c.task_id, runs.c.role, runs.c.attempt, runs.c.max_attempts, runs.c.not_before,
@@ -171,24 +171,17 @@ def read_snapshot(db: Database, runners: set[str], rows: int) -> Snapshot:
         retries_total = len(retries) if len(retries) < rows else int(conn.execute(
             sa.select(sa.func.count()).select_from(runs).where(retrying)).scalar_one())
         blocked = [dict(r._mapping) for r in conn.execute(
-            sa.select(tasks.c.task_id, _field(("authority", "driver"), pg).label("driver"),
-                      _field(("blocked", "reason"), pg).label("reason"))
-            .where(blocked_now).order_by(tasks.c.task_id).limit(rows))]
+            sa.select(tasks.c.task_id, doc_text(("authority", "driver"), pg).label("driver"),
+                      doc_text(("blocked", "reason"), pg).label("reason"))
+            .where(is_blocked).order_by(tasks.c.task_id).limit(rows))]
         found = [dict(r._mapping) for r in conn.execute(
             sa.select(tasks.c.task_id, tasks.c.state, tasks.c.recipient,
-                      _field(("authority", "done_authority"), pg).label("done_authority"),
-                      _field(("subject",), pg).label("subject"))
+                      doc_text(("authority", "done_authority"), pg).label("done_authority"),
+                      doc_text(("subject",), pg).label("subject"))
             .where(waiting).order_by(tasks.c.task_id).limit(rows))]
         waiting_total = len(found) if len(found) < rows else int(conn.execute(
             sa.select(sa.func.count()).select_from(tasks).where(waiting)).scalar_one())
     return Snapshot(states, retries, retries_total, blocked, found, waiting_total)
-
-
-def _field(path: Sequence[str], postgres: bool) -> sa.ColumnElement[Any]:
-    """``<a>.<b>`` of a task's stored document as text (NULL when absent), as kernel/queries.py reads it."""
-    if postgres:
-        return sa.cast(tasks.c.doc, sa.JSON)[tuple(path)].as_string()
-    return sa.func.json_extract(tasks.c.doc, "$." + ".".join(path))
 
 
 def _running(coordinator: Coordinator, rows: int, now: float) -> RenderableType:
