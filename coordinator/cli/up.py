@@ -57,7 +57,8 @@ def up(ctx: typer.Context, workspace: Path = typer.Argument(None, help="Workspac
         stopped: list[dict[str, object]] = []
 
         def stop_once(signum: int, _frame: object) -> None:  # the agents are stopped; their runs are due again
-            stopped.extend(r.describe() for r in coordinator.interrupt_once() if r.describe() not in stopped)
+            named = {r["run_id"] for r in stopped}
+            stopped.extend(r.describe() for r in coordinator.interrupt_once() if r.run.run_id not in named)
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, stop_once)
