@@ -145,6 +145,10 @@ def test_errors_no_retry_can_fix_block_at_once_and_once_waits_for_due_retries(tm
     done = taskkernel("up", str(ws.root), "--once", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["pending"] == []  # the OPS retry fell due within the wait and ran
+    logged = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    by_event = {(e["event"], e.get("task_id")) for e in logged}  # off a terminal: one JSON line per step
+    assert {("run_started", ops), ("run_retry", ops), ("run_finished", ops), ("run_blocked", dev),
+            ("run_blocked", qa)} <= by_event, sorted(by_event)
     ended = runs(ws.root)
     assert (ended[dev]["state"], ended[dev]["error_code"], ended[dev]["attempt"]) == ("blocked", "binary_missing", 1)
     assert (ended[qa]["state"], ended[qa]["error_code"], ended[qa]["attempt"]) == (
