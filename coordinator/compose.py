@@ -13,6 +13,9 @@ from taskkernel.coordinator.folders.projection import PROJECT_RULE
 from taskkernel.coordinator.runners.dispatcher import WAKE_RULE
 from taskkernel.coordinator.runners.tools import PERFORM_RULE
 from taskkernel.coordinator.workspace import Workspace
+from taskkernel.coordinator.worktrees.effects import WORKTREE_RULE
+from taskkernel.coordinator.worktrees.evidence import DiffEvidence
+from taskkernel.coordinator.worktrees.manager import Worktrees
 from taskkernel.kernel.commands import EffectRule, TaskCommandKernel
 from taskkernel.kernel.model.upcasters import task_upcasters
 from taskkernel.kernel.permissions import HumanGrantGuard
@@ -23,7 +26,7 @@ from taskkernel.kernel.store.events import EventStore
 from taskkernel.kernel.store.schema import metadata
 from taskkernel.roles.registry import RoleRegistry
 
-STANDARD_EFFECTS: tuple[EffectRule, ...] = (WAKE_RULE, PERFORM_RULE, PROJECT_RULE)
+STANDARD_EFFECTS: tuple[EffectRule, ...] = (WAKE_RULE, PERFORM_RULE, PROJECT_RULE, WORKTREE_RULE)
 
 
 def build_kernel(db: Database, workspace: Workspace | None) -> TaskCommandKernel:
@@ -39,8 +42,10 @@ def build_kernel(db: Database, workspace: Workspace | None) -> TaskCommandKernel
                      protected_by_risk={**DEFAULT_PROTECTED, **gate_cfg.protected},
                      protected_by_role=gate_cfg.roles)
     folders = workspace is not None and workspace.config.folders.enabled
+    # Last: a done report's diff is taken only once every other check let the report through.
+    evidence = [DiffEvidence(Worktrees(db, workspace.root))] if workspace is not None else []
     return TaskCommandKernel(db, roles, effect_rules=STANDARD_EFFECTS, store=store,
-                             guards=[HumanGrantGuard(log), gate],
+                             guards=[HumanGrantGuard(log), gate, *evidence],
                              numbers_in_use=_task_numbers_on_disk(workspace.root) if folders and workspace else None)
 
 

@@ -31,7 +31,13 @@ CONFIG_NAME = "taskkernel.toml"
 CONFIG_INVALID = "config_invalid"  # the file is not TOML, or does not fit the model
 CONFIG_UNREADABLE = "config_unreadable"  # the file cannot be read at all
 RUNNER_UNAVAILABLE = "runner_unavailable"  # a runner this machine cannot start (binary, OS user, folder)
-PLACEHOLDERS = ("task_file", "task_id", "round", "workspace", "role", "purpose")  # what a runner's argv may name
+# What a runner's argv may name: the task, the run, and the files a run is given (the prompt, the MCP
+# configuration naming the coordinator's workspace and the run's token file, the folder the agent works in).
+PLACEHOLDERS = ("task_file", "task_id", "round", "workspace", "role", "purpose", "prompt_file", "mcp_config",
+                "workdir")
+# What a role's prompt template may name (taskkernel.coordinator.runners.prompt builds each part).
+PROMPT_FIELDS = ("task_id", "subject", "body", "round", "role", "purpose", "parents", "acceptance", "rework",
+                 "how_to_report", "workdir")
 NOT_TEAM = RESERVED_ROLES | {BROADCAST}  # the human owner, the system and a broadcast are no team roles
 MAX_ROLE_LEN = 32  # the kernel's role codes (kernel/model/commands.py)
 RISK_LEVELS = ("low", "medium", "high")  # irreversible tasks protect every operation: nothing to configure
@@ -102,18 +108,19 @@ def near(word: str, candidates: Sequence[str]) -> str | None:
     return lowered[found[0]] if found else None
 
 
-def placeholder_problem(arg: str) -> str | None:
-    """Why ``arg`` (one element of a runner's argv) is not a valid template, or None."""
+def placeholder_problem(arg: str, known: Sequence[str] = PLACEHOLDERS) -> str | None:
+    """Why ``arg`` (one element of a runner's argv, or a prompt template) is not a valid template, or None."""
     try:
         fields = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(arg) if f is not None]
     except ValueError as exc:
         return f"{json.dumps(arg)} is not a valid template ({exc}); write {{{{ and }}}} for literal braces"
     for name, spec, conv in fields:
-        if name not in PLACEHOLDERS:
-            guess = near(name.split(".")[0].split("[")[0], PLACEHOLDERS) if name else None
+        if name not in known:
+            guess = near(name.split(".")[0].split("[")[0], known) if name else None
             hint = f"; did you mean {{{guess}}}?" if guess else ""
-            return (f"{{{name}}} in {json.dumps(arg)} is not a placeholder taskkernel fills{hint} (known: "
-                    + " ".join(f"{{{p}}}" for p in PLACEHOLDERS) + "; write {{ and }} for literal braces)")
+            shown = json.dumps(arg) if len(arg) <= 80 else "the template"
+            return (f"{{{name}}} in {shown} is not a placeholder taskkernel fills{hint} (known: "
+                    + " ".join(f"{{{p}}}" for p in known) + "; write {{ and }} for literal braces)")
         if spec or conv:
             return f"{json.dumps(arg)}: placeholders take no conversion or format spec ({{{name}}} only)"
     return None
@@ -165,10 +172,33 @@ class TeamTable(_Table):
 class RunnerKind(StrEnum):
     COMMAND = "command"
     SCRIPTED = "scripted"
+    CLAUDE_CODE = "claude-code"  # the presets: a coding agent CLI run headless (runners/presets.py)
+    CODEX = "codex"
+    GEMINI_CLI = "gemini-cli"
+
+    @property
+    def spawns(self) -> bool:
+        """An agent process the coordinator starts (every runner but the in-process scripted one)."""
+        return self is not RunnerKind.SCRIPTED
+
+    @property
+    def is_preset(self) -> bool:
+        return self not in (RunnerKind.COMMAND, RunnerKind.SCRIPTED)
 
 
-_COMMAND_ONLY = ("argv", "cwd", "env", "pass_env", "run_as", "kill_grace", "heartbeat_timeout",
-                 "non_retryable_exit_codes")
+class Isolation(StrEnum):
+    WORKTREE = "worktree"  # one git worktree and branch per task (docs/agents.md)
+    SHARED = "shared"  # every run works in the workspace (or cwd)
+
+
+class OnApprove(StrEnum):
+    MERGE = "merge"  # merge the task branch into the base when the task is approved
+    KEEP = "keep"  # leave the branch for a person to merge
+
+
+_SPAWN_ONLY = ("argv", "cwd", "env", "pass_env", "run_as", "kill_grace", "heartbeat_timeout",
+               "non_retryable_exit_codes", "isolation", "base_branch", "on_approve", "prompt", "mcp", "args")
+_PRESET_ONLY = ("model", "allowed_tools", "args")
 
 
 class RunnerSpec(_Table):
@@ -191,21 +221,46 @@ class RunnerSpec(_Table):
     # it is stopped as hung, long before `timeout`. None: no heartbeat is expected.
     heartbeat_timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     non_retryable_exit_codes: list[Annotated[int, Field(ge=1, le=255)]] = Field(default_factory=list)  # block at once
+    # Preset options (docs/agents.md); `argv` replaces the preset's whole command line.
+    model: str | None = Field(default=None, min_length=1)
+    args: list[str] = Field(default_factory=list)  # appended to the preset's command line
+    allowed_tools: list[str] = Field(default_factory=list)  # the CLI's own tool names, on top of the kernel's
+    # None: a worktree per task for a preset when the workspace is in a git repository, else shared
+    isolation: Isolation | None = Field(default=None, strict=False)
+    base_branch: str | None = Field(default=None, min_length=1)  # default: the branch checked out at the workspace
+    on_approve: OnApprove = Field(default=OnApprove.KEEP, strict=False)
+    prompt: str | None = Field(default=None, min_length=1)  # template with PROMPT_FIELDS; default: runners/prompt.py
+    mcp: bool = True  # give the agent the kernel's MCP server (False: it reports with the CLI verbs)
 
     @model_validator(mode="after")
     def _consistent(self) -> RunnerSpec:
-        if self.runner is RunnerKind.COMMAND:
-            if not self.argv or not self.argv[0]:
-                raise KeyProblem("argv", "a command runner needs argv = [\"program\", …] (its first element: the "
-                                 "program)")
+        if self.runner is RunnerKind.COMMAND and (not self.argv or not self.argv[0]):
+            raise KeyProblem("argv", "a command runner needs argv = [\"program\", …] (its first element: the "
+                             "program)")
+        if self.runner.spawns:
+            if "argv" in self.model_fields_set and (not self.argv or not self.argv[0]):
+                raise KeyProblem("argv", "argv replaces the preset's command line: give the program first")
             for arg in self.argv:
                 if problem := placeholder_problem(arg):
                     raise KeyProblem("argv", f"argv: {problem}")
+            if self.prompt is not None and (problem := placeholder_problem(self.prompt, PROMPT_FIELDS)):
+                raise KeyProblem("prompt", f"prompt: {problem}")
+            if self.on_approve is OnApprove.MERGE and self.isolation is Isolation.SHARED:
+                raise KeyProblem("on_approve", "on_approve = \"merge\" merges a task's branch: it needs "
+                                 "isolation = \"worktree\"")
+            if self.isolation is Isolation.WORKTREE and self.run_as is not None:
+                raise KeyProblem("isolation", "isolation = \"worktree\" with run_as is not supported: the "
+                                 "worktree and its branch belong to the coordinator's OS user")
         else:
-            given = [k for k in _COMMAND_ONLY if k in self.model_fields_set]
+            given = [k for k in _SPAWN_ONLY if k in self.model_fields_set]
             if given:
                 raise KeyProblem(given[0], f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to "
-                                 "command runners only (a scripted agent runs inside the coordinator)")
+                                 "runners that start a program only (a scripted agent runs inside the coordinator)")
+        if not self.runner.is_preset:
+            given = [k for k in _PRESET_ONLY if k in self.model_fields_set and self.runner.spawns]
+            if given:
+                raise KeyProblem(given[0], f"{given[0]} is a preset option (claude-code, codex, gemini-cli); a "
+                                 "command runner's argv is its whole command line")
         for key, names in (("env", list(self.env)), ("pass_env", self.pass_env)):
             for name in names:
                 if not _ENV_NAME.fullmatch(name):
@@ -524,80 +579,3 @@ def _unknown(table: str | None, key: str | None, loc: Sequence[str | int], data:
     return Problem(where, key, f"{key} is not a key taskkernel knows"
                    + (f"; did you mean {guess}?" if guess else f" (keys: {', '.join(known)})"),
                    _line(lines, table, key), guess)
-
-
-# -- the file `init` writes --------------------------------------------------------------------------
-
-TEMPLATE = """\
-# taskkernel workspace configuration. Every table and key: docs/config.md.
-# `taskkernel doctor` checks this file, the database, the folders and the runners.
-# Lines starting with "# [" or "# key =" are examples: remove the "# " to use them.
-
-[kernel]
-# "full": fsync every commit (survives kill -9 and power loss); "process": survives kill -9 only.
-durability = "full"
-# No token means no authority: the owner's CLI reads its credential from .taskkernel/owner.token (0600);
-# agents get only their run's scoped token (docs/security.md).
-require_token = true
-# database = "postgresql+psycopg://user@host/db"   # default: .taskkernel/kernel.db (SQLite, WAL)
-# max_runs = 4                               # agent runs at once in this coordinator, all roles together
-# shutdown_grace = 30                        # seconds `up` lets running agents finish after Ctrl-C / SIGTERM
-{team}
-# How each role's agent runs (docs/roles.md). A role without a table is not run automatically: its tasks
-# wait for a person. `up` refuses a program it cannot find, and `doctor` says which.
-# [roles.DEV]
-# runner = "command"                        # or "scripted": the built-in agent, or the role package's handler
-# argv = ["codex", "exec", "{{task_file}}"]   # the program and its arguments, with placeholders:
-#                                           {{task_file}} {{task_id}} {{round}} {{workspace}} {{role}} {{purpose}}
-# cwd = "workspace"                         # relative to the workspace root
-# env = {{ MODEL = "small" }}                 # explicit values added to the agent's environment
-# pass_env = ["OPENAI_API_KEY"]             # coordinator variables forwarded on purpose
-# run_as = "agent-dev"                      # start the agent as this OS user (the coordinator: root or that user)
-# timeout = 600                             # seconds; then SIGTERM to the agent's process group
-# kill_grace = 10                           # seconds between that SIGTERM and SIGKILL
-# heartbeat_timeout = 120                   # stop a silent agent early (heartbeat: docs/runs.md)
-# concurrency = 1                           # this role's runs at once (within max_runs)
-# non_retryable_exit_codes = [2]            # exit codes that block the task at once, without a retry
-# lease = 660                               # seconds without renewal before another coordinator takes over
-# max_attempts = 3                          # then the task gets a blocked report
-# backoff = 2.0                             # seconds before attempt n+1: backoff * 2**(n-1)
-# agent = "dev-1"                           # recorded as `by` (default: dev-agent)
-#
-# [roles.QA]
-# runner = "scripted"
-
-# The execution gate (docs/gate.md): where grants are read and which operations need one.
-# [gate]
-# session = "admin"
-# protected = {{ low = ["write", "delete", "deploy", "force_push", "migrate"], high = ["*"] }}
-# roles = {{ DEV = ["deploy"] }}              # operations protected for a role whatever the task's risk
-
-# The FCoP folder adapter (docs/folders.md).
-# [folders]
-# enabled = true
-# submit_on_done_report = true              # a REPORT file with status done also submits the task
-
-# Durable automations (docs/scheduler.md).
-# [scheduler]
-# max_clock_skew = "1d"                     # how far ahead of the clock a schedule's watermark may stand
-
-# The MCP server, `taskkernel mcp` (docs/mcp.md).
-# [mcp]
-# output_budget = 16384                     # bytes of one tool result; longer lists and texts are cut, with a pointer
-"""
-TEAM_EXAMPLE = """
-# The team, when the FCoP folder has no fcop.json (which takes precedence).
-# [team]
-# name = "dev-team"
-# leader = "PM"
-# roles = ["PM", "DEV", "QA", "OPS"]
-"""
-
-
-def config_template(database: str | None = None, team: str | None = None) -> str:
-    """The commented taskkernel.toml `init` writes: every table, with examples that validate when uncommented.
-    ``database``: the URL to name in [kernel]; ``team``: a [team] table to write instead of its example."""
-    text = TEMPLATE.format(team=team if team is not None else TEAM_EXAMPLE)
-    if database is not None:
-        text = text.replace('# database = "postgresql+psycopg://user@host/db"', f"database = {json.dumps(database)}")
-    return text

@@ -74,3 +74,18 @@ folder_imports = sa.Table(
     sa.Column("imported_at", sa.Text, nullable=False),
     sa.Column("summary", sa.Text, nullable=False),
 )
+
+# One git worktree and branch per task (worktrees/manager.py): where it is, what it was cut from, where it stands.
+worktrees = sa.Table(
+    "worktrees",
+    metadata,
+    sa.Column("task_id", sa.Text, primary_key=True),
+    sa.Column("path", sa.Text, nullable=False),  # absolute: the agent's working folder
+    sa.Column("branch", sa.Text, nullable=False),  # task/<TASK-ID>
+    sa.Column("base_branch", sa.Text, nullable=False),  # the branch its diff and merge are against
+    sa.Column("base_commit", sa.Text, nullable=False),  # the base's head when the worktree was cut
+    sa.Column("state", sa.Text, nullable=False),  # active | merged | archived
+    sa.Column("merged_commit", sa.Text),  # the base's head after the merge
+    sa.Column("created_at", sa.Text, nullable=False),
+    sa.Column("updated_at", sa.Text, nullable=False),
+)

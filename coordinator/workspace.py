@@ -24,9 +24,9 @@ from taskkernel.coordinator.config import (
     TaskkernelConfig,
     TeamTable,
     WorkspaceNotFound,
-    config_template,
     load_config,
 )
+from taskkernel.coordinator.config_template import config_template
 from taskkernel.coordinator.fcop.detect import CONFIG_NAME as FCOP_CONFIG
 from taskkernel.coordinator.fcop.detect import G2_MARKERS, LIFECYCLE_DIR, find_workspace_root
 from taskkernel.coordinator.fcop.errors import FcopError
@@ -183,6 +183,7 @@ class Initialized:
     fcop_root: Path
     laid_out: bool
     note: str | None = None
+    gitignored: bool = False  # `.taskkernel/` was added to the workspace's .gitignore
 
 
 def fcop_root_of(root: Path) -> tuple[Path, bool]:
@@ -271,7 +272,8 @@ def _lay_out(fcop: Path, preset: str) -> None:
         fcop_json.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
 
-def init_workspace(root: Path, team: str | None = None, database: str | None = None) -> Initialized:
+def init_workspace(root: Path, team: str | None = None, database: str | None = None, agents: str | None = None
+                   ) -> Initialized:
     """Create (or complete) a workspace; never overwrites a file, never adds anything to an existing FCoP workspace.
 
     A project without one gets the G3 layout in ``fcop/`` (or in an empty ``docs/agents/``) with the ``team``
@@ -279,8 +281,10 @@ def init_workspace(root: Path, team: str | None = None, database: str | None = N
     it is: its team is its fcop.json, else the ``[team]`` of taskkernel.toml, else ``team``'s preset or the roles
     its files use, written to the new taskkernel.toml's ``[team]`` (an existing taskkernel.toml is never changed:
     ``note`` then says what to add). ``database``: the URL a new taskkernel.toml names, so every later command
-    (and agent) finds the store `init` wrote to. Raises ValueError (an unknown preset, a ``team`` other than the
-    one already named) and FcopError (both ``fcop/`` and ``docs/agents/``) before writing anything."""
+    (and agent) finds the store `init` wrote to; ``agents``: the agent CLI its role examples use. Inside a git
+    repository, ``.taskkernel/`` is added to the workspace's .gitignore (database, run logs, worktrees). Raises
+    ValueError (an unknown preset, a ``team`` other than the one already named) and FcopError (both ``fcop/``
+    and ``docs/agents/``) before writing anything."""
     if team is not None and team not in TEAM_PRESETS:
         raise ValueError(f"unknown team preset {team!r}; choose one of {', '.join(TEAM_PRESETS)}")
     root = root.resolve()
@@ -295,12 +299,32 @@ def init_workspace(root: Path, team: str | None = None, database: str | None = N
     (root / "workspace").mkdir(exist_ok=True)
     note = None
     if not config_path.exists():
-        text = config_template(database, chosen.toml() if to_config else None)
+        text = config_template(database, chosen.toml() if to_config else None, agents)
         write_private(config_path, text.encode("utf-8"))  # may hold a password
     elif to_config:
         note = f"{config_path} exists and was left as it is; to use this team, add:{chosen.toml()}"
+    ignored = ignore_state_dir(root)
     ws = Workspace.load(root)
     effective = ws.team()
     if (effective.leader, effective.roles) != (chosen.leader, chosen.roles):
         chosen = effective
-    return Initialized(ws, chosen, fcop, not existing, note)
+    return Initialized(ws, chosen, fcop, not existing, note, ignored)
+
+
+IGNORE_LINE = f"/{STATE_DIR}/"
+
+
+def ignore_state_dir(root: Path) -> bool:
+    """In a git repository, keep ``.taskkernel/`` (database, run logs, worktrees, evidence) out of every commit:
+    the line is added to ``root/.gitignore`` unless a line there already names it. Returns whether it added it."""
+    from taskkernel.coordinator.worktrees.git import toplevel
+
+    if toplevel(root) is None:
+        return False
+    path = root / ".gitignore"
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    if any(line.strip().strip("/") == STATE_DIR for line in text.splitlines()):
+        return False
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(("" if not text or text.endswith("\n") else "\n") + IGNORE_LINE + "\n")
+    return True

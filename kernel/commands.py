@@ -107,7 +107,7 @@ _NEW_COUNTER = "INSERT INTO counters (name, value) VALUES (?, ?)"
 
 # Idempotency keys the adapters derive (folder files, schedules, runs, dispatch): an external caller may not
 # use them, or an agent could occupy the key of a command the coordinator will submit later.
-RESERVED_KEY_PREFIXES = ("file:", "schedule:", "sched:", "run:", "dispatch:", "blocked:")
+RESERVED_KEY_PREFIXES = ("file:", "schedule:", "sched:", "run:", "dispatch:", "blocked:", "merge:")
 
 
 def receipt_key(principal: Principal, idempotency_key: str) -> str:

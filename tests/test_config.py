@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from taskkernel.coordinator.config import TABLES, config_template, parse_config
+from taskkernel.coordinator.config import TABLES, parse_config
+from taskkernel.coordinator.config_template import config_template
 from tests.cli_support import Run, new_workspace, run
 from tests.cli_support import append_config as append
 
@@ -97,10 +98,11 @@ def test_a_toml_syntax_error_is_one_line_and_the_error_envelope(ws: Path) -> Non
      "taskkernel fills; did you mean {task_file}?"),
     ('runner = "command"\nargv = ["agent", "--round={round:03}"]', "placeholders take no conversion or format spec"),
     ('runner = "command"\nargv = ["agent", "{"]', "write {{ and }} for literal braces"),
-    ('runner = "comand"\nargv = ["agent"]', 'runner must be "command" or "scripted" (got "comand")'),
+    ('runner = "comand"\nargv = ["agent"]', 'runner must be "command", "scripted", "claude-code", "codex" or '
+         '"gemini-cli" (got "comand")'),
     ('runner = "command"\nargv = ["agent"]\ntimeout = "600"', 'timeout must be a number (got "600")'),
     ('runner = "command"\nargv = ["agent"]\nenv = { TASKKERNEL_DB = "x" }', "env: TASKKERNEL_DB is set by the runner"),
-    ('runner = "scripted"\nargv = ["agent"]', "argv applies to command runners only"),
+    ('runner = "scripted"\nargv = ["agent"]', "argv applies to runners that start a program only"),
     ('runner = "command"', 'a command runner needs argv = ["program", …]'),
 ])
 def test_a_runner_table_is_checked_when_the_file_loads(ws: Path, body: str, expected: str) -> None:
@@ -158,12 +160,13 @@ def test_init_writes_every_table_and_key_as_a_commented_example_that_validates(w
     full = uncommented(written)
     config = parse_config(full)  # every example, turned on, is valid
     assert config.team is not None and config.team.leader == "PM"
-    assert config.roles["DEV"].argv == ["codex", "exec", "{task_file}"] and config.roles["QA"].runner == "scripted"
+    assert config.roles["DEV"].runner == "claude-code" and config.roles["DEV"].model == "sonnet"
+    assert config.roles["QA"].argv == ["my-agent", "--task", "{task_file}"] and config.roles["OPS"].runner == "scripted"
     document = tomllib.loads(full)
     for table, model in TABLES.items():
         assert re.search(rf"^# \[{table}[.\]]", written, re.M) or table == "kernel", table
-        keys = document[table]["DEV"] if table == "roles" else document[table]
-        assert set(model.model_fields) == set(keys), (table, set(model.model_fields) ^ set(keys))
+        keys = {k for role in document[table].values() for k in role} if table == "roles" else set(document[table])
+        assert set(model.model_fields) == keys, (table, set(model.model_fields) ^ keys)
     assert 'database = "sqlite:///x.db"' in config_template("sqlite:///x.db")
     assert "# [team]" not in config_template(team="\n[team]\nleader = \"ME\"\nroles = [\"ME\"]\n")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from taskkernel.coordinator.runners.command import parse_usage
+from taskkernel.coordinator.runners.presets import Preset
 from taskkernel.kernel.usage import summarize, usage_table
 from tests.coord_support import admin_task, coordinator, make_workspace
 
@@ -137,6 +137,10 @@ def test_lost_lease_is_fenced_and_reclaimed(tmp_path: Path) -> None:
     assert (second.attempt, second.fencing) == (2, first.fencing + 1)
     assert not c.dispatcher.ledger.succeed(first, 0), "a stale holder can change nothing"
     assert c.dispatcher.ledger.succeed(second, 0)
+
+
+def parse_usage(stdout: str) -> dict[str, float]:
+    return Preset().read(stdout).usage  # the `command` runner's reading of a usage line
 
 
 def test_usage_line_parsing() -> None:

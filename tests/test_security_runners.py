@@ -38,7 +38,7 @@ PY = sys.executable
 CLI = f"[{PY!r}, '-m', 'taskkernel']"
 ALLOWED = {"PATH", "HOME", "LANG", "TERM", "TZ", "TMPDIR", "USER", "LOGNAME"}
 RUN_VARS = {"TASKKERNEL_TOKEN", "TASKKERNEL_TASK_ID", "TASKKERNEL_ROUND", "TASKKERNEL_TASK_FILE",
-            "TASKKERNEL_WORKSPACE", "TASKKERNEL_PURPOSE", "TASKKERNEL_ROLE"}
+            "TASKKERNEL_WORKSPACE", "TASKKERNEL_PURPOSE", "TASKKERNEL_ROLE", "TASKKERNEL_WORKDIR"}
 # An agent reports done through the CLI with nothing but its environment.
 REPORT_DONE = f"""
     def cli(*args, stdin=None):

@@ -19,6 +19,7 @@ from taskkernel.coordinator.cli import task_verbs
 from taskkernel.coordinator.cli.common import Exit, emit, fail, fail_config, get_ctx, reject, say, show, warn
 from taskkernel.coordinator.cli.output import human_mode, oneline, table_of
 from taskkernel.coordinator.config import ConfigError
+from taskkernel.coordinator.config_template import AGENT_CHOICES
 from taskkernel.coordinator.fcop import FcopError
 from taskkernel.coordinator.workspace import DEFAULT_TEAM, TEAM_PRESETS, init_workspace
 from taskkernel.kernel.credentials import (
@@ -56,14 +57,20 @@ def register(app: typer.Typer) -> None:
 def init(ctx: typer.Context, directory: Path = typer.Argument(Path("."), help="Workspace root."),
          team: str = typer.Option(None, "--team", show_default=False,
                                   help=f"Team preset: {', '.join(TEAM_PRESETS)} (default for a new FCoP "
-                                       f"workspace: {DEFAULT_TEAM}).")) -> None:
+                                       f"workspace: {DEFAULT_TEAM})."),
+         agents: str = typer.Option(None, "--agents", show_default=False,
+                                    help=f"The agent CLI the runner examples use: {', '.join(AGENT_CHOICES)} "
+                                         "(default claude-code).")) -> None:
     """Create the workspace: .taskkernel/kernel.db, taskkernel.toml and, in a project without any, the FCoP
-    folders. An existing FCoP workspace (fcop/ or docs/agents/) is left exactly as it is."""
+    folders. An existing FCoP workspace (fcop/ or docs/agents/) is left exactly as it is. Inside a git
+    repository, .taskkernel/ is added to .gitignore."""
     if team is not None and team not in TEAM_PRESETS:
         fail(Exit.USAGE, f"unknown team preset {team!r}; choose one of {', '.join(TEAM_PRESETS)}")
+    if agents is not None and agents not in AGENT_CHOICES:
+        fail(Exit.USAGE, f"--agents {agents!r}: choose one of {', '.join(AGENT_CHOICES)}")
     c = get_ctx(ctx)
     try:
-        done = init_workspace(directory, team, c.db_url or os.environ.get("TASKKERNEL_DB"))
+        done = init_workspace(directory, team, c.db_url or os.environ.get("TASKKERNEL_DB"), agents)
     except FcopError as exc:  # both fcop/ and docs/agents/: nothing was written
         fail(Exit.REJECTED, f"{exc.reason.value}: {exc}", reason=exc.reason.value)
     except ConfigError as exc:  # the existing taskkernel.toml cannot be used
@@ -81,10 +88,12 @@ def init(ctx: typer.Context, directory: Path = typer.Argument(Path("."), help="W
             write_private(ws.owner_token_path, (owner_token + "\n").encode("ascii"))
     emit({"status": "ok", "workspace": str(ws.root), "database": c.database().url, "fcop_root": str(done.fcop_root),
           "fcop_created": done.laid_out, "team": t.name, "leader": t.leader, "roles": t.roles,
-          "team_source": t.source}, generic=False)
+          "team_source": t.source, "gitignored": done.gitignored}, generic=False)
     where = "laid out" if done.laid_out else "found (left as it is)"
     say(("workspace ready", "green"), f" at {ws.root}; FCoP folder {done.fcop_root} {where}")
     say(f"team {t.name} from {t.source}: leader {t.leader}, roles {', '.join(t.roles)}")
+    if done.gitignored:
+        say("added .taskkernel/ to .gitignore (database, run logs and worktrees are never committed)")
     if done.note:
         say(("note:", "yellow"), f" {done.note}")
 
@@ -192,10 +201,28 @@ def _render_task(doc: dict[str, Any]) -> None:
                                           "thread_key", "assignee", "lease") if doc.get(k) is not None}))
     if doc.get("body"):
         say(doc["body"])
-    for kind in ("reports", "records"):
-        if doc.get(kind):
-            show(table_of(doc[kind], title=kind))
+    if doc.get("reports"):
+        show(table_of([{k: v for k, v in r.items() if k != "diff"} for r in doc["reports"]], title="reports"))
+    for report in doc.get("reports", ()):
+        if report.get("diff"):
+            _render_diff(report)
+    if doc.get("records"):
+        show(table_of(doc["records"], title="records"))
     show(table_of(doc["history"], title="history"))
+
+
+def _render_diff(report: dict[str, Any]) -> None:
+    """A done report's diffstat (docs/agents.md): the range, the totals, a line per file, the patch file."""
+    d = report["diff"]
+    if "error" in d:
+        say(("diff", "bold"), f" of {report['report_id']}: not recorded ({oneline(d['error'])})")
+        return
+    say(("diff", "bold"), f" of {report['report_id']} ({d['branch']} against {d['base']}, {d['range']}): "
+        f"{d['files_changed']} file(s) changed, +{d['insertions']} -{d['deletions']}; patch {d['patch']}")
+    for f in d.get("files", ()):
+        say(f"  {f['path']} | " + ("binary" if f.get("binary") else f"+{f['insertions']} -{f['deletions']}"))
+    if d["files_changed"] > len(d.get("files", ())):
+        say(f"  … {d['files_changed'] - len(d.get('files', ()))} more in the patch")
 
 
 @task_app.command("list")

@@ -10,17 +10,18 @@ import os
 import shlex
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import typer
 import typer.main
 
 from taskkernel.coordinator.cli.common import CliContext
-from taskkernel.coordinator.cli.output import Exit, force_json, warn
+from taskkernel.coordinator.cli.output import Exit, fail, force_json, warn
 
 PROG = "taskkernel"
 COMPLETE_VAR = "_TASKKERNEL_COMPLETE"
-VALUED_GLOBALS = {"--db", "--workspace", "-w", "--token"}  # global options that take a value
+VALUED_GLOBALS = {"--db", "--workspace", "-w", "--token", "--token-file"}  # global options that take a value
 
 app = typer.Typer(no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False,
                   help="taskkernel: an event-sourced kernel coordinating AI agents and humans.")
@@ -40,12 +41,25 @@ def _global(
     db: str = typer.Option(None, "--db", help="Database URL (default: the workspace's SQLite file)."),
     workspace: str = typer.Option(None, "--workspace", "-w", help="Workspace root (default: search upwards)."),
     token: str = typer.Option(None, "--token", envvar="TASKKERNEL_TOKEN", help="Credential to act with."),
+    token_file: Path = typer.Option(None, "--token-file", help="Read the credential from this file (a run's MCP "
+                                    "configuration names one, so the token is in no command line)."),
     _json: bool = typer.Option(False, "--json", help="JSON on stdout even on a terminal (any command).",
                                callback=lambda v: force_json(v)),
     _version: bool = typer.Option(False, "--version", "-V", is_eager=True, callback=_print_version,
                                   help="Print the version and exit."),
 ) -> None:
+    if token is None and token_file is not None:
+        token = _read_token_file(token_file)
     ctx.obj = _called.context = CliContext(db_url=db, workspace_path=workspace, token=token)
+
+
+def _read_token_file(path: Path) -> str:
+    from taskkernel.kernel.private import read_private
+
+    try:
+        return read_private(path).decode("ascii").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        fail(Exit.USAGE, f"--token-file {path}: cannot read a token there ({exc})")
 
 
 class _called:

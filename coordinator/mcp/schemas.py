@@ -269,6 +269,9 @@ class ReportOut(Out):
     body_next: Next | None
     artifacts: list[str]
     references: list[str]
+    diff: dict[str, Any] | None = Field(default=None, description="A done report's change in the task's git "
+                                        "worktree, recorded by the coordinator: range, commits, files_changed, "
+                                        "insertions, deletions, files (the first 50), patch (a file path).")
 
 
 class HistoryOut(Out):

@@ -414,7 +414,7 @@ def _report(data: dict[str, Any], at: str | None) -> dict[str, Any]:
     return {"report_id": data.get("report_id"), "round": data.get("round"), "status": data.get("status"),
             "by": data.get("by"), "at": at, "body": data.get("body") or "", "body_chars": len(data.get("body") or ""),
             "body_truncated": False, "body_next": None, "artifacts": list(data.get("artifacts") or []),
-            "references": list(data.get("references") or [])}
+            "references": list(data.get("references") or []), "diff": data.get("diff")}
 
 
 def _history(ev: Any) -> dict[str, Any]:

@@ -12,8 +12,6 @@ import contextlib
 import ctypes
 import errno
 import functools
-import json
-import math
 import os
 import select
 import signal
@@ -26,13 +24,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from taskkernel.coordinator.runners.config import RunnerSpec, os_user
 from taskkernel.kernel.private import private_dir
 
-USAGE_KEYS = ("tokens_in", "tokens_out", "cost_usd")
-USAGE_LIMIT = 1e12  # anything larger (or negative, NaN, infinite) is not a usage figure
+if TYPE_CHECKING:
+    from taskkernel.coordinator.runners.launch import Launch
+
 BASE_ENV = ("PATH", "HOME", "LANG", "TERM", "TZ", "TMPDIR", "USER", "LOGNAME")  # plus every LC_*
 _PR_SET_PDEATHSIG = 1
 
@@ -55,6 +54,7 @@ class ErrorCode(StrEnum):
     CONFIG_INVALID = "config_invalid"
     SPAWN_FAILED = "spawn_failed"
     AGENT_RAISED = "agent_raised"
+    AGENT_ERROR = "agent_error"  # the agent CLI exited 0 but its own JSON output reports a failure
     INTERRUPTED = "interrupted"
     LEASE_LOST = "lease_lost"
     INTERNAL_ERROR = "internal_error"
@@ -96,15 +96,17 @@ class Supervision:
     stop: threading.Event = field(default_factory=threading.Event)
 
 
-def agent_env(spec: RunnerSpec, run_vars: dict[str, str], source: dict[str, str] | None = None) -> dict[str, str]:
-    """The allowlist, then the agent's own identity (run_as), the owner's `pass_env` and `env`, then the
-    run's TASKKERNEL_* variables. Nothing else of the coordinator's environment reaches the agent."""
+def agent_env(spec: RunnerSpec, run_vars: dict[str, str], source: dict[str, str] | None = None, *,
+              credentials: tuple[str, ...] = ()) -> dict[str, str]:
+    """The allowlist, then the agent's own identity (run_as), its preset's ``credentials`` (the provider's key:
+    docs/agents.md), the owner's `pass_env` and `env`, then the run's TASKKERNEL_* variables. Nothing else of the
+    coordinator's environment reaches the agent."""
     source = dict(os.environ) if source is None else source
     env = {k: v for k, v in source.items() if k in BASE_ENV or k.startswith("LC_")}
     if spec.run_as is not None:
         user = os_user(spec.run_as)
         env.update(HOME=user.pw_dir, USER=user.pw_name, LOGNAME=user.pw_name)
-    env.update({k: source[k] for k in spec.pass_env if k in source})
+    env.update({k: source[k] for k in (*credentials, *spec.pass_env) if k in source})
     return {**env, **spec.env, **run_vars}
 
 
@@ -116,47 +118,26 @@ def host_identity() -> str:
     return f"{socket.gethostname()}/{boot}"
 
 
-def parse_usage(stdout: str) -> dict[str, Any]:
-    """The last stdout line that is a JSON object with token/cost fields (top level or under "usage")."""
-    for line in reversed(stdout.strip().splitlines()[-50:]):
-        line = line.strip()
-        if not (line.startswith("{") and line.endswith("}")):
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        found = obj.get("usage") if isinstance(obj.get("usage"), dict) else obj
-        picked = {k: found[k] for k in USAGE_KEYS if _plausible(found.get(k))}
-        if picked:
-            return picked
-    return {}
-
-
-def run_command(spec: RunnerSpec, placeholders: dict[str, str], env: dict[str, str], workspace: Path,
-                log_dir: Path, supervision: Supervision | None = None) -> Outcome:
-    """Run the agent in its own session (one process group to signal); ``env`` is already the whole
-    environment (see `agent_env`). While the coordinator lives, the agent never outlives this call. An error
-    no retry can fix (a missing program, an unknown placeholder, an OS user that cannot be used, an exit code
-    the role lists as non-retryable) says so in ``code``."""
+def run_command(spec: RunnerSpec, launch: Launch, log_dir: Path, supervision: Supervision | None = None) -> Outcome:
+    """Run the agent in its own session (one process group to signal), in ``launch.workdir`` with exactly
+    ``launch.env``, the prompt on stdin when its CLI reads it there. While the coordinator lives, the agent
+    never outlives this call. An error no retry can fix (a missing program, an OS user that cannot be used, an
+    exit code the role lists as non-retryable) says so in ``code``; usage and a failure the CLI reported in its
+    own JSON are read from stdout by the launch's preset."""
     started = time.monotonic()
-    try:
-        argv = [part.format(**placeholders) for part in spec.argv]
-    except (KeyError, IndexError, ValueError) as exc:
-        return Outcome(False, None, 0, f"argv placeholder {exc} is unknown (known: {', '.join(placeholders)})",
-                       code=ErrorCode.PLACEHOLDER_UNKNOWN)
-    cwd = (workspace / spec.cwd) if spec.cwd else workspace
+    cwd = launch.workdir
     if not cwd.is_dir():
         return Outcome(False, None, 0, f"working folder {cwd} does not exist", code=ErrorCode.CONFIG_INVALID)
     try:
         private_dir(log_dir)  # agents' output may echo secrets: readable by the workspace owner only
         out = open(log_dir / "stdout.log", "w+", encoding="utf-8", errors="replace", opener=_private)  # noqa: SIM115
         err = open(log_dir / "stderr.log", "w", encoding="utf-8", opener=_private)  # noqa: SIM115
+        stdin = open(launch.stdin, "rb") if launch.stdin else subprocess.DEVNULL  # noqa: SIM115
     except OSError as exc:  # our own log folder (a full disk, a permission): may pass
         return Outcome(False, None, 0, f"could not open the run's logs: {exc}", code=ErrorCode.SPAWN_FAILED)
-    with out, err:
+    with out, err, (stdin if not isinstance(stdin, int) else contextlib.nullcontext()):
         try:
-            proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+            proc = subprocess.Popen(launch.argv, cwd=cwd, env=launch.env, stdout=out, stderr=err, stdin=stdin,
                                     start_new_session=True, preexec_fn=_die_with_parent(os.getpid()),
                                     **_identity(spec))
         except (KeyError, ValueError) as exc:  # run_as: the user vanished or cannot be used
@@ -178,11 +159,15 @@ def run_command(spec: RunnerSpec, placeholders: dict[str, str], env: dict[str, s
                 _stop_group(proc.pid, spec.kill_grace)
         out.seek(0)
         stdout = out.read()
-    usage = parse_usage(stdout)
+    said = launch.preset.read(stdout)
     if code != 0:
         kind = ErrorCode.NON_RETRYABLE_EXIT if code in spec.non_retryable_exit_codes else ErrorCode.EXIT_CODE
-        return Outcome(False, code, _ms(started), f"exit code {code}", usage, code=kind)
-    return Outcome(True, 0, _ms(started), None, usage, stdout.strip().splitlines()[-1][:200] if stdout.strip() else "")
+        why = f"exit code {code}" + (f" ({said.error})" if said.error else "")
+        return Outcome(False, code, _ms(started), why, said.usage, code=kind)
+    if said.error:
+        return Outcome(False, 0, _ms(started), said.error, said.usage, code=ErrorCode.AGENT_ERROR)
+    last = stdout.strip().splitlines()[-1][:200] if stdout.strip() else ""
+    return Outcome(True, 0, _ms(started), None, said.usage, last)
 
 
 class _Stopped(Exception):
@@ -405,11 +390,6 @@ def _kill_group(pgid: int) -> None:
 
 def _private(path: str, flags: int) -> int:
     return os.open(path, flags | os.O_NOFOLLOW, 0o600)
-
-
-def _plausible(value: Any) -> bool:
-    return (isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-            and 0 <= value <= USAGE_LIMIT)
 
 
 def _ms(started: float) -> int:

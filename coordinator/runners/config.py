@@ -21,6 +21,8 @@ from taskkernel.coordinator.config import (
     RESERVED_ENV_PREFIX,
     RUNNER_UNAVAILABLE,
     ConfigError,
+    Isolation,
+    OnApprove,
     Problem,
     RunnerKind,
     RunnerSpec,
@@ -29,6 +31,8 @@ from taskkernel.coordinator.config import (
     near,
     parse_config,
 )
+from taskkernel.coordinator.runners.presets import program_of
+from taskkernel.coordinator.worktrees.git import toplevel
 
 RESERVED_PREFIX = RESERVED_ENV_PREFIX
 _LOAD_TIME = frozenset({"workspace", "role"})  # placeholders known before any task: argv[0] may use them
@@ -54,10 +58,11 @@ def check_switchable(name: str) -> pwd.struct_passwd:
 
 
 def binary_of(spec: RunnerSpec, role: str, root: Path) -> tuple[str | None, str | None]:
-    """(the program argv[0] starts, why it cannot be started). Resolved as the agent's start resolves it: a
+    """(the program argv[0] (or the preset's CLI) starts, why it cannot be started). Resolved as the agent's start
+    resolves it: a
     name on the agent's PATH (``env.PATH``, else the coordinator's), a path with a ``/`` relative to ``cwd``.
     (None, None): argv[0] names a placeholder only a task fills, so it is checked when the task runs."""
-    first = spec.argv[0]
+    first = program_of(spec)
     if argv_fields(first) - _LOAD_TIME:
         return None, None
     program = first.format(workspace=str(root), role=role)
@@ -80,7 +85,7 @@ def runner_problems(config: TaskkernelConfig, root: Path) -> dict[str, list[Prob
     out: dict[str, list[Problem]] = {}
     for name, spec in config.roles.items():
         table, found = f"roles.{name}", []
-        if spec.runner is RunnerKind.COMMAND:
+        if spec.runner.spawns:
             _, missing = binary_of(spec, name.upper(), root)
             if missing:
                 found.append(config.problem(table, "argv", missing))
@@ -92,9 +97,21 @@ def runner_problems(config: TaskkernelConfig, root: Path) -> dict[str, list[Prob
                     check_switchable(spec.run_as)
                 except ValueError as exc:
                     found.append(config.problem(table, "run_as", str(exc)))
+            found += _isolation_problems(config, table, spec, root)
         if found:
             out[name] = found
     return out
+
+
+def _isolation_problems(config: TaskkernelConfig, table: str, spec: RunnerSpec, root: Path) -> list[Problem]:
+    """A worktree per task, asked for explicitly, or a merge on approval, needs the workspace in a git
+    repository (the default isolation falls back to shared outside one)."""
+    wants = spec.isolation is Isolation.WORKTREE or spec.on_approve is OnApprove.MERGE
+    if not wants or toplevel(root) is not None:
+        return []
+    key = "isolation" if spec.isolation is Isolation.WORKTREE else "on_approve"
+    return [config.problem(table, key, f"{key} = {getattr(spec, key).value!r} needs the workspace inside a git "
+                           f"repository, and {root} is not in one (git init, or isolation = \"shared\")")]
 
 
 def unknown_roles(config: TaskkernelConfig, known: Callable[[str], bool], codes: list[str]) -> list[Problem]:

@@ -20,20 +20,25 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from taskkernel.coordinator.config import Isolation
 from taskkernel.coordinator.runners.agent import AgentContext
 from taskkernel.coordinator.runners.command import (
     ErrorCode,
     Outcome,
     Supervision,
-    agent_env,
     host_identity,
     run_command,
     terminate_group,
 )
 from taskkernel.coordinator.runners.config import RunnerKind, RunnerSpec
+from taskkernel.coordinator.runners.launch import Launch, LaunchProblem, isolation_of, prepare
 from taskkernel.coordinator.runners.ledger import ClaimedRun, Orphan, Purpose, RunLedger
 from taskkernel.coordinator.runners.pool import Running, RunPool
+from taskkernel.coordinator.runners.prompt import build_prompt, prompt_fields
 from taskkernel.coordinator.runners.scripted import ScriptedAgent, agent_for
+from taskkernel.coordinator.worktrees.effects import WORKTREE_EFFECT, WorktreeEffects
+from taskkernel.coordinator.worktrees.git import GitError
+from taskkernel.coordinator.worktrees.manager import Worktrees
 from taskkernel.kernel.commands import EffectRule, TaskCommandKernel
 from taskkernel.kernel.credentials import STALE_LEASE, issue_token, revoke_hash, revoke_token, token_hash
 from taskkernel.kernel.goals import GoalService
@@ -73,7 +78,9 @@ class Dispatcher:
         self.ledger = RunLedger(self.db, owner, lease_seconds=max(leases.values(), default=660.0),
                                 role_leases=leases)
         self.host = host_identity()
-        self.relay = OutboxRelay(self.db, {WAKE_EFFECT: self._on_wake})
+        self.worktrees = Worktrees(self.db, workspace)
+        self.relay = OutboxRelay(self.db, {WAKE_EFFECT: self._on_wake,
+                                           WORKTREE_EFFECT: WorktreeEffects(kernel, self.worktrees, specs)})
         self.pool = RunPool(max_runs, {role: spec.concurrency for role, spec in specs.items()}, on_run_done)
         self.accepting = True  # False once a shutdown began: running agents finish, none starts
         install_usage(self.db)
@@ -113,7 +120,7 @@ class Dispatcher:
         claimed = self.ledger.claim_due(total, slots=per_role, held=self.pool.held())
         for run in claimed:
             spec = self.specs[run.role]
-            timeout = spec.timeout if spec.runner is RunnerKind.COMMAND else None
+            timeout = spec.timeout if spec.runner.spawns else None
             self.pool.start(Running(run, self._agent_name(run.role), timeout), self._run_safely)
         return len(claimed)
 
@@ -252,27 +259,51 @@ class Dispatcher:
                                code=ErrorCode.AGENT_RAISED)
             return Outcome(True, 0, int((time.monotonic() - started) * 1000), summary=summary)
         token = issue_token(self.db, run.role, principal.agent, task_id=run.task_id, round=run.round)
+        launch: Launch | None = None
         try:
             if not self.ledger.attach_token(run, token_hash(token)):
                 return Outcome(False, None, 0, "lease lost before the agent started", fenced=True,
                                code=ErrorCode.LEASE_LOST)
-            placeholders = {"task_file": str(task_file), "task_id": run.task_id, "round": str(run.round),
-                            "workspace": str(self.workspace), "role": run.role, "purpose": run.purpose.value}
-            # No database URL: an agent's `taskkernel` finds the database through the workspace's config.
-            env = agent_env(spec, {
-                "TASKKERNEL_TOKEN": token, "TASKKERNEL_TASK_ID": run.task_id, "TASKKERNEL_ROUND": str(run.round),
-                "TASKKERNEL_TASK_FILE": str(task_file), "TASKKERNEL_WORKSPACE": str(self.workspace),
-                "TASKKERNEL_ROLE": run.role,
-                "TASKKERNEL_PURPOSE": run.purpose.value})
+            log_dir = (self.workspace / ".taskkernel" / "runs" / run.run_id.replace(":", "_")
+                       / f"attempt-{run.attempt}")
+            try:
+                launch = self._launch(spec, run, doc, token, task_file, log_dir)
+            except LaunchProblem as exc:
+                code = (ErrorCode.PLACEHOLDER_UNKNOWN if exc.placeholder else
+                        ErrorCode.SPAWN_FAILED if exc.retryable else ErrorCode.CONFIG_INVALID)
+                return Outcome(False, None, 0, str(exc), code=code)
             supervision = Supervision(
                 on_start=lambda pgid, start: self.ledger.attach_agent(run, self.host, pgid, start),
                 heartbeat=lambda: self.ledger.renew(run), every_s=max(0.2, spec.lease_seconds / 3),
                 beat=lambda: self.ledger.beat(run), last_beat=lambda: self.ledger.last_beat(run), stop=stop)
-            log_dir = (self.workspace / ".taskkernel" / "runs" / run.run_id.replace(":", "_")
-                       / f"attempt-{run.attempt}")
-            return run_command(spec, placeholders, env, self.workspace, log_dir, supervision)
+            return run_command(spec, launch, log_dir, supervision)
         finally:
+            if launch is not None:
+                launch.cleanup()
             revoke_token(self.db, token)  # the credential lives exactly as long as the run
+
+    def _launch(self, spec: RunnerSpec, run: ClaimedRun, doc: dict[str, Any], token: str, task_file: Path,
+                log_dir: Path) -> Launch:
+        """The run's working folder (its task's worktree under isolation), prompt, files, argv and environment."""
+        if isolation_of(spec, self.worktrees.repo is not None) is Isolation.WORKTREE:
+            try:
+                workdir = self.worktrees.workdir(self.worktrees.ensure(run.task_id, spec.base_branch), spec.cwd)
+            except (GitError, OSError) as exc:
+                retryable = not isinstance(exc, GitError) or exc.code == "git_failed"
+                raise LaunchProblem(f"the task's worktree: {exc}", retryable=retryable) from None
+        else:
+            workdir = self.workspace / spec.cwd if spec.cwd else self.workspace
+        fields = prompt_fields(doc, run.purpose, run.role, task=self.kernel.task,
+                               history=((e.type, e.data) for e in self.kernel.history(run.task_id)), mcp=spec.mcp,
+                               workdir=str(workdir))
+        placeholders = {"task_file": str(task_file), "task_id": run.task_id, "round": str(run.round),
+                        "workspace": str(self.workspace), "role": run.role, "purpose": run.purpose.value}
+        # No database URL: the agent's `taskkernel` and its MCP server find the workspace by name.
+        run_vars = {"TASKKERNEL_TOKEN": token, "TASKKERNEL_TASK_ID": run.task_id, "TASKKERNEL_ROUND": str(run.round),
+                    "TASKKERNEL_TASK_FILE": str(task_file), "TASKKERNEL_WORKSPACE": str(self.workspace),
+                    "TASKKERNEL_ROLE": run.role, "TASKKERNEL_PURPOSE": run.purpose.value}
+        return prepare(spec, run_dir=log_dir, workdir=workdir, workspace=self.workspace, token=token,
+                       prompt=build_prompt(spec.prompt, fields), placeholders=placeholders, run_vars=run_vars)
 
     def _give_up(self, run: ClaimedRun, doc: dict[str, Any], reason: str, code: ErrorCode) -> None:
         if not self.ledger.block(run, reason, code):

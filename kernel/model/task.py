@@ -101,6 +101,18 @@ def default_authority(sender: str, recipient: str, explicit: dict[str, str | Non
     return authority
 
 
+DIFF_FILES_SHOWN = 20  # a report's diffstat in the task document; the report's event and patch file hold all
+
+
+def diff_summary(diff: dict[str, Any]) -> dict[str, Any]:
+    """What the task document keeps of a done report's diff (recorded by the coordinator for a task with its own
+    git worktree, docs/agents.md): the range, the totals, the first files' stat and the patch file."""
+    shown = {k: v for k, v in diff.items() if k != "files"}
+    if "files" in diff:
+        shown["files"] = diff["files"][:DIFF_FILES_SHOWN]
+    return shown
+
+
 def current_done_report(doc: dict[str, Any]) -> dict[str, Any] | None:
     """The latest `done` report of the current round, which `submit` requires."""
     for report in reversed(doc["reports"]):
@@ -150,7 +162,8 @@ def apply(doc: dict[str, Any] | None, event_type: str, data: dict[str, Any], rev
     elif event_type == "report_submitted":
         doc["reports"].append({"report_id": data["report_id"], "round": data["round"],
                                "status": data["status"], "by": data["by"],
-                               **({"artifacts": data["artifacts"]} if data.get("artifacts") else {})})
+                               **({"artifacts": data["artifacts"]} if data.get("artifacts") else {}),
+                               **({"diff": diff_summary(data["diff"])} if data.get("diff") else {})})
         doc["blocked"] = _blocked_by(data["report_id"], data["status"], data.get("body"), data["by"], recorded_at)
     elif event_type == "task_amended":
         doc.update(data["changes"])

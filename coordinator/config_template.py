@@ -1,0 +1,135 @@
+"""The taskkernel.toml `init` writes: every table and key as a commented example that validates when turned on
+(tests/test_config.py), the role examples written for the agent CLI the team uses (`init --agents`)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from taskkernel.coordinator.config import RunnerKind
+
+
+@dataclass(frozen=True)
+class AgentExample:
+    """What the role examples say for one agent CLI (docs/agents.md has the flags behind each preset)."""
+
+    model: str
+    args: str  # a TOML array
+    allowed_tools: str  # a TOML array
+    credentials: str  # the provider variables the preset passes when the coordinator has them
+    argv: str  # a TOML array: a command line of the owner's own, replacing the preset's
+
+
+AGENT_EXAMPLES = {
+    RunnerKind.CLAUDE_CODE: AgentExample('"sonnet"', '["--max-turns", "40"]',
+                                         '["Bash(git diff:*)", "Bash(pytest:*)"]',
+                                         "ANTHROPIC_API_KEY or CLAUDE_CODE_OAUTH_TOKEN (or Bedrock/Vertex settings)",
+                                         '["claude", "-p", "--output-format", "json", "--mcp-config", "{mcp_config}"]'),
+    RunnerKind.CODEX: AgentExample('"gpt-5-codex"', '["-c", "model_reasoning_effort=\\"high\\""]', "[]",
+                                   "OPENAI_API_KEY or CODEX_API_KEY (or a `codex login` under CODEX_HOME)",
+                                   '["codex", "exec", "--json", "--cd", "{workdir}", "-"]'),
+    RunnerKind.GEMINI_CLI: AgentExample('"gemini-2.5-pro"', '[]', '["run_shell_command(git diff)"]',
+                                        "GEMINI_API_KEY or GOOGLE_API_KEY (or Vertex AI settings)",
+                                        '["gemini", "--output-format", "json"]'),
+}
+AGENT_CHOICES = tuple(k.value for k in AGENT_EXAMPLES)
+
+TEMPLATE = """\
+# taskkernel workspace configuration. Every table and key: docs/config.md.
+# `taskkernel doctor` checks this file, the database, the folders and the runners.
+# Lines starting with "# [" or "# key =" are examples: remove the "# " to use them.
+
+[kernel]
+# "full": fsync every commit (survives kill -9 and power loss); "process": survives kill -9 only.
+durability = "full"
+# No token means no authority: the owner's CLI reads its credential from .taskkernel/owner.token (0600);
+# agents get only their run's scoped token (docs/security.md).
+require_token = true
+# database = "postgresql+psycopg://user@host/db"   # default: .taskkernel/kernel.db (SQLite, WAL)
+# max_runs = 4                               # agent runs at once in this coordinator, all roles together
+# shutdown_grace = 30                        # seconds `up` lets running agents finish after Ctrl-C / SIGTERM
+{team}
+# How each role's agent runs (docs/roles.md, docs/agents.md). A role without a table is not run automatically:
+# its tasks wait for a person (`up` says so once per role). `up` refuses a program it cannot find.
+#
+# A coding agent CLI, run headless: runner = "claude-code", "codex" or "gemini-cli". The preset hands it the
+# prompt built from the task, registers the kernel's MCP server with the run's own token, keeps it to its
+# working folder and reads usage and cost from its JSON output. Of the coordinator's environment it passes on
+# {agent}; never the database URL.
+# [roles.DEV]
+# runner = "{runner}"
+# Preset options: the CLI's model, extra arguments for its command line, and tools of its own it may use unasked.
+# model = {model}
+# args = {args}
+# allowed_tools = {allowed_tools}
+# mcp = true                                # false: no MCP server; the prompt teaches the CLI verbs instead
+# prompt = "{{subject}}\\n\\n{{body}}\\n\\n{{how_to_report}}"   # default: built from the task (docs/agents.md)
+# isolation = "worktree"                    # one git worktree and branch per task (the default in a git repository)
+# base_branch = "main"                      # worktrees are cut from it and merged into it (default: checked out)
+# on_approve = "merge"                      # merge the task branch into the base on approval ("keep": leave it)
+# argv = {argv}
+#                                           # replaces the preset's whole command line (the prompt stays on stdin);
+#   placeholders: {{task_file}} {{task_id}} {{round}} {{workspace}} {{role}} {{purpose}} {{prompt_file}}
+#                 {{mcp_config}} {{workdir}}
+# cwd = "src"                               # relative to the workspace (or to the task's worktree)
+# env = {{ MODEL_HINT = "small" }}            # explicit values added to the agent's environment
+# pass_env = ["HTTPS_PROXY"]                # coordinator variables forwarded on purpose
+# timeout = 1800                            # seconds; then SIGTERM to the agent's process group
+# kill_grace = 10                           # seconds between that SIGTERM and SIGKILL
+# heartbeat_timeout = 300                   # stop a silent agent early (heartbeat: docs/runs.md)
+# concurrency = 2                           # this role's runs at once (within max_runs)
+# non_retryable_exit_codes = [2]            # exit codes that block the task at once, without a retry
+# lease = 1860                              # seconds without renewal before another coordinator takes over
+# max_attempts = 3                          # then the task gets a blocked report
+# backoff = 2.0                             # seconds before attempt n+1: backoff * 2**(n-1)
+# agent = "dev-1"                           # recorded as `by` (default: dev-agent)
+#
+# Any program: runner = "command" with argv (the same placeholders).
+# [roles.QA]
+# runner = "command"
+# argv = ["my-agent", "--task", "{{task_file}}"]
+# run_as = "agent-qa"                       # start the agent as this OS user (the coordinator: root or that user)
+#
+# [roles.OPS]
+# runner = "scripted"                       # the built-in agent, or the role package's handler
+
+# The execution gate (docs/gate.md): where grants are read and which operations need one.
+# [gate]
+# session = "admin"
+# protected = {{ low = ["write", "delete", "deploy", "force_push", "migrate"], high = ["*"] }}
+# roles = {{ DEV = ["deploy"] }}              # operations protected for a role whatever the task's risk
+
+# The FCoP folder adapter (docs/folders.md).
+# [folders]
+# enabled = true
+# submit_on_done_report = true              # a REPORT file with status done also submits the task
+
+# Durable automations (docs/scheduler.md).
+# [scheduler]
+# max_clock_skew = "1d"                     # how far ahead of the clock a schedule's watermark may stand
+
+# The MCP server, `taskkernel mcp` (docs/mcp.md).
+# [mcp]
+# output_budget = 16384                     # bytes of one tool result; longer lists and texts are cut, with a pointer
+"""
+TEAM_EXAMPLE = """
+# The team, when the FCoP folder has no fcop.json (which takes precedence).
+# [team]
+# name = "dev-team"
+# leader = "PM"
+# roles = ["PM", "DEV", "QA", "OPS"]
+"""
+
+
+def config_template(database: str | None = None, team: str | None = None, agents: str | None = None) -> str:
+    """The commented taskkernel.toml `init` writes: every table, with examples that validate when uncommented.
+    ``database``: the URL to name in [kernel]; ``team``: a [team] table to write instead of its example;
+    ``agents``: the agent CLI the role examples use (one of AGENT_CHOICES; default claude-code)."""
+    runner = RunnerKind(agents or RunnerKind.CLAUDE_CODE.value)
+    example = AGENT_EXAMPLES[runner]
+    text = TEMPLATE.format(team=team if team is not None else TEAM_EXAMPLE, runner=runner.value, argv=example.argv,
+                           model=example.model, args=example.args, allowed_tools=example.allowed_tools,
+                           agent=example.credentials)
+    if database is not None:
+        text = text.replace('# database = "postgresql+psycopg://user@host/db"', f"database = {json.dumps(database)}")
+    return text

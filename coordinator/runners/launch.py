@@ -1,0 +1,103 @@
+"""Everything a spawned agent is started with, prepared per run (docs/agents.md): where it works (the task's
+worktree, or the workspace), its prompt, the MCP configuration that registers the coordinator's own
+`taskkernel mcp` with the run's token (read from a private file: no command line or configuration holds the
+token), the command line (the preset's, or the owner's argv with placeholders filled) and the environment (the
+allowlist, the preset's credential variables, the run's TASKKERNEL_* variables; never the database URL).
+
+The run's files live in its private log folder (0700) and the token file is removed when the run ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from taskkernel.coordinator.config import Isolation, RunnerSpec
+from taskkernel.coordinator.runners.command import agent_env
+from taskkernel.coordinator.runners.presets import McpServer, Preset, RunFiles, preset_of
+from taskkernel.kernel.private import private_dir
+
+TOKEN_FILE = "token"
+PROMPT_FILE = "prompt.md"
+MCP_FILE = "mcp.json"
+
+
+class LaunchProblem(Exception):
+    """The run cannot be started as configured: ``retryable`` says whether trying again could help."""
+
+    def __init__(self, message: str, *, retryable: bool, placeholder: bool = False) -> None:
+        super().__init__(message)
+        self.retryable, self.placeholder = retryable, placeholder
+
+
+@dataclass(frozen=True)
+class Launch:
+    argv: list[str]
+    workdir: Path
+    env: dict[str, str]
+    stdin: Path | None  # the prompt, for a CLI that reads it from stdin
+    preset: Preset
+    token_file: Path
+
+    def cleanup(self) -> None:
+        with contextlib.suppress(OSError):
+            self.token_file.unlink()
+
+
+def isolation_of(spec: RunnerSpec, in_repository: bool) -> Isolation:
+    """The role's isolation: as set, else a worktree per task for a preset in a git repository (not with run_as,
+    whose agent could not write the coordinator's worktree), else shared."""
+    if spec.isolation is not None:
+        return spec.isolation
+    if spec.runner.is_preset and in_repository and spec.run_as is None:
+        return Isolation.WORKTREE
+    return Isolation.SHARED
+
+
+def mcp_server(workspace: Path, token_file: Path) -> McpServer:
+    """This coordinator's own interpreter and installation, the workspace named explicitly: a worktree is a
+    checkout and may hold its own taskkernel.toml, which must never decide which kernel the agent reaches."""
+    return McpServer(sys.executable, ["-m", "taskkernel", "--workspace", str(workspace), "--token-file",
+                                      str(token_file), "mcp"])
+
+
+def prepare(spec: RunnerSpec, *, run_dir: Path, workdir: Path, workspace: Path, token: str, prompt: str,
+            placeholders: dict[str, str], run_vars: dict[str, str], source_env: dict[str, str] | None = None
+            ) -> Launch:
+    """Write the run's files into ``run_dir`` and build its command line and environment (``source_env``: the
+    coordinator's, by default)."""
+    preset = preset_of(spec)
+    private_dir(run_dir)
+    token_file = _write(run_dir / TOKEN_FILE, token + "\n")
+    prompt_file = _write(run_dir / PROMPT_FILE, prompt)
+    server = mcp_server(workspace, token_file) if spec.mcp else None
+    mcp_config = _write(run_dir / MCP_FILE, preset.mcp_config(server).decode("utf-8")) if server else None
+    files = RunFiles(workdir, prompt_file, mcp_config, server)
+    fill = {**placeholders, "prompt_file": str(prompt_file), "mcp_config": str(mcp_config or ""),
+            "workdir": str(workdir)}
+    if spec.argv:
+        try:
+            argv = [part.format(**fill) for part in spec.argv]
+        except (KeyError, IndexError, ValueError) as exc:
+            raise LaunchProblem(f"argv placeholder {exc} is unknown (known: {', '.join(fill)})", retryable=False,
+                                placeholder=True) from None
+    else:
+        argv = preset.argv(spec, files)
+    source = dict(os.environ) if source_env is None else source_env
+    env = {**agent_env(spec, {**run_vars, "TASKKERNEL_WORKDIR": str(workdir)}, source,
+                       credentials=preset.credentials(source)), **preset.env(files)}
+    stdin = prompt_file if preset.prompt_on_stdin else None
+    return Launch(argv, workdir, env, stdin, preset, token_file)
+
+
+def _write(path: Path, text: str) -> Path:
+    """A fresh 0600 file (an earlier attempt's copy replaced), never through a symlink."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    return path

@@ -1,0 +1,137 @@
+"""The prompt a spawned agent gets, built from the task rather than left for the agent to guess (docs/agents.md).
+
+Its parts, each also a field of a role's own ``prompt`` template (PROMPT_FIELDS): the task's subject and body,
+the chain of parents up to the root, the acceptance criteria (the body's "Acceptance"/"验收" section), why the
+task came back when this round is a rework (the reject or reopen reason of the round, and a blocked report the
+coordinator filed, such as a merge conflict), and how to report: the MCP tools, or the CLI verbs when MCP is off.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from taskkernel.coordinator.runners.ledger import Purpose
+
+PARENTS_SHOWN = 5  # a deeper chain names its root and the nearest parents
+_ACCEPTANCE = re.compile(r"^(#{1,6})\s*(?:\d+\s*[·.)]\s*)?(?:验收|acceptance|definition of done|done when)",
+                         re.IGNORECASE)
+_HEADING = re.compile(r"^(#{1,6})\s")
+_EXCERPT = 300
+
+DEFAULT_TEMPLATE = """\
+You are the {role} agent of a taskkernel team, working on task {task_id} (round {round}). {purpose}
+
+# {subject}
+
+{body}
+
+## Where this task sits
+{parents}
+
+## Acceptance criteria
+{acceptance}
+{rework}
+## Working folder
+{workdir}
+
+## How to report
+{how_to_report}
+"""
+
+PURPOSES = {
+    Purpose.EXECUTE: "Do the work the task asks for.",
+    Purpose.REVIEW: "Review the work submitted for this task: approve it, or reject it with a reason.",
+    Purpose.CHILDREN: "A child task of yours finished: read the children's outcome and decide what comes next.",
+}
+
+
+def acceptance_of(body: str) -> str | None:
+    """The body's acceptance section (its heading's level ends it), without the heading line."""
+    lines, out, level = body.splitlines(), [], 0
+    for line in lines:
+        if level:
+            heading = _HEADING.match(line)
+            if heading and len(heading.group(1)) <= level:
+                break
+            out.append(line)
+        elif match := _ACCEPTANCE.match(line.strip()):
+            level = len(match.group(1))
+    text = "\n".join(out).strip()
+    return text or None
+
+
+def parents_of(doc: dict[str, Any], task: Callable[[str], dict[str, Any] | None]) -> list[dict[str, Any]]:
+    """The task's ancestors, nearest first (a missing or cyclic link ends the chain)."""
+    chain, seen, parent = [], {doc["task_id"]}, doc.get("parent")
+    while parent and parent not in seen:
+        seen.add(parent)
+        found = task(parent)
+        if found is None:
+            break
+        chain.append(found)
+        parent = found.get("parent")
+    return chain
+
+
+def rework_reason(doc: dict[str, Any], history: Iterable[tuple[str, dict[str, Any]]]) -> str | None:
+    """Why this round exists when it is not the first: the reject or reopen that started it, with the blocked
+    reports of the round (a merge conflict the coordinator reported)."""
+    if doc["round"] <= 1:
+        return None
+    why, blocked = None, []
+    for event_type, data in history:
+        if event_type in ("task_rejected", "task_reopened") and data.get("round") == doc["round"]:
+            why = data.get("reason") or "no reason was given"
+        elif event_type == "report_submitted" and data.get("round") == doc["round"] and data.get("status") == "blocked":
+            blocked.append(str(data.get("body") or "").strip())
+    if why is None:
+        return None
+    return "\n".join([f"This round is a rework. Round {doc['round'] - 1} came back because: {why}",
+                      *(f"Reported since: {b}" for b in blocked if b)])
+
+
+def how_to_report(task_id: str, mcp: bool) -> str:
+    if mcp:
+        return (f"Use the tools of the `taskkernel` MCP server: `get_task` (task_id {task_id}) reads the task, "
+                "its reports and children; `add_progress` records a checkpoint. When the work is done, call "
+                "`report` with status \"done\", a body saying what you did and how you checked it, and your "
+                "artifacts, then `submit_task`. If you cannot finish, `report` with status \"blocked\" and the "
+                "reason. A reviewer uses `approve_task`, or `reject_task` with a reason.")
+    return (f"Use the taskkernel CLI (your credential is in TASKKERNEL_TOKEN): `taskkernel task show {task_id}` "
+            f"reads the task; when the work is done, `taskkernel task report {task_id} --status done --body "
+            "\"what you did and how you checked it\" --submit`; if you cannot finish, `--status blocked` with the "
+            f"reason. A reviewer uses `taskkernel task approve {task_id}` or `taskkernel task reject {task_id} "
+            "--reason \"...\"`.")
+
+
+def prompt_fields(doc: dict[str, Any], purpose: Purpose, role: str, *, task: Callable[[str], dict[str, Any] | None],
+                  history: Iterable[tuple[str, dict[str, Any]]], mcp: bool, workdir: str) -> dict[str, str]:
+    """Every field a template may name (PROMPT_FIELDS), filled from the task as it is now."""
+    chain = parents_of(doc, task)
+    shown = chain if len(chain) <= PARENTS_SHOWN else [*chain[:PARENTS_SHOWN - 1], chain[-1]]
+    lines = [f"- {p['task_id']} ({p['state']}, {p['recipient']}): {p['subject']} — {_excerpt(p['body'])}"
+             for p in shown]
+    if len(chain) > PARENTS_SHOWN:
+        lines.insert(PARENTS_SHOWN - 1, f"- … {len(chain) - PARENTS_SHOWN} more between")
+    rework = rework_reason(doc, history)
+    return {
+        "task_id": doc["task_id"], "subject": doc["subject"], "body": doc["body"] or "(no body)",
+        "round": str(doc["round"]), "role": role,
+        "purpose": PURPOSES[purpose],
+        "parents": "\n".join(lines) if lines else "It is a root task (no parent).",
+        "acceptance": acceptance_of(doc["body"] or "") or "None stated apart from the body above.",
+        "rework": f"\n## Why this task came back\n{rework}\n" if rework else "",
+        "how_to_report": how_to_report(doc["task_id"], mcp), "workdir": workdir,
+    }
+
+
+def build_prompt(template: str | None, fields: dict[str, str]) -> str:
+    """The role's template (checked against PROMPT_FIELDS when the file was read), else the default."""
+    return (template or DEFAULT_TEMPLATE).format(**fields)
+
+
+def _excerpt(text: str) -> str:
+    flat = " ".join((text or "").split())
+    return flat if len(flat) <= _EXCERPT else flat[:_EXCERPT - 1] + "…"

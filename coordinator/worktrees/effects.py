@@ -1,0 +1,77 @@
+"""What a task's approval or archive does to its worktree, as an outbox effect of those events (at least once;
+each step is idempotent): ``on_approve = "merge"`` merges the task branch into its base; a merge that cannot be
+made puts the task back to work (reopened, a new round) with a `blocked` report starting ``merge_conflict:``;
+an archive removes the worktree and keeps the branch."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from taskkernel.coordinator.config import OnApprove, RunnerSpec
+from taskkernel.coordinator.worktrees.manager import Merged, Worktrees
+from taskkernel.kernel.commands import EffectRule, TaskCommandKernel
+from taskkernel.kernel.logging import get_logger
+from taskkernel.kernel.model.principal import Principal
+
+log = get_logger(__name__)
+
+WORKTREE_EFFECT = "worktree"
+WORKTREE_RULE = EffectRule(WORKTREE_EFFECT, frozenset({"task_approved", "task_archived", "task_force_archived"}))
+MERGE_CONFLICT = "merge_conflict"
+COORDINATOR = "coordinator"  # the agent name the coordinator's own commands are recorded under
+
+
+class WorktreeEffects:
+    def __init__(self, kernel: TaskCommandKernel, worktrees: Worktrees, specs: Mapping[str, RunnerSpec]) -> None:
+        self.kernel = kernel
+        self.worktrees = worktrees
+        self.specs = specs
+
+    def __call__(self, key: str, payload: dict[str, Any]) -> None:
+        task_id = payload["task_id"]
+        wt = self.worktrees.get(task_id)
+        doc = self.kernel.task(task_id)
+        if wt is None or doc is None:
+            return
+        if payload["event_type"] != "task_approved":
+            if self.worktrees.archive(task_id):
+                log.info("worktree_archived", task_id=task_id, branch=wt.branch)
+            return
+        spec = self.specs.get(doc["authority"]["driver"])
+        if spec is None or spec.on_approve is not OnApprove.MERGE or wt.state != "active":
+            return
+        merged = self.worktrees.merge(task_id, doc["subject"])
+        if merged.ok:
+            log.info("worktree_merged", task_id=task_id, branch=wt.branch, base=wt.base_branch, commit=merged.commit,
+                     how=merged.message)
+            return
+        log.warning("worktree_merge_conflict", task_id=task_id, branch=wt.branch, base=wt.base_branch,
+                    conflicts=list(merged.conflicts), message=merged.message)
+        self._back_to_work(doc, merged, payload["global_pos"])
+
+    def _back_to_work(self, doc: dict[str, Any], merged: Merged, pos: int) -> None:
+        """Reopen the approved task (as its done authority) and say why in a blocked report (as its driver)."""
+        task_id, authority = doc["task_id"], doc["authority"]
+        files = ", ".join(merged.conflicts[:20]) or "see the message"
+        reason = f"{MERGE_CONFLICT}: {merged.message}; conflicting files: {files}"
+        reopened = self.kernel.submit({
+            "type": "reopen", "task_id": task_id, "thread_key": doc["thread_key"], "expected_revision": doc["revision"],
+            "round": doc["round"], "idempotency_key": f"merge:{task_id}:{pos}:reopen",
+            "payload": {"reason": reason[:2000]}}, Principal(authority["done_authority"], COORDINATOR))
+        if not reopened.ok:
+            log.error("merge_conflict_reopen_refused", task_id=task_id, reason=reopened.reason,
+                      message=reopened.message)
+            return
+        now = self.kernel.task(task_id)
+        assert now is not None
+        body = (f"{reason}\n\nNothing was merged: {merged.message}. Bring the base into the task branch in the "
+                "task's worktree, resolve the conflicts, and report done again.")
+        blocked = self.kernel.submit({
+            "type": "submit_report", "task_id": task_id, "thread_key": now["thread_key"],
+            "expected_revision": now["revision"], "round": now["round"],
+            "idempotency_key": f"merge:{task_id}:{pos}:blocked",
+            "payload": {"status": "blocked", "body": body[:8000]}},
+            Principal(authority["driver"], COORDINATOR, task_id, now["round"]))
+        if not blocked.ok:
+            log.error("merge_conflict_report_refused", task_id=task_id, reason=blocked.reason, message=blocked.message)

@@ -1,0 +1,149 @@
+"""A stand-in for Claude Code, Codex and Gemini CLI at their headless interface (docs/agents.md), installed as
+`claude`, `codex` and `gemini` first on PATH by tests/test_agents.py.
+
+Like the real CLI it checks the flags the preset relies on, reads the prompt from stdin, finds the MCP server
+where that CLI is told of it (Claude Code: the --mcp-config file; Codex: the -c mcp_servers.taskkernel.*
+overrides; Gemini CLI: the settings file named by GEMINI_CLI_SYSTEM_SETTINGS_PATH), talks to it with the official
+MCP SDK client, edits files in its working folder and prints the CLI's documented JSON output.
+
+What it does is read from the task's body, one instruction per line:
+  write <path> <text>   write <text> (and a newline) to <path> in the working folder
+  crash-once            the first time for this task: write `crash.txt`, then exit 1 without a report
+  fail-json             exit 0, but the JSON output reports an error (Claude Code: is_error true)
+Every start is recorded (argv, cwd, environment, prompt, MCP server) as JSON under $STANDIN_RECORDS, which the
+wrapper script sets: nothing of the test's environment reaches the agent through the coordinator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import sys
+import tomllib
+import uuid
+from pathlib import Path
+from typing import Any
+
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+USAGE = {"input_tokens": 100, "cache_creation_input_tokens": 20, "cache_read_input_tokens": 30, "output_tokens": 7}
+
+
+def fail(message: str, code: int = 2) -> None:
+    sys.stderr.write(f"stand-in: {message}\n")
+    sys.exit(code)
+
+
+def value_after(argv: list[str], flag: str) -> str | None:
+    return argv[argv.index(flag) + 1] if flag in argv else None
+
+
+def server_of(cli: str, argv: list[str]) -> dict[str, Any] | None:
+    """The `taskkernel` MCP server entry the way this CLI is told of it."""
+    if cli == "claude":
+        path = value_after(argv, "--mcp-config")
+        return json.loads(Path(path).read_text())["mcpServers"]["taskkernel"] if path else None
+    if cli == "codex":
+        found: dict[str, Any] = {}
+        for i, word in enumerate(argv):
+            if word == "-c" and argv[i + 1].startswith("mcp_servers.taskkernel."):
+                key, value = argv[i + 1][len("mcp_servers.taskkernel."):].split("=", 1)
+                found[key] = tomllib.loads(f"v = {value}")["v"]
+        return found or None
+    settings = os.environ.get("GEMINI_CLI_SYSTEM_SETTINGS_PATH")
+    return json.loads(Path(settings).read_text())["mcpServers"]["taskkernel"] if settings else None
+
+
+def check_flags(cli: str, argv: list[str]) -> None:
+    """The flags each preset must pass (docs/agents.md); a real CLI would otherwise not run headless."""
+    wanted = {"claude": ["-p", "--output-format", "json", "--permission-mode", "acceptEdits"],
+              "codex": ["exec", "--json", "--sandbox", "workspace-write", "--cd"],
+              "gemini": ["--output-format", "json", "--approval-mode", "auto_edit", "--skip-trust"]}[cli]
+    missing = [w for w in wanted if w not in argv]
+    if missing:
+        fail(f"{cli}: missing {missing} in {argv}")
+    if cli == "codex":
+        if argv[-1] != "-":
+            fail("codex exec: the prompt must be `-` (stdin)")
+        os.chdir(value_after(argv, "--cd") or ".")
+
+
+async def work(server: dict[str, Any], task_id: str, crashed_before: bool, marker: Path) -> str:
+    params = StdioServerParameters(command=server["command"], args=server["args"], env=server.get("env"))
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        got = await session.call_tool("get_task", {"task_id": task_id})
+        doc = got.structured_content or {}
+        body = (doc.get("task") or doc).get("body", "")
+        for line in body.splitlines():
+            words = line.split(" ", 2)
+            if words[0] == "write" and len(words) == 3:
+                target = Path(words[1])
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(words[2] + "\n", encoding="utf-8")
+            elif words[0] == "crash-once" and not crashed_before:
+                Path("crash.txt").write_text("left by a crashed attempt\n", encoding="utf-8")
+                marker.write_text("crashed\n")
+                os._exit(1)
+        report = await session.call_tool("report", {"task_id": task_id, "status": "done",
+                                                    "body": f"done by the {sys.argv[1]} stand-in"})
+        if report.is_error:
+            fail(f"report refused: {report.content}", 3)
+        submitted = await session.call_tool("submit_task", {"task_id": task_id})
+        if submitted.is_error:
+            fail(f"submit refused: {submitted.content}", 3)
+        return "fail-json" if "fail-json" in body.split() else "ok"
+
+
+def output(cli: str, outcome: str) -> None:
+    if cli == "claude":
+        print(json.dumps({"type": "result", "subtype": "success", "is_error": outcome == "fail-json",
+                          "duration_ms": 132, "duration_api_ms": 27, "num_turns": 3, "result": "DONE",
+                          "stop_reason": "end_turn", "session_id": str(uuid.uuid4()), "total_cost_usd": 0.0123,
+                          "usage": {**USAGE, "service_tier": "standard"}, "permission_denials": [],
+                          "terminal_reason": "completed"}))
+    elif cli == "codex":
+        for event in ({"type": "thread.started", "thread_id": str(uuid.uuid4())}, {"type": "turn.started"},
+                      {"type": "item.completed", "item": {"id": "item_0", "type": "agent_message", "text": "DONE"}},
+                      {"type": "turn.completed", "usage": {"input_tokens": 300, "cached_input_tokens": 90,
+                                                           "cache_write_input_tokens": 0, "output_tokens": 21,
+                                                           "reasoning_output_tokens": 6}},
+                      {"type": "turn.started"},
+                      {"type": "turn.completed", "usage": {"input_tokens": 200, "cached_input_tokens": 0,
+                                                           "output_tokens": 9}}):
+            print(json.dumps(event))
+    else:
+        print(json.dumps({"session_id": str(uuid.uuid4()), "response": "DONE", "stats": {
+            "models": {"gemini-2.5-pro": {"api": {"totalRequests": 2, "totalErrors": 0, "totalLatencyMs": 5053},
+                                          "tokens": {"prompt": 24939, "candidates": 20, "total": 25113,
+                                                     "cached": 21263, "thoughts": 154, "tool": 0}}},
+            "tools": {"totalCalls": 1, "totalSuccess": 1, "totalFail": 0, "totalDurationMs": 1881},
+            "files": {"totalLinesAdded": 1, "totalLinesRemoved": 0}}}, indent=2))
+
+
+def main() -> None:
+    cli, argv = sys.argv[1], sys.argv[2:]
+    records = Path(os.environ.pop("STANDIN_RECORDS"))
+    prompt = sys.stdin.read()
+    check_flags(cli, argv)
+    match = re.search(r"TASK-\d{8}-\d{3}", prompt)
+    if match is None:
+        fail("no task id in the prompt")
+    task_id = match.group(0)
+    server = server_of(cli, argv)
+    marker = records / f"{task_id}.crashed"
+    crashed_before = marker.exists()
+    record = {"cli": cli, "argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "prompt": prompt,
+              "server": server}
+    (records / f"{task_id}-{uuid.uuid4().hex[:8]}.json").write_text(json.dumps(record))
+    if server is None:
+        fail("no taskkernel MCP server was configured")
+    outcome = asyncio.run(work(server, task_id, crashed_before, marker))
+    output(cli, outcome)
+
+
+if __name__ == "__main__":
+    main()

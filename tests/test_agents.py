@@ -1,0 +1,158 @@
+"""Coding agent CLIs as runners (issue 14): the presets for Claude Code, Codex and Gemini CLI, one git worktree per
+task, the diff as the done report's evidence, merge on approval. Real git, real `taskkernel` processes, and
+stand-ins for the three CLIs (tests/procs/agent_cli.py) that take the prompt, the MCP configuration and the flags
+the way the real ones do, talk to the kernel through the official MCP SDK client and print each CLI's documented
+JSON output."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cli_support import taskkernel
+
+STANDIN = Path(__file__).parent / "procs" / "agent_cli.py"
+GIT_ID = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid", "GIT_COMMITTER_NAME": "t",
+          "GIT_COMMITTER_EMAIL": "t@example.invalid"}
+SECRETS = {"PGPASSWORD": "secret-pg-password", "AWS_SECRET_ACCESS_KEY": "secret-aws", "GITHUB_TOKEN": "secret-gh"}
+
+
+def git(where: Path, *args: str) -> str:
+    done = subprocess.run(["git", "-C", str(where), *args], capture_output=True, text=True,
+                          env={**os.environ, **GIT_ID}, check=False)
+    assert done.returncode == 0, (args, done.stderr)
+    return done.stdout.strip()
+
+
+class Team:
+    """A git repository with a taskkernel workspace at its root, and the stand-in CLIs first on PATH."""
+
+    def __init__(self, tmp: Path, roles: str) -> None:
+        self.tmp, self.root, self.records = tmp, tmp / "repo", tmp / "records"
+        self.bin = tmp / "bin"
+        for d in (self.root, self.records, self.bin):
+            d.mkdir()
+        for cli in ("claude", "codex", "gemini"):
+            wrapper = self.bin / cli
+            wrapper.write_text(f"#!/bin/sh\nSTANDIN_RECORDS={self.records} exec {sys.executable} {STANDIN} {cli} "
+                               '"$@"\n')
+            wrapper.chmod(0o755)
+        git(self.root, "init", "-q", "-b", "main")
+        (self.root / "README.md").write_text("project\n")
+        (self.root / "shared.txt").write_text("base\n")
+        init = self.cli("init", ".")
+        assert init.returncode == 0, init.stderr
+        with open(self.root / "taskkernel.toml", "a", encoding="utf-8") as fh:
+            fh.write(roles)
+        git(self.root, "add", "-A")
+        git(self.root, "commit", "-q", "-m", "start")
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return {"PATH": f"{self.bin}{os.pathsep}{os.environ['PATH']}", **extra}
+
+    def cli(self, *args: str, env: dict[str, str] | None = None, timeout: float = 180
+            ) -> subprocess.CompletedProcess[str]:
+        return taskkernel(*args, cwd=self.root, env=self.env(**(env or {})), timeout=timeout)
+
+    def ok(self, *args: str, env: dict[str, str] | None = None) -> Any:
+        done = self.cli(*args, "--json", env=env) if "--json" not in args else self.cli(*args, env=env)
+        assert done.returncode == 0, (args, done.stdout, done.stderr)
+        return json.loads(done.stdout)
+
+    def task(self, recipient: str, subject: str, body: str) -> str:
+        made = self.ok("task", "create", "--to", recipient, "--subject", subject, "--body", body)
+        return str(made["task_id"])
+
+    def up(self, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        done = self.cli("up", "--once", "--once-wait", "20", env=env, timeout=300)
+        assert done.returncode == 0, (done.stdout, done.stderr)
+        return done
+
+    def show(self, task_id: str) -> dict[str, Any]:
+        return dict(self.ok("task", "show", task_id))
+
+    def runs_of(self, task_id: str) -> list[dict[str, Any]]:
+        found = [json.loads(p.read_text()) for p in self.records.glob(f"{task_id}-*.json")]
+        return sorted(found, key=lambda r: r["prompt"])
+
+    def worktree(self, task_id: str) -> Path:
+        return self.root / ".taskkernel" / "worktrees" / task_id
+
+
+def role(runner: str, **keys: Any) -> str:
+    lines = "".join(f"{k} = {json.dumps(v)}\n" for k, v in keys.items())
+    return f'runner = "{runner}"\nmax_attempts = 2\nbackoff = 0\ntimeout = 120\n{lines}'
+
+
+def test_each_preset_runs_its_cli_headless_with_the_kernel_mcp_server_and_records_usage_and_the_diff(
+        tmp_path: Path) -> None:
+    """DEV on Claude Code, QA on Codex, OPS on Gemini CLI, one task each: every CLI gets its documented
+    flags, the prompt built from the task on stdin, the kernel's MCP server with the run's token file and the
+    workspace named; it edits its own worktree, reports done and submits through MCP; usage (and Claude's cost)
+    is read from its JSON; the done report carries the diff; no database URL or secret reaches the agent."""
+    team = Team(tmp_path, f"\n[roles.DEV]\n{role('claude-code', model='sonnet', allowed_tools=['Bash(pytest:*)'])}"
+                          f"\n[roles.QA]\n{role('codex', model='gpt-5-codex')}\n[roles.OPS]\n{role('gemini-cli')}")
+    body = "Add the greeting.\nwrite hello.txt hello from {cli}\n\n## 验收标准\n- hello.txt says hello\n\n## Notes\nnone"
+    tasks = {cli: team.task(r, f"Greeting by {cli}", body.format(cli=cli))
+             for cli, r in (("claude", "DEV"), ("codex", "QA"), ("gemini", "OPS"))}
+    database = f"sqlite:///{team.root / '.taskkernel' / 'kernel.db'}"  # the coordinator's, given as a variable
+    team.up(env={**SECRETS, "TASKKERNEL_DB": database, "ANTHROPIC_API_KEY": "anthropic-key",
+                 "CODEX_API_KEY": "codex-key", "GEMINI_API_KEY": "gemini-key"})
+    workspace = str(team.root)
+    for cli, task_id in tasks.items():
+        [record] = team.runs_of(task_id)
+        wt = team.worktree(task_id)
+        argv, env = record["argv"], record["env"]
+        server = record["server"]
+        assert server["command"] == sys.executable
+        assert server["args"][:5] == ["-m", "taskkernel", "--workspace", workspace, "--token-file"]
+        assert server["args"][-1] == "mcp" and Path(server["args"][5]).parent.parent.parent.name == "runs"
+        assert not Path(server["args"][5]).exists(), "the token file is removed when the run ends"
+        assert env["TASKKERNEL_WORKSPACE"] == workspace and env["TASKKERNEL_WORKDIR"] == str(wt)
+        assert record["cwd"] == str(wt)
+        assert not any(k in env for k in [*SECRETS, "TASKKERNEL_DB"]), env
+        assert not any("secret" in v or "kernel.db" in v for v in env.values()), env
+        prompt = record["prompt"]
+        assert f"Greeting by {cli}" in prompt and "write hello.txt" in prompt
+        assert "- hello.txt says hello" in prompt.split("## Acceptance criteria")[1].split("##")[0]
+        assert "`report`" in prompt and "submit_task" in prompt
+        if cli == "claude":
+            assert argv == ["-p", "--output-format", "json", "--permission-mode", "acceptEdits", "--mcp-config",
+                            argv[6], "--strict-mcp-config", "--allowedTools", "mcp__taskkernel,Bash(pytest:*)",
+                            "--model", "sonnet"]
+            assert env["ANTHROPIC_API_KEY"] == "anthropic-key" and "CODEX_API_KEY" not in env
+        elif cli == "codex":
+            assert argv[:7] == ["exec", "--json", "--sandbox", "workspace-write", "--skip-git-repo-check", "--cd",
+                                str(wt)]
+            assert 'mcp_servers.taskkernel.default_tools_approval_mode="approve"' in argv
+            assert argv[-3:] == ["--model", "gpt-5-codex", "-"] and env["CODEX_API_KEY"] == "codex-key"
+        else:
+            assert argv == ["--output-format", "json", "--approval-mode", "auto_edit", "--skip-trust",
+                            "--allowed-mcp-server-names", "taskkernel"]
+            settings = json.loads(Path(env["GEMINI_CLI_SYSTEM_SETTINGS_PATH"]).read_text()) if Path(
+                env["GEMINI_CLI_SYSTEM_SETTINGS_PATH"]).exists() else None
+            assert settings is None or settings["security"]["auth"]["selectedType"] == "gemini-api-key"
+            assert env["GEMINI_API_KEY"] == "gemini-key"
+        doc = team.show(task_id)
+        assert doc["state"] == "review", doc
+        [report] = doc["reports"]
+        diff = report["diff"]
+        assert (diff["files_changed"], diff["insertions"], diff["deletions"]) == (1, 1, 0), diff
+        assert diff["files"] == [{"path": "hello.txt", "insertions": 1, "deletions": 0}]
+        assert diff["base"] == "main" and diff["branch"] == f"task/{task_id}" and diff["commits"] == 1
+        patch = (team.root / diff["patch"]).read_text()
+        assert f"+hello from {cli}" in patch
+        assert git(team.root, "log", "-1", "--format=%s", f"task/{task_id}").startswith(f"{task_id} round 1")
+    assert not (team.root / "hello.txt").exists(), "the base checkout is untouched"
+    usage = team.ok("usage", "--by", "task")
+    figures = {row["owner"]: row for row in usage["rows"]}
+    claude, codex, gemini = (figures[tasks[c]] for c in ("claude", "codex", "gemini"))
+    assert (claude["tokens_in"], claude["tokens_out"], claude["cost_usd"]) == (150, 7, pytest.approx(0.0123))
+    assert (codex["tokens_in"], codex["tokens_out"], codex["cost_usd"]) == (500, 30, 0)
+    assert (gemini["tokens_in"], gemini["tokens_out"], gemini["cost_usd"]) == (24939, 174, 0)
