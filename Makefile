@@ -34,6 +34,7 @@ bench: setup
 	$(BIN)/python bench/reads.py
 	$(BIN)/python bench/mcp.py
 	$(BIN)/python bench/team.py
+	$(BIN)/python bench/worktrees.py
 
 lint: setup
 	$(BIN)/ruff check kernel roles scheduler coordinator taskkernel tests bench examples

@@ -43,7 +43,8 @@ def metadatas() -> tuple[sa.MetaData, ...]:
     from taskkernel.kernel.store import schema as core_tables
     from taskkernel.scheduler import tables as scheduler_tables
 
-    return core_tables.metadata, sessionlog_tables.metadata, scheduler_tables.metadata, coordinator_tables.metadata
+    return (core_tables.metadata, sessionlog_tables.metadata, scheduler_tables.metadata, coordinator_tables.metadata,
+            coordinator_tables.worktree_metadata)
 
 
 class Status(NamedTuple):

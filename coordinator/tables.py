@@ -76,9 +76,12 @@ folder_imports = sa.Table(
 )
 
 # One git worktree and branch per task (worktrees/manager.py): where it is, what it was cut from, where it stands.
+# Its own MetaData: the components that create the tables above when missing (the run ledger, the folder
+# adapter) must keep working on a database from before this table (a read such as `verify` never needs it).
+worktree_metadata = sa.MetaData()
 worktrees = sa.Table(
     "worktrees",
-    metadata,
+    worktree_metadata,
     sa.Column("task_id", sa.Text, primary_key=True),
     sa.Column("path", sa.Text, nullable=False),  # absolute: the agent's working folder
     sa.Column("branch", sa.Text, nullable=False),  # task/<TASK-ID>

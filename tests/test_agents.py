@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.cli_support import taskkernel
+from tests.cli_support import run_tty, taskkernel
 
 STANDIN = Path(__file__).parent / "procs" / "agent_cli.py"
 GIT_ID = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid", "GIT_COMMITTER_NAME": "t",
@@ -78,8 +78,13 @@ class Team:
         return dict(self.ok("task", "show", task_id))
 
     def runs_of(self, task_id: str) -> list[dict[str, Any]]:
-        found = [json.loads(p.read_text()) for p in self.records.glob(f"{task_id}-*.json")]
-        return sorted(found, key=lambda r: r["prompt"])
+        """The stand-in's starts for the task, in start order, each with its end time (None: it crashed)."""
+        found = []
+        for path in self.records.glob(f"{task_id}-*.json"):
+            end = path.with_suffix(".end")
+            found.append({**json.loads(path.read_text()),
+                          "ended": float(end.read_text()) if end.exists() else None})
+        return sorted(found, key=lambda r: r["started"])
 
     def worktree(self, task_id: str) -> Path:
         return self.root / ".taskkernel" / "worktrees" / task_id
@@ -98,7 +103,8 @@ def test_each_preset_runs_its_cli_headless_with_the_kernel_mcp_server_and_record
     is read from its JSON; the done report carries the diff; no database URL or secret reaches the agent."""
     team = Team(tmp_path, f"\n[roles.DEV]\n{role('claude-code', model='sonnet', allowed_tools=['Bash(pytest:*)'])}"
                           f"\n[roles.QA]\n{role('codex', model='gpt-5-codex')}\n[roles.OPS]\n{role('gemini-cli')}")
-    body = "Add the greeting.\nwrite hello.txt hello from {cli}\n\n## 验收标准\n- hello.txt says hello\n\n## Notes\nnone"
+    body = ("Add the greeting.\nwrite hello.txt hello from {cli}\n\n## 验收标准\n- hello.txt says hello\n\n"
+            "## Notes\nnone")
     tasks = {cli: team.task(r, f"Greeting by {cli}", body.format(cli=cli))
              for cli, r in (("claude", "DEV"), ("codex", "QA"), ("gemini", "OPS"))}
     database = f"sqlite:///{team.root / '.taskkernel' / 'kernel.db'}"  # the coordinator's, given as a variable
@@ -156,3 +162,77 @@ def test_each_preset_runs_its_cli_headless_with_the_kernel_mcp_server_and_record
     assert (claude["tokens_in"], claude["tokens_out"], claude["cost_usd"]) == (150, 7, pytest.approx(0.0123))
     assert (codex["tokens_in"], codex["tokens_out"], codex["cost_usd"]) == (500, 30, 0)
     assert (gemini["tokens_in"], gemini["tokens_out"], gemini["cost_usd"]) == (24939, 174, 0)
+
+
+def worktrees_of(root: Path) -> list[str]:
+    return [line.split(" ", 1)[1] for line in git(root, "worktree", "list", "--porcelain").splitlines()
+            if line.startswith("worktree ")]
+
+
+def test_parallel_tasks_edit_one_file_in_their_own_worktrees_then_merge_or_come_back_with_merge_conflict(
+        tmp_path: Path) -> None:
+    """Two DEV tasks at once write shared.txt, each in its own worktree. Approving the first merges it into main
+    (the checkout moves with it); the second no longer merges: nothing of it reaches main, and it goes back to
+    work (a new round) with a blocked report `merge_conflict`, which the next run's prompt explains."""
+    team = Team(tmp_path, f"\n[roles.DEV]\n{role('claude-code', concurrency=2, on_approve='merge')}")
+    a = team.task("DEV", "Shared from A", "write shared.txt from A")
+    b = team.task("DEV", "Shared from B", "write shared.txt from B")
+    team.up()
+    [run_a], [run_b] = team.runs_of(a), team.runs_of(b)
+    assert run_a["started"] < run_b["ended"] and run_b["started"] < run_a["ended"], "the two ran at once"
+    assert run_a["cwd"] != run_b["cwd"]
+    assert (team.worktree(a) / "shared.txt").read_text() == "from A\n"
+    assert (team.worktree(b) / "shared.txt").read_text() == "from B\n"
+    assert (team.root / "shared.txt").read_text() == "base\n"
+    for task_id, text in ((a, "A"), (b, "B")):
+        [report] = team.show(task_id)["reports"]
+        assert report["diff"]["files"] == [{"path": "shared.txt", "insertions": 1, "deletions": 1}]
+        assert f"+from {text}" in (team.root / report["diff"]["patch"]).read_text()
+
+    team.ok("task", "approve", a)
+    team.up()
+    assert (team.root / "shared.txt").read_text() == "from A\n", "merged, and the base's checkout moved with it"
+    merged = git(team.root, "rev-parse", "main")
+    assert git(team.root, "rev-parse", f"task/{a}") == merged, "a fast-forward"
+
+    team.ok("task", "approve", b)
+    team.up()
+    assert git(team.root, "rev-parse", "main") == merged and (team.root / "shared.txt").read_text() == "from A\n"
+    assert git(team.root, "status", "--porcelain", "--untracked-files=no") == "", "nothing half-merged"
+    doc = team.show(b)
+    reopened = [h for h in doc["history"] if h["type"] == "task_reopened"]
+    assert len(reopened) == 1 and reopened[0]["reason"].startswith("merge_conflict: "), doc["history"]
+    assert "shared.txt" in reopened[0]["reason"]
+    blocked = [r for r in doc["reports"] if r["status"] == "blocked"]
+    assert [(r["round"], r["by"]) for r in blocked] == [(2, "DEV:coordinator")]
+    rework = team.runs_of(b)[-1]
+    assert len(team.runs_of(b)) == 2 and "This round is a rework" in rework["prompt"]
+    assert "merge_conflict" in rework["prompt"] and rework["cwd"] == str(team.worktree(b))
+
+
+def test_a_crashed_run_leaves_its_worktree_to_the_retry_and_archive_keeps_the_branch(tmp_path: Path) -> None:
+    """The first attempt writes a file and dies; the retry works in the same worktree (one worktree for the
+    task, the file still there) and its done report's diff holds both attempts' work. Archive removes the
+    worktree and keeps the branch; on_approve = "keep" merges nothing."""
+    team = Team(tmp_path, f"\n[roles.DEV]\n{role('codex')}")
+    task = team.task("DEV", "Survive a crash", "crash-once\nwrite result.txt done")
+    team.up()
+    first, second = team.runs_of(task)
+    assert first["ended"] is None and second["ended"] is not None
+    assert first["cwd"] == second["cwd"] == str(team.worktree(task))
+    assert worktrees_of(team.root).count(str(team.worktree(task))) == 1
+    assert not list((team.root / ".taskkernel" / "worktrees").glob("*.stale-*"))
+    doc = team.show(task)
+    assert doc["state"] == "review"
+    [report] = doc["reports"]
+    assert {f["path"] for f in report["diff"]["files"]} == {"crash.txt", "result.txt"}
+    shown = run_tty("task", "show", task, cwd=team.root).out  # what a person reads: the diffstat under the reports
+    assert f"diff of {report['report_id']} (task/{task} against main, {report['diff']['range']}): 2 file(s) " \
+           "changed, +2 -0" in shown and "  crash.txt | +1 -0" in shown and "  result.txt | +1 -0" in shown
+    before = git(team.root, "rev-parse", "main")
+    team.ok("task", "approve", task)
+    team.ok("task", "archive", task)
+    team.up()
+    assert not team.worktree(task).exists() and str(team.worktree(task)) not in worktrees_of(team.root)
+    assert git(team.root, "rev-parse", "--verify", f"task/{task}")
+    assert git(team.root, "rev-parse", "main") == before, "on_approve = keep: the base is untouched"

@@ -82,8 +82,9 @@ TOOLS: tuple[Tool, ...] = (
          "tasks whose latest report is blocked), assigned_to_me "
          "(you drive them), waiting_for_my_review (in review, you decide), root or parent. Continue with "
          "next_cursor (same filters).", S.ListTasksArgs, S.ListTasksOut, True),
-    Tool("get_task", "Read a task", "A task's document, its reports with their bodies, its children and its "
-         "newest history. A long body is cut: body_next gives the get_task arguments that read on.",
+    Tool("get_task", "Read a task", "A task's document, its reports with their bodies (and a done report's diff "
+         "when the task has its own git worktree), its children and its newest history. A long body is cut: "
+         "body_next gives the get_task arguments that read on.",
          S.GetTaskArgs, S.GetTaskOut, True),
     Tool("create_task", "Create a task", "A new task for a role of the team, sent by your role. An identical "
          "create by you replays (one task); pass idempotency_key for a deliberate twin.", S.CreateTaskArgs,

@@ -76,6 +76,9 @@ def binary_of(spec: RunnerSpec, role: str, root: Path) -> tuple[str | None, str 
     search = spec.env.get("PATH", os.environ.get("PATH", os.defpath))
     found = shutil.which(program, path=search)
     if found is None:
+        if not spec.argv:  # a preset's CLI
+            return None, (f"{program!r} (the {spec.runner.value} CLI) is not on the agent's PATH; install it, or "
+                          "give its full path as argv (docs/agents.md)")
         return None, f"argv[0] {program!r} is not on the agent's PATH; install it or give its full path"
     return found, None
 
@@ -110,7 +113,7 @@ def _isolation_problems(config: TaskkernelConfig, table: str, spec: RunnerSpec, 
     if not wants or toplevel(root) is not None:
         return []
     key = "isolation" if spec.isolation is Isolation.WORKTREE else "on_approve"
-    return [config.problem(table, key, f"{key} = {getattr(spec, key).value!r} needs the workspace inside a git "
+    return [config.problem(table, key, f'{key} = "{getattr(spec, key).value}" needs the workspace inside a git '
                            f"repository, and {root} is not in one (git init, or isolation = \"shared\")")]
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from taskkernel.coordinator.config import Isolation
+from taskkernel.coordinator.config import NOT_TEAM, Isolation
 from taskkernel.coordinator.runners.agent import AgentContext
 from taskkernel.coordinator.runners.command import (
     ErrorCode,
@@ -83,13 +83,18 @@ class Dispatcher:
                                            WORKTREE_EFFECT: WorktreeEffects(kernel, self.worktrees, specs)})
         self.pool = RunPool(max_runs, {role: spec.concurrency for role, spec in specs.items()}, on_run_done)
         self.accepting = True  # False once a shutdown began: running agents finish, none starts
+        self.warned: set[str] = set()  # roles `up` said have waiting tasks and no runner
+        self._unrun_checked = float("-inf")
         install_usage(self.db)
 
     # -- one pass of each stage -------------------------------------------------------------
     def dispatch_new(self) -> int:
         """Claim every inbox task addressed to a role that has a runner (only those are read: a pass costs
         the work there is, not the size of the inbox)."""
-        if not self.specs or not self.accepting:  # a shutdown began: claim nothing no agent would work on
+        if not self.accepting:  # a shutdown began: claim nothing no agent would work on
+            return 0
+        if not self.specs:
+            self._warn_unrun()
             return 0
         with self.db.read() as conn:
             rows = conn.execute(sa.select(tasks.c.task_id, tasks.c.recipient).where(
@@ -106,7 +111,24 @@ class Dispatcher:
             claimed += r.status == "accepted"
             if r.status == "rejected" and r.reason != "stale_task_revision":
                 log.warning("dispatch_refused", task_id=task_id, reason=r.reason, message=r.message)
+        self._warn_unrun()
         return claimed
+
+    def _warn_unrun(self) -> None:
+        """Say once per role that inbox tasks wait for a role no runner serves (at most one look a second)."""
+        now = time.monotonic()
+        if now < self._unrun_checked + 1.0:
+            return
+        self._unrun_checked = now
+        with self.db.read() as conn:
+            rows = conn.execute(sa.select(tasks.c.recipient, sa.func.count()).where(
+                tasks.c.state == "inbox", tasks.c.recipient.not_in([*self.specs, *NOT_TEAM, *self.warned]))
+                .group_by(tasks.c.recipient)).all()
+        for role, waiting in rows:
+            self.warned.add(role)
+            log.warning("role_without_runner", role=role, waiting=waiting,
+                        hint=f"tasks wait for {role}, which has no runner: add [roles.{role}] to taskkernel.toml "
+                             f"(docs/agents.md), or work them by hand (taskkernel task claim <id>)")
 
     def relay_wakes(self) -> int:
         """Wake-ups into runs; none while a shutdown drains (their outbox rows wait for the next start)."""

@@ -15,10 +15,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from taskkernel.coordinator.config import Isolation, RunnerSpec
+from taskkernel.coordinator.config import Isolation, RunnerKind, RunnerSpec
 from taskkernel.coordinator.runners.command import agent_env
 from taskkernel.coordinator.runners.presets import McpServer, Preset, RunFiles, preset_of
+from taskkernel.kernel.logging import get_logger
 from taskkernel.kernel.private import private_dir
+
+log = get_logger(__name__)
 
 TOKEN_FILE = "token"
 PROMPT_FILE = "prompt.md"
@@ -90,7 +93,22 @@ def prepare(spec: RunnerSpec, *, run_dir: Path, workdir: Path, workspace: Path, 
     env = {**agent_env(spec, {**run_vars, "TASKKERNEL_WORKDIR": str(workdir)}, source,
                        credentials=preset.credentials(source)), **preset.env(files)}
     stdin = prompt_file if preset.prompt_on_stdin else None
+    if mcp_config is not None and spec.runner is RunnerKind.GEMINI_CLI and (loose := _loose_ancestor(mcp_config)):
+        log.warning("gemini_settings_ignored", folder=str(loose),
+                    hint="Gemini CLI ignores a system settings file under a folder others may write to: its agent "
+                         "finds no taskkernel tools; move the workspace to a private folder, or set mcp = false")
     return Launch(argv, workdir, env, stdin, preset, token_file)
+
+
+def _loose_ancestor(path: Path) -> Path | None:
+    """The first folder above ``path`` that group or others may write to (Gemini CLI then skips the file)."""
+    for folder in path.parents:
+        try:
+            if folder.stat().st_mode & 0o022:
+                return folder
+        except OSError:
+            return None
+    return None
 
 
 def _write(path: Path, text: str) -> Path:

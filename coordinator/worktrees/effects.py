@@ -63,15 +63,20 @@ class WorktreeEffects:
             log.error("merge_conflict_reopen_refused", task_id=task_id, reason=reopened.reason,
                       message=reopened.message)
             return
-        now = self.kernel.task(task_id)
-        assert now is not None
         body = (f"{reason}\n\nNothing was merged: {merged.message}. Bring the base into the task branch in the "
                 "task's worktree, resolve the conflicts, and report done again.")
-        blocked = self.kernel.submit({
-            "type": "submit_report", "task_id": task_id, "thread_key": now["thread_key"],
-            "expected_revision": now["revision"], "round": now["round"],
-            "idempotency_key": f"merge:{task_id}:{pos}:blocked",
-            "payload": {"status": "blocked", "body": body[:8000]}},
-            Principal(authority["driver"], COORDINATOR, task_id, now["round"]))
-        if not blocked.ok:
-            log.error("merge_conflict_report_refused", task_id=task_id, reason=blocked.reason, message=blocked.message)
+        for _ in range(5):  # the woken agent may move the task first: judge against the task as it is now
+            now = self.kernel.task(task_id)
+            if now is None or now["state"] != "active":
+                return
+            blocked = self.kernel.submit({
+                "type": "submit_report", "task_id": task_id, "thread_key": now["thread_key"],
+                "expected_revision": now["revision"], "round": now["round"],
+                "idempotency_key": f"merge:{task_id}:{pos}:blocked",
+                "payload": {"status": "blocked", "body": body[:8000]}},
+                Principal(authority["driver"], COORDINATOR, task_id, now["round"]))
+            if blocked.reason != "stale_task_revision":
+                if not blocked.ok:
+                    log.error("merge_conflict_report_refused", task_id=task_id, reason=blocked.reason,
+                              message=blocked.message)
+                return

@@ -10,8 +10,9 @@ What it does is read from the task's body, one instruction per line:
   write <path> <text>   write <text> (and a newline) to <path> in the working folder
   crash-once            the first time for this task: write `crash.txt`, then exit 1 without a report
   fail-json             exit 0, but the JSON output reports an error (Claude Code: is_error true)
-Every start is recorded (argv, cwd, environment, prompt, MCP server) as JSON under $STANDIN_RECORDS, which the
-wrapper script sets: nothing of the test's environment reaches the agent through the coordinator.
+Every start is recorded (argv, cwd, environment, prompt, MCP server, start time) as JSON under $STANDIN_RECORDS,
+which the wrapper script sets (nothing of the test's environment reaches the agent through the coordinator), and a
+finished run's end time beside it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import json
 import os
 import re
 import sys
+import time
 import tomllib
 import uuid
 from pathlib import Path
@@ -137,12 +139,14 @@ def main() -> None:
     marker = records / f"{task_id}.crashed"
     crashed_before = marker.exists()
     record = {"cli": cli, "argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "prompt": prompt,
-              "server": server}
-    (records / f"{task_id}-{uuid.uuid4().hex[:8]}.json").write_text(json.dumps(record))
+              "server": server, "started": time.time()}
+    name = records / f"{task_id}-{uuid.uuid4().hex[:8]}"
+    name.with_suffix(".json").write_text(json.dumps(record))
     if server is None:
         fail("no taskkernel MCP server was configured")
     outcome = asyncio.run(work(server, task_id, crashed_before, marker))
     output(cli, outcome)
+    name.with_suffix(".end").write_text(str(time.time()))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,160 @@
+"""The parts of issue 14 a user meets without running an agent: each CLI's documented output read into usage and
+failures, the prompt built from the task, `init --agents` and .gitignore, the configuration's refusals, `up`'s
+warning for a role without a runner, and a diff no agent can forge."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from taskkernel.coordinator.config import RunnerKind
+from taskkernel.coordinator.runners.ledger import Purpose
+from taskkernel.coordinator.runners.presets import PRESETS
+from taskkernel.coordinator.runners.prompt import acceptance_of, build_prompt, prompt_fields, rework_reason
+from tests.cli_support import append_config, new_workspace, run, taskkernel
+
+# The documented shapes (docs/agents.md), as the CLIs print them.
+CLAUDE_OK = json.dumps({"type": "result", "subtype": "success", "is_error": False, "duration_ms": 132,
+                        "num_turns": 1, "result": "DONE", "session_id": "s", "total_cost_usd": 0.000489,
+                        "usage": {"input_tokens": 100, "cache_creation_input_tokens": 20,
+                                  "cache_read_input_tokens": 30, "output_tokens": 7}})
+CODEX_STREAM = "\n".join(json.dumps(e) for e in (
+    {"type": "thread.started", "thread_id": "t"}, {"type": "turn.started"},
+    {"type": "item.completed", "item": {"id": "item_1", "type": "agent_message", "text": "DONE"}},
+    {"type": "turn.completed", "usage": {"input_tokens": 300, "cached_input_tokens": 90, "output_tokens": 21}},
+    {"type": "turn.completed", "usage": {"input_tokens": 5, "cached_input_tokens": 0, "output_tokens": 1}}))
+GEMINI_OK = json.dumps({"response": "Paris.", "stats": {"models": {
+    "gemini-2.5-pro": {"api": {"totalRequests": 2, "totalErrors": 0, "totalLatencyMs": 5053},
+                       "tokens": {"prompt": 24939, "candidates": 20, "total": 25113, "cached": 21263, "thoughts": 154,
+                                  "tool": 0}},
+    "gemini-2.5-flash": {"tokens": {"prompt": 61, "candidates": 4, "thoughts": 0}}},
+    "tools": {"totalCalls": 1}, "files": {"totalLinesAdded": 0, "totalLinesRemoved": 0}}}, indent=2)
+
+
+def test_each_cli_output_is_read_into_usage_and_cost() -> None:
+    claude = PRESETS[RunnerKind.CLAUDE_CODE].read("some progress text\n" + CLAUDE_OK + "\n")
+    assert claude.usage == {"tokens_in": 150, "tokens_out": 7, "cost_usd": 0.000489} and claude.error is None
+    codex = PRESETS[RunnerKind.CODEX].read(CODEX_STREAM)
+    assert codex.usage == {"tokens_in": 305, "tokens_out": 22} and codex.error is None
+    gemini = PRESETS[RunnerKind.GEMINI_CLI].read("Loaded cached credentials.\n" + GEMINI_OK)
+    assert gemini.usage == {"tokens_in": 25000, "tokens_out": 178} and gemini.error is None
+
+
+def test_a_failure_the_cli_reports_in_its_json_is_a_failure() -> None:
+    """Claude Code says an API error with subtype "success" and is_error true; Codex with turn.failed."""
+    api_error = json.loads(CLAUDE_OK) | {"is_error": True, "result": "API Error: 500 overloaded"}
+    said = PRESETS[RunnerKind.CLAUDE_CODE].read(json.dumps(api_error))
+    assert said.error is not None and "API Error: 500" in said.error and said.usage["cost_usd"] == 0.000489
+    failed = PRESETS[RunnerKind.CODEX].read(json.dumps({"type": "turn.failed", "error": {"message": "quota"}}))
+    assert failed.error == "codex turn failed: quota"
+    assert PRESETS[RunnerKind.GEMINI_CLI].read("not json at all").usage == {}
+    implausible = json.loads(CLAUDE_OK) | {"total_cost_usd": float("inf"), "usage": {"input_tokens": -3}}
+    assert PRESETS[RunnerKind.CLAUDE_CODE].read(json.dumps(implausible)).usage == {}
+
+
+def test_the_prompt_is_built_from_the_task_its_parents_its_acceptance_and_why_it_came_back() -> None:
+    root = {"task_id": "TASK-20261201-001", "parent": None, "state": "active", "recipient": "PM",
+            "subject": "Ship login", "body": "the whole feature"}
+    doc = {"task_id": "TASK-20261201-002", "parent": root["task_id"], "state": "active", "recipient": "DEV",
+           "subject": "Login form", "round": 2,
+           "body": "Build it.\n\n## 3 · 验收标准\n- the form posts\n### detail\n- kept\n## Notes\n- not criteria"}
+    assert acceptance_of(doc["body"]) == "- the form posts\n### detail\n- kept"
+    history = [("task_claimed", {"round": 1}), ("task_rejected", {"round": 2, "reason": "the form does not post"})]
+    assert rework_reason(doc, history) == ("This round is a rework. Round 1 came back because: the form does not "
+                                           "post")
+    fields = prompt_fields(doc, Purpose.EXECUTE, "DEV", task={root["task_id"]: root}.get, history=history,
+                           mcp=False, workdir="/w")
+    prompt = build_prompt(None, fields)
+    assert "task TASK-20261201-002 (round 2)" in prompt and "# Login form" in prompt
+    assert "TASK-20261201-001 (active, PM): Ship login — the whole feature" in prompt
+    assert "the form does not post" in prompt and "taskkernel task report TASK-20261201-002" in prompt
+    assert build_prompt("{subject} in {workdir}", fields) == "Login form in /w"
+    assert rework_reason({**doc, "round": 1}, history) is None
+
+
+def git_repo(path: Path) -> Path:
+    path.mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(path)], check=True)
+    return path
+
+
+def test_init_agents_writes_that_clis_examples_and_keeps_state_out_of_git(tmp_path: Path) -> None:
+    repo = git_repo(tmp_path / "repo")
+    made = run("init", str(repo), "--agents", "codex", cwd=tmp_path)
+    assert made.code == 0 and made.json["gitignored"] is True, made.err
+    text = (repo / "taskkernel.toml").read_text()
+    assert '# runner = "codex"' in text and "CODEX_API_KEY" in text and '# model = "gpt-5-codex"' in text
+    assert (repo / ".gitignore").read_text() == "/.taskkernel/\n"
+    status = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--ignored"], capture_output=True,
+                            text=True, check=True).stdout
+    assert "!! .taskkernel/" in status
+    again = run("init", str(repo), cwd=tmp_path)
+    assert again.code == 0 and again.json["gitignored"] is False
+    assert (repo / ".gitignore").read_text() == "/.taskkernel/\n", "never added twice"
+    plain = run("init", str(tmp_path / "plain"), cwd=tmp_path)
+    assert plain.code == 0 and not (tmp_path / "plain" / ".gitignore").exists()
+    wrong = run("init", str(tmp_path / "x"), "--agents", "cursor", cwd=tmp_path)
+    assert wrong.code == 64 and "claude-code, codex, gemini-cli" in wrong.err
+
+
+@pytest.mark.parametrize(("table", "expected"), [
+    ('runner = "command"\nargv = ["a"]\nmodel = "x"', "model is a preset option"),
+    ('runner = "codex"\nisolation = "shared"\non_approve = "merge"', 'on_approve = "merge" merges a task\'s branch'),
+    ('runner = "codex"\nprompt = "do {subjet}"', "{subjet} in \"do {subjet}\" is not a placeholder taskkernel fills; "
+                                                 "did you mean {subject}?"),
+    ('runner = "gemini-cli"\nisolation = "worktree"\nrun_as = "nobody"', "with run_as is not supported"),
+    ('runner = "scripted"\nisolation = "worktree"', "isolation applies to runners that start a program only"),
+])
+def test_a_preset_table_that_cannot_work_is_refused_when_the_file_loads(tmp_path: Path, table: str,
+                                                                      expected: str) -> None:
+    ws = new_workspace(tmp_path)
+    append_config(ws, f"\n[roles.DEV]\n{table}\n")
+    refused = run("task", "list", cwd=ws)
+    assert refused.code == 64 and refused.json["code"] == "config_invalid" and expected in refused.err, refused.err
+
+
+def test_a_worktree_outside_a_git_repository_keeps_up_from_starting(tmp_path: Path) -> None:
+    ws = new_workspace(tmp_path)
+    append_config(ws, '\n[roles.DEV]\nrunner = "claude-code"\nargv = ["true"]\nisolation = "worktree"\n')
+    refused = run("up", "--once", cwd=ws)
+    assert refused.code == 64 and refused.json["code"] == "runner_unavailable", refused.err
+    assert 'isolation = "worktree" needs the workspace inside a git repository' in refused.err
+
+
+def test_up_says_once_per_role_that_tasks_wait_for_a_role_without_a_runner(tmp_path: Path) -> None:
+    ws = new_workspace(tmp_path)
+    for subject in ("one", "two"):
+        assert run("task", "create", "--to", "QA", "--subject", subject, cwd=ws).code == 0
+    up = taskkernel("up", "--once", cwd=ws)
+    assert up.returncode == 0, up.stderr
+    warnings = [json.loads(line) for line in up.stderr.splitlines() if "role_without_runner" in line]
+    assert [(w["role"], w["waiting"]) for w in warnings] == [("QA", 2)], up.stderr
+    assert "add [roles.QA] to taskkernel.toml" in warnings[0]["hint"]
+
+
+def test_an_agent_cannot_supply_the_diff_itself(tmp_path: Path) -> None:
+    """The diff is the coordinator's evidence: a report's payload has no such field, so a forged one is refused."""
+    ws = new_workspace(tmp_path)
+    task = run("task", "create", "--to", "DEV", "--subject", "s", cwd=ws).json["task_id"]
+    assert run("task", "claim", task, cwd=ws).code == 0
+    shown = run("task", "show", task, cwd=ws).json
+    forged = run("submit", cwd=ws, stdin=json.dumps({
+        "type": "submit_report", "task_id": task, "expected_revision": shown["revision"], "round": 1,
+        "idempotency_key": "forge", "payload": {"status": "done", "body": "trust me",
+                                                "diff": {"files_changed": 0, "range": "a..b"}}}))
+    assert forged.json["status"] == "rejected" and forged.json["reason"] == "invalid_command", forged.out
+    assert "diff" in forged.json["message"]
+
+
+def test_a_preset_whose_cli_is_not_installed_keeps_up_from_starting(tmp_path: Path) -> None:
+    ws = new_workspace(tmp_path)
+    append_config(ws, '\n[roles.DEV]\nrunner = "gemini-cli"\n')
+    refused = taskkernel("up", "--once", cwd=ws, env={"PATH": "/usr/bin:/bin"})
+    assert refused.returncode == 64 and json.loads(refused.stdout)["code"] == "runner_unavailable", refused.stderr
+    assert "'gemini' (the gemini-cli CLI) is not on the agent's PATH" in refused.stderr
+    doctor = taskkernel("doctor", "--json", cwd=ws, env={"PATH": "/usr/bin:/bin"})
+    checks = {c["name"]: c for c in json.loads(doctor.stdout)["checks"]}
+    assert checks["runner DEV"]["status"] == "fail" and "gemini-cli CLI" in checks["runner DEV"]["message"]
