@@ -42,10 +42,10 @@ def build_kernel(db: Database, workspace: Workspace | None) -> TaskCommandKernel
                      protected_by_risk={**DEFAULT_PROTECTED, **gate_cfg.protected},
                      protected_by_role=gate_cfg.roles)
     folders = workspace is not None and workspace.config.folders.enabled
-    # Last: a done report's diff is taken only once every other check let the report through.
+    # Last: a done report's diff (prepared before the transaction) is recorded once every other check let it through.
     evidence = [DiffEvidence(Worktrees(db, workspace.root))] if workspace is not None else []
     return TaskCommandKernel(db, roles, effect_rules=STANDARD_EFFECTS, store=store,
-                             guards=[HumanGrantGuard(log), gate, *evidence],
+                             guards=[HumanGrantGuard(log), gate, *evidence], preparers=[e.prepare for e in evidence],
                              numbers_in_use=_task_numbers_on_disk(workspace.root) if folders and workspace else None)
 
 

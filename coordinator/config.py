@@ -245,9 +245,14 @@ class RunnerSpec(_Table):
                     raise KeyProblem("argv", f"argv: {problem}")
             if self.prompt is not None and (problem := placeholder_problem(self.prompt, PROMPT_FIELDS)):
                 raise KeyProblem("prompt", f"prompt: {problem}")
-            if self.on_approve is OnApprove.MERGE and self.isolation is Isolation.SHARED:
+            shared = self.isolation is Isolation.SHARED or (self.isolation is None and (
+                not self.runner.is_preset or self.run_as is not None))  # what the default resolves to
+            if self.on_approve is OnApprove.MERGE and shared:
                 raise KeyProblem("on_approve", "on_approve = \"merge\" merges a task's branch: it needs "
                                  "isolation = \"worktree\"")
+            if self.runner is RunnerKind.CODEX and self.allowed_tools:
+                raise KeyProblem("allowed_tools", "allowed_tools: codex has no allowlist of tools (its sandbox "
+                                 "decides what its commands may do; docs/agents.md)")
             if self.isolation is Isolation.WORKTREE and self.run_as is not None:
                 raise KeyProblem("isolation", "isolation = \"worktree\" with run_as is not supported: the "
                                  "worktree and its branch belong to the coordinator's OS user")

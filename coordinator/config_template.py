@@ -21,16 +21,21 @@ class AgentExample:
 
 
 AGENT_EXAMPLES = {
-    RunnerKind.CLAUDE_CODE: AgentExample('"sonnet"', '["--max-turns", "40"]',
-                                         '["Bash(git diff:*)", "Bash(pytest:*)"]',
-                                         "ANTHROPIC_API_KEY or CLAUDE_CODE_OAUTH_TOKEN (or Bedrock/Vertex settings)",
-                                         '["claude", "-p", "--output-format", "json", "--mcp-config", "{mcp_config}"]'),
-    RunnerKind.CODEX: AgentExample('"gpt-5-codex"', '["-c", "model_reasoning_effort=\\"high\\""]', "[]",
-                                   "OPENAI_API_KEY or CODEX_API_KEY (or a `codex login` under CODEX_HOME)",
-                                   '["codex", "exec", "--json", "--cd", "{workdir}", "-"]'),
-    RunnerKind.GEMINI_CLI: AgentExample('"gemini-2.5-pro"', '[]', '["run_shell_command(git diff)"]',
-                                        "GEMINI_API_KEY or GOOGLE_API_KEY (or Vertex AI settings)",
-                                        '["gemini", "--output-format", "json"]'),
+    RunnerKind.CLAUDE_CODE: AgentExample(
+        model='"sonnet"', args='["--max-turns", "40"]', allowed_tools='["Bash(git diff:*)", "Bash(pytest:*)"]',
+        credentials="ANTHROPIC_API_KEY or CLAUDE_CODE_OAUTH_TOKEN (or Bedrock/Vertex settings)",
+        argv='["claude", "-p", "--output-format", "json", "--permission-mode", "acceptEdits", "--mcp-config", '
+             '"{mcp_config}", "--strict-mcp-config", "--allowedTools", "mcp__taskkernel", "--model", "opus"]'),
+    RunnerKind.CODEX: AgentExample(
+        model='"gpt-5-codex"', args='["-c", "model_reasoning_effort=\\"high\\""]', allowed_tools="[]",
+        credentials="CODEX_API_KEY or OPENAI_API_KEY (after a `codex login` under CODEX_HOME)",
+        argv='["codex", "exec", "--json", "--sandbox", "workspace-write", "--skip-git-repo-check", "--cd", '
+             '"{workdir}", "--profile", "team", "-"]'),
+    RunnerKind.GEMINI_CLI: AgentExample(
+        model='"gemini-2.5-pro"', args="[]", allowed_tools='["run_shell_command(git diff)"]',
+        credentials="GEMINI_API_KEY or GOOGLE_API_KEY (or Vertex AI settings)",
+        argv='["gemini", "--output-format", "json", "--approval-mode", "auto_edit", "--skip-trust", '
+             '"--allowed-mcp-server-names", "taskkernel", "--model", "gemini-2.5-flash"]'),
 }
 AGENT_CHOICES = tuple(k.value for k in AGENT_EXAMPLES)
 
@@ -68,7 +73,8 @@ require_token = true
 # base_branch = "main"                      # worktrees are cut from it and merged into it (default: checked out)
 # on_approve = "merge"                      # merge the task branch into the base on approval ("keep": leave it)
 # argv = {argv}
-#                                           # replaces the preset's whole command line (the prompt stays on stdin);
+#   replaces the preset's whole command line (the prompt stays on stdin): keep the flags docs/agents.md lists, or
+#   add yours with `args` instead;
 #   placeholders: {{task_file}} {{task_id}} {{round}} {{workspace}} {{role}} {{purpose}} {{prompt_file}}
 #                 {{mcp_config}} {{workdir}}
 # cwd = "src"                               # relative to the workspace (or to the task's worktree)

@@ -85,6 +85,9 @@ worktrees = sa.Table(
     sa.Column("task_id", sa.Text, primary_key=True),
     sa.Column("path", sa.Text, nullable=False),  # absolute: the agent's working folder
     sa.Column("branch", sa.Text, nullable=False),  # task/<TASK-ID>
+    # git's administrative folder of the worktree, read when it was created: every git command on the worktree
+    # names it, never trusting the `.git` file inside the worktree (the agent can rewrite that file)
+    sa.Column("git_dir", sa.Text, nullable=False),
     sa.Column("base_branch", sa.Text, nullable=False),  # the branch its diff and merge are against
     sa.Column("base_commit", sa.Text, nullable=False),  # the base's head when the worktree was cut
     sa.Column("state", sa.Text, nullable=False),  # active | merged | archived

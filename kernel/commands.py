@@ -82,6 +82,9 @@ class EffectRule:
 
 
 Guard = Callable[[UnitOfWork, Command, dict[str, Any] | None, Principal], None]
+# Work a guard needs that is too slow for the write lock (a git diff), done before the transaction for each parsed
+# command; the guard, inside it, checks that what was prepared still holds before it records it.
+Preparer = Callable[[Command, Principal | None], None]
 # A guard that lets a command through may leave evidence here; it is recorded in the command's event.
 EVIDENCE_KEY = "guard_evidence"
 NUMBERS_KEY = "task_numbers_on_disk"  # (UTC day, numbers taken by files), listed before the transaction
@@ -119,12 +122,14 @@ def receipt_key(principal: Principal, idempotency_key: str) -> str:
 class TaskCommandKernel:
     def __init__(self, db: Database, roles: RolePolicy, *, effect_rules: Sequence[EffectRule] = (),
                  guards: Sequence[Guard] = (), store: EventStore | None = None,
-                 numbers_in_use: Callable[[str], set[int]] | None = None) -> None:
+                 numbers_in_use: Callable[[str], set[int]] | None = None,
+                 preparers: Sequence[Preparer] = ()) -> None:
         self.db = db
         self.roles = roles
         self.store = store or EventStore(task_upcasters())
         self.effect_rules = list(effect_rules)
         self.guards = list(guards)
+        self.preparers = list(preparers)
         # Task numbers of a UTC day (YYYYMMDD) taken by files the kernel does not hold (a TASK file not yet
         # ingested, refused or kept): the allocator skips them, so the kernel never hands out a number in use.
         self.numbers_in_use = numbers_in_use
@@ -145,6 +150,10 @@ class TaskCommandKernel:
         """
         parsed = [self._parse(c, external) for c, _ in items]
         numbers = self._numbers_on_disk(parsed)  # listed before the write lock is taken, never under it
+        for prepare in self.preparers:
+            for cmd, (_, principal) in zip(parsed, items, strict=True):
+                if isinstance(cmd, Command):
+                    prepare(cmd, principal)
         with self.db.write() as uow:
             if numbers is not None:
                 uow.cache[NUMBERS_KEY] = numbers

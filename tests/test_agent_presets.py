@@ -107,6 +107,9 @@ def test_init_agents_writes_that_clis_examples_and_keeps_state_out_of_git(tmp_pa
                                                  "did you mean {subject}?"),
     ('runner = "gemini-cli"\nisolation = "worktree"\nrun_as = "nobody"', "with run_as is not supported"),
     ('runner = "scripted"\nisolation = "worktree"', "isolation applies to runners that start a program only"),
+    ('runner = "command"\nargv = ["a"]\non_approve = "merge"', 'on_approve = "merge" merges a task\'s branch'),
+    ('runner = "claude-code"\nrun_as = "nobody"\non_approve = "merge"', 'on_approve = "merge" merges'),
+    ('runner = "codex"\nallowed_tools = ["shell"]', "codex has no allowlist of tools"),
 ])
 def test_a_preset_table_that_cannot_work_is_refused_when_the_file_loads(tmp_path: Path, table: str,
                                                                       expected: str) -> None:

@@ -117,9 +117,9 @@ def test_each_preset_runs_its_cli_headless_with_the_kernel_mcp_server_and_record
         argv, env = record["argv"], record["env"]
         server = record["server"]
         assert server["command"] == sys.executable
-        assert server["args"][:5] == ["-m", "taskkernel", "--workspace", workspace, "--token-file"]
-        assert server["args"][-1] == "mcp" and Path(server["args"][5]).parent.parent.parent.name == "runs"
-        assert not Path(server["args"][5]).exists(), "the token file is removed when the run ends"
+        assert server["args"][:6] == ["-P", "-m", "taskkernel", "--workspace", workspace, "--token-file"]
+        assert server["args"][-1] == "mcp" and Path(server["args"][6]).parent.parent.parent.name == "runs"
+        assert not Path(server["args"][6]).exists(), "the token file is removed when the run ends"
         assert env["TASKKERNEL_WORKSPACE"] == workspace and env["TASKKERNEL_WORKDIR"] == str(wt)
         assert record["cwd"] == str(wt)
         assert not any(k in env for k in [*SECRETS, "TASKKERNEL_DB"]), env
@@ -236,3 +236,71 @@ def test_a_crashed_run_leaves_its_worktree_to_the_retry_and_archive_keeps_the_br
     assert not team.worktree(task).exists() and str(team.worktree(task)) not in worktrees_of(team.root)
     assert git(team.root, "rev-parse", "--verify", f"task/{task}")
     assert git(team.root, "rev-parse", "main") == before, "on_approve = keep: the base is untouched"
+
+
+def test_the_merge_is_the_reviewed_commit_of_the_approved_round_and_a_reopened_task_merges_again(
+        tmp_path: Path) -> None:
+    """What the reviewer approved is what reaches the base: not a file written after the report, not anything
+    once the task was reopened after its approval (a late merge effect), and a reopened task that was merged
+    before merges its new round when approved again."""
+    team = Team(tmp_path, f"\n[roles.DEV]\n{role('claude-code', on_approve='merge')}")
+    task = team.task("DEV", "Versioned", "stamp version.txt\nafter-report write late.txt unreviewed")
+    team.up()
+    team.ok("task", "approve", task)
+    team.up()
+    assert (team.root / "version.txt").read_text() == "round 1\n"
+    assert "late.txt" not in git(team.root, "ls-tree", "--name-only", "main"), "written after the report"
+    team.ok("task", "reopen", task, "--reason", "one more change")
+    team.up()  # round 2: the agent works again in the same worktree
+    assert team.show(task)["state"] == "review" and team.show(task)["round"] == 2
+    team.ok("task", "approve", task)
+    team.ok("task", "reopen", task, "--reason", "not yet")  # before any coordinator ran the approval's merge
+    skipped = team.up()
+    assert (team.root / "version.txt").read_text() == "round 1\n", "a reopened task's old approval merges nothing"
+    assert "worktree_merge_skipped" in skipped.stderr
+    team.ok("task", "approve", task)
+    team.up()
+    assert (team.root / "version.txt").read_text() == "round 3\n", "merged again after a reopen"
+    assert "late.txt" in git(team.root, "ls-tree", "--name-only", "main"), "reported in round 2, merged now"
+
+
+def test_what_an_agent_writes_into_its_worktree_cannot_redirect_git_or_the_mcp_server(tmp_path: Path) -> None:
+    """The agent removes its worktree's .git file (git would then find the user's own repository), writes a
+    Latin-1 file and plants a `taskkernel` package in its folder, then crashes; the retry runs the kernel's real MCP
+    server (the planted one never runs), the diff is taken through the worktree's recorded git folder (the
+    user's checkout and its uncommitted edit are untouched) and holds the non-UTF-8 file."""
+    team = Team(tmp_path, f"\n[roles.DEV]\n{role('gemini-cli')}")
+    (team.root / "README.md").write_text("the user's own unfinished edit\n")
+    planted = tmp_path / "planted-ran"
+    body = ("write taskkernel/__init__.py \n"
+            f"write taskkernel/__main__.py open({str(planted)!r}, 'w').write('x')\n"
+            "delete .git\nlatin1 menu.txt\nwrite feature.txt hello\ncrash-once")
+    task = team.task("DEV", "Hostile", body)
+    main_before = git(team.root, "rev-parse", "main")
+    team.up()
+    assert not planted.exists(), "the planted package never ran as the MCP server"
+    doc = team.show(task)
+    assert doc["state"] == "review", doc
+    [report] = doc["reports"]
+    diff = report["diff"]
+    assert {f["path"] for f in diff["files"]} == {"taskkernel/__init__.py", "taskkernel/__main__.py", "menu.txt",
+                                                  "feature.txt", "crash.txt"}, diff
+    assert b"caf\xe9" in (team.root / diff["patch"]).read_bytes()
+    assert git(team.root, "rev-parse", "main") == main_before
+    assert (team.root / "README.md").read_text() == "the user's own unfinished edit\n"
+    assert git(team.root, "status", "--porcelain", "README.md") == "M README.md", "the user's edit, not staged"
+
+
+def test_a_worktree_whose_creation_was_cut_short_is_made_again_not_reused(tmp_path: Path) -> None:
+    """A `git worktree add` killed half way leaves a locked, half-checked-out worktree git still lists: it is set
+    aside and made again from the task branch, so the diff holds the agent's change, not a deleted checkout."""
+    team = Team(tmp_path, f"\n[roles.DEV]\n{role('claude-code')}")
+    task = team.task("DEV", "After a cut", "write feature.txt hello")
+    half = team.worktree(task)
+    half.parent.mkdir(parents=True)
+    git(team.root, "worktree", "add", "--lock", "--no-checkout", "-b", f"task/{task}", str(half))
+    team.up()
+    [report] = team.show(task)["reports"]
+    assert report["diff"]["files"] == [{"path": "feature.txt", "insertions": 1, "deletions": 0}], report["diff"]
+    assert (half / "README.md").exists(), "a full checkout"
+    assert len(list(half.parent.glob(f"{task}.stale-*"))) == 1, "the half-made folder was set aside, not deleted"

@@ -92,7 +92,8 @@ def test_agent_environment_is_the_allowlist_plus_what_the_role_adds(tmp_path: Pa
     assert json.loads(seen["show"])["task_id"] == tid, "the agent reached the kernel without the database URL"
     [log_dir] = (ws.root / ".taskkernel" / "runs").glob("*/attempt-1")
     assert {p.name: oct(p.stat().st_mode & 0o777) for p in (log_dir, *log_dir.iterdir())} == {
-        "attempt-1": "0o700", "stdout.log": "0o600", "stderr.log": "0o600"}  # agents' output may echo secrets
+        "attempt-1": "0o700", "stdout.log": "0o600", "stderr.log": "0o600",  # agents' output may echo secrets
+        "prompt.md": "0o600", "mcp.json": "0o600"}  # the run's token file is gone: removed when the run ended
 
 
 def test_config_refuses_database_variables_and_users_it_cannot_become(tmp_path: Path,

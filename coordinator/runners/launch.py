@@ -63,35 +63,40 @@ def isolation_of(spec: RunnerSpec, in_repository: bool) -> Isolation:
 def mcp_server(workspace: Path, token_file: Path) -> McpServer:
     """This coordinator's own interpreter and installation, the workspace named explicitly: a worktree is a
     checkout and may hold its own taskkernel.toml, which must never decide which kernel the agent reaches."""
-    return McpServer(sys.executable, ["-m", "taskkernel", "--workspace", str(workspace), "--token-file",
+    # -P: the CLI starts the server in the agent's working folder, which must never shadow the package (a
+    # planted taskkernel/ there would otherwise run as the kernel's server, with the run's token)
+    return McpServer(sys.executable, ["-P", "-m", "taskkernel", "--workspace", str(workspace), "--token-file",
                                       str(token_file), "mcp"])
 
 
 def prepare(spec: RunnerSpec, *, run_dir: Path, workdir: Path, workspace: Path, token: str, prompt: str,
-            placeholders: dict[str, str], run_vars: dict[str, str], source_env: dict[str, str] | None = None
-            ) -> Launch:
-    """Write the run's files into ``run_dir`` and build its command line and environment (``source_env``: the
-    coordinator's, by default)."""
+            placeholders: dict[str, str], run_vars: dict[str, str]) -> Launch:
+    """Write the run's files into ``run_dir`` and build its command line and environment."""
     preset = preset_of(spec)
+    source = dict(os.environ)
+    agent = agent_env(spec, {**run_vars, "TASKKERNEL_WORKDIR": str(workdir)}, source,
+                      credentials=preset.credentials(source))
     private_dir(run_dir)
     token_file = _write(run_dir / TOKEN_FILE, token + "\n")
-    prompt_file = _write(run_dir / PROMPT_FILE, prompt)
-    server = mcp_server(workspace, token_file) if spec.mcp else None
-    mcp_config = _write(run_dir / MCP_FILE, preset.mcp_config(server).decode("utf-8")) if server else None
-    files = RunFiles(workdir, prompt_file, mcp_config, server)
-    fill = {**placeholders, "prompt_file": str(prompt_file), "mcp_config": str(mcp_config or ""),
-            "workdir": str(workdir)}
-    if spec.argv:
-        try:
-            argv = [part.format(**fill) for part in spec.argv]
-        except (KeyError, IndexError, ValueError) as exc:
-            raise LaunchProblem(f"argv placeholder {exc} is unknown (known: {', '.join(fill)})", retryable=False,
-                                placeholder=True) from None
-    else:
-        argv = preset.argv(spec, files)
-    source = dict(os.environ) if source_env is None else source_env
-    env = {**agent_env(spec, {**run_vars, "TASKKERNEL_WORKDIR": str(workdir)}, source,
-                       credentials=preset.credentials(source)), **preset.env(files)}
+    try:
+        prompt_file = _write(run_dir / PROMPT_FILE, prompt)
+        server = mcp_server(workspace, token_file) if spec.mcp else None
+        mcp_config = _write(run_dir / MCP_FILE, preset.mcp_config(server, agent).decode("utf-8")) if server else None
+        files = RunFiles(workdir, prompt_file, mcp_config, server)
+        fill = {**placeholders, "prompt_file": str(prompt_file), "mcp_config": str(mcp_config or ""),
+                "workdir": str(workdir)}
+        if spec.argv:
+            try:
+                argv = [part.format(**fill) for part in spec.argv]
+            except (KeyError, IndexError, ValueError) as exc:
+                raise LaunchProblem(f"argv placeholder {exc} is unknown (known: {', '.join(fill)})",
+                                    retryable=False, placeholder=True) from None
+        else:
+            argv = preset.argv(spec, files)
+    except BaseException:
+        token_file.unlink(missing_ok=True)  # the run never starts: its token file goes now
+        raise
+    env = {**agent, **preset.env(files)}
     stdin = prompt_file if preset.prompt_on_stdin else None
     if mcp_config is not None and spec.runner is RunnerKind.GEMINI_CLI and (loose := _loose_ancestor(mcp_config)):
         log.warning("gemini_settings_ignored", folder=str(loose),

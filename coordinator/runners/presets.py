@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,7 +75,8 @@ class Preset:
     def argv(self, spec: RunnerSpec, files: RunFiles) -> list[str]:
         return list(spec.argv)
 
-    def mcp_config(self, server: McpServer) -> bytes:
+    def mcp_config(self, server: McpServer, env: Mapping[str, str]) -> bytes:
+        """The run's MCP configuration in this CLI's format (``env``: the agent's environment)."""
         return _json({"mcpServers": {MCP_SERVER_NAME: server.entry()}})
 
     def env(self, files: RunFiles) -> dict[str, str]:
@@ -199,9 +199,9 @@ class GeminiCli(Preset):
             argv += ["--model", spec.model]
         return argv + spec.args
 
-    def mcp_config(self, server: McpServer) -> bytes:
+    def mcp_config(self, server: McpServer, env: Mapping[str, str]) -> bytes:
         settings: dict[str, Any] = {"mcpServers": {MCP_SERVER_NAME: {**server.entry(), "trust": True}}}
-        auth = _gemini_auth()
+        auth = _gemini_auth(env)
         if auth is not None:  # system settings replace the user's: say which credential the run uses
             settings["security"] = {"auth": {"selectedType": auth}}
         return _json(settings)
@@ -228,11 +228,11 @@ class GeminiCli(Preset):
 PRESETS: Mapping[RunnerKind, Preset] = {p.kind: p for p in (Preset(), ClaudeCode(), Codex(), GeminiCli())}
 
 
-def _gemini_auth() -> str | None:
+def _gemini_auth(env: Mapping[str, str]) -> str | None:
     """The auth method a headless Gemini CLI needs named when its home has none: from the credential set."""
-    if os.environ.get("GOOGLE_GENAI_USE_VERTEXAI", "").lower() in ("1", "true"):
+    if env.get("GOOGLE_GENAI_USE_VERTEXAI", "").lower() in ("1", "true"):
         return "vertex-ai"
-    if os.environ.get("GEMINI_API_KEY"):
+    if env.get("GEMINI_API_KEY"):
         return "gemini-api-key"
     return None
 

@@ -1,7 +1,10 @@
 """What a task's approval or archive does to its worktree, as an outbox effect of those events (at least once;
-each step is idempotent): ``on_approve = "merge"`` merges the task branch into its base; a merge that cannot be
-made puts the task back to work (reopened, a new round) with a `blocked` report starting ``merge_conflict:``;
-an archive removes the worktree and keeps the branch."""
+each step is idempotent). ``on_approve = "merge"`` merges into the base exactly the commit the approved done
+report recorded, and only while the task is still done in the approved round (a late or retried effect after a
+reopen merges nothing). A branch that does not merge puts the task back to work (reopened, a new round) with a
+`blocked` report starting ``merge_conflict:``; a base checkout that cannot move (local changes) fails the effect,
+which the relay retries and logs (`outbox_effect_failed`) until a person clears the checkout. An archive removes
+the worktree and keeps the branch."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from taskkernel.coordinator.worktrees.manager import Merged, Worktrees
 from taskkernel.kernel.commands import EffectRule, TaskCommandKernel
 from taskkernel.kernel.logging import get_logger
 from taskkernel.kernel.model.principal import Principal
+from taskkernel.kernel.model.task import current_done_report
 
 log = get_logger(__name__)
 
@@ -39,16 +43,28 @@ class WorktreeEffects:
                 log.info("worktree_archived", task_id=task_id, branch=wt.branch)
             return
         spec = self.specs.get(doc["authority"]["driver"])
-        if spec is None or spec.on_approve is not OnApprove.MERGE or wt.state != "active":
+        if spec is None or spec.on_approve is not OnApprove.MERGE:
             return
-        merged = self.worktrees.merge(task_id, doc["subject"])
+        if doc["state"] != "done" or doc["round"] != payload["round"]:  # reopened since: that approval is past
+            log.info("worktree_merge_skipped", task_id=task_id, reason="the task moved since its approval",
+                     state=doc["state"], round=doc["round"], approved_round=payload["round"])
+            return
+        report = current_done_report(doc)
+        diff = (report or {}).get("diff") or {}
+        if not diff.get("head"):
+            log.warning("worktree_merge_skipped", task_id=task_id, reason="the approved report recorded no diff",
+                        error=diff.get("error"))
+            return
+        merged = self.worktrees.merge(task_id, diff["head"], doc["subject"])
         if merged.ok:
             log.info("worktree_merged", task_id=task_id, branch=wt.branch, base=wt.base_branch, commit=merged.commit,
                      how=merged.message)
-            return
-        log.warning("worktree_merge_conflict", task_id=task_id, branch=wt.branch, base=wt.base_branch,
-                    conflicts=list(merged.conflicts), message=merged.message)
-        self._back_to_work(doc, merged, payload["global_pos"])
+        elif merged.conflicted:
+            log.warning("worktree_merge_conflict", task_id=task_id, branch=wt.branch, base=wt.base_branch,
+                        conflicts=list(merged.conflicts), message=merged.message)
+            self._back_to_work(doc, merged, payload["global_pos"])
+        else:  # the base's checkout cannot move (local changes): the agent cannot fix that, a person can
+            raise RuntimeError(f"merge of {wt.branch} into {wt.base_branch} waits: {merged.message}")
 
     def _back_to_work(self, doc: dict[str, Any], merged: Merged, pos: int) -> None:
         """Reopen the approved task (as its done authority) and say why in a blocked report (as its driver)."""

@@ -1,34 +1,76 @@
 """The diff a done report carries, recorded by the kernel's own pipeline (docs/agents.md).
 
-It is a guard in the kernel's sense (it runs after every other check of a command, inside its transaction) that
-refuses nothing: for a `done` report on a task with a worktree, it commits what the agent left uncommitted and
-puts the diff against the base into the report's event (``diff``). Every process builds the kernel with it
-(compose.py), so a report by MCP, the CLI or a REPORT file is recorded the same way; the agent cannot supply
-the field itself (the report's payload has none), so the diff is the coordinator's evidence, not the agent's claim.
-A refused command commits nothing: the checks before this one stop it first.
+The git work (commit what the agent left uncommitted, diff against the base, write the patch) is slow on a big
+repository, so it runs before the command's write transaction (``prepare``), and only for a caller that may
+report on the task (its run's token, its driver's role, ADMIN): a stranger's report, refused later anyway, makes
+no commit in someone's worktree. Inside the transaction, after every other check of the command, the guard
+(``__call__``) records the prepared diff in the report's event (``diff``) if the worktree's head has not moved
+since, and takes the diff again otherwise; it refuses nothing. Every process builds the kernel with it
+(compose.py), so a report by MCP, the CLI or a REPORT file is recorded the same way. The agent cannot supply the
+field itself (the report's payload has none): the diff is the coordinator's evidence, not the agent's claim.
 """
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from typing import Any
 
+from taskkernel.coordinator.worktrees.git import GitError
 from taskkernel.coordinator.worktrees.manager import Worktrees
 from taskkernel.kernel.commands import EVIDENCE_KEY
 from taskkernel.kernel.model.commands import Command, CommandType, ReportPayload
-from taskkernel.kernel.model.principal import Principal
+from taskkernel.kernel.model.principal import ADMIN, Principal
+from taskkernel.kernel.queries import task_document
 from taskkernel.kernel.store.db import UnitOfWork
+
+_KEPT = 256  # prepared diffs of commands refused before the guard are dropped, oldest first
+
+
+def _done_report(cmd: Command) -> bool:
+    if cmd.type is not CommandType.SUBMIT_REPORT or cmd.task_id is None:
+        return False
+    payload = cmd.validated_payload()
+    return isinstance(payload, ReportPayload) and payload.status.value == "done"
 
 
 class DiffEvidence:
     def __init__(self, worktrees: Worktrees) -> None:
         self.worktrees = worktrees
+        self._prepared: OrderedDict[tuple[str, str, str], tuple[int, dict[str, Any]]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def prepare(self, cmd: Command, principal: Principal | None) -> None:
+        """Before the transaction: the diff of a done report on a task with a worktree, by a caller that may
+        report on it."""
+        if principal is None or not _done_report(cmd) or self.worktrees.get(str(cmd.task_id)) is None:
+            return
+        doc = task_document(self.worktrees.db, str(cmd.task_id))
+        if doc is None or not (principal.task_id == doc["task_id"] or (
+                principal.task_id is None and principal.role in (doc["authority"]["driver"], ADMIN))):
+            return
+        diff = self.worktrees.evidence(doc["task_id"], doc["round"], principal.agent)
+        if diff is not None:
+            with self._lock:
+                self._prepared[(doc["task_id"], cmd.idempotency_key, principal.id)] = (doc["round"], diff)
+                while len(self._prepared) > _KEPT:
+                    self._prepared.popitem(last=False)
 
     def __call__(self, uow: UnitOfWork, cmd: Command, doc: dict[str, Any] | None, principal: Principal) -> None:
-        if cmd.type is not CommandType.SUBMIT_REPORT or doc is None:
+        if doc is None or not _done_report(cmd):
             return
-        payload = cmd.validated_payload()
-        if not isinstance(payload, ReportPayload) or payload.status.value != "done":
-            return
-        diff = self.worktrees.evidence(doc["task_id"], doc["round"], principal.agent, conn=uow.conn)
+        with self._lock:
+            prepared = self._prepared.pop((doc["task_id"], cmd.idempotency_key, principal.id), None)
+        diff = prepared[1] if prepared is not None and prepared[0] == doc["round"] else None
+        if diff is not None and "head" in diff and self._head(doc["task_id"], uow) != diff["head"]:
+            diff = None  # the branch moved between the diff and this transaction: take it again
+        if diff is None:
+            diff = self.worktrees.evidence(doc["task_id"], doc["round"], principal.agent, conn=uow.conn)
         if diff is not None:
             uow.cache.setdefault(EVIDENCE_KEY, {})["diff"] = diff
+
+    def _head(self, task_id: str, uow: UnitOfWork) -> str | None:
+        try:
+            return self.worktrees.head(task_id, conn=uow.conn)
+        except GitError:
+            return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 _HARDENED = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", "-c", "commit.gpgSign=false",
@@ -33,31 +34,49 @@ def git_env(extra: dict[str, str] | None = None) -> dict[str, str]:
             "GIT_OPTIONAL_LOCKS": "0", **(extra or {})}
 
 
-def run_git(where: Path, *args: str, ok: tuple[int, ...] = (0,), env: dict[str, str] | None = None) -> \
-        tuple[int, str]:
-    """(exit code, stdout) of ``git -C where args``; an exit code outside ``ok`` raises GitError."""
+@dataclass(frozen=True)
+class Ran:
+    code: int
+    raw: bytes  # stdout as git wrote it (a patch keeps its bytes)
+    err: str
+
+    @property
+    def out(self) -> str:
+        """Stdout as text (bytes that are not UTF-8, such as a Latin-1 file name, replaced)."""
+        return self.raw.decode("utf-8", errors="replace")
+
+
+def run_git(where: Path, *args: str, ok: tuple[int, ...] = (0,), env: dict[str, str] | None = None) -> Ran:
+    """``git -C where args``; an exit code outside ``ok`` raises GitError."""
     try:
-        done = subprocess.run(["git", "-C", str(where), *_HARDENED, *args], capture_output=True, text=True,
-                              env=git_env(env), timeout=TIMEOUT_S, stdin=subprocess.DEVNULL, check=False)
+        done = subprocess.run(["git", "-C", str(where), *_HARDENED, *args], capture_output=True, env=git_env(env),
+                              timeout=TIMEOUT_S, stdin=subprocess.DEVNULL, check=False)
     except FileNotFoundError:
         raise GitError("git_missing", "git is not installed (not on PATH)") from None
     except subprocess.TimeoutExpired:
-        raise GitError("git_failed", f"git {args[0]} took longer than {TIMEOUT_S:g}s") from None
-    if done.returncode not in ok:
-        words = (done.stderr or done.stdout).strip().splitlines()
-        raise GitError("git_failed", f"git {' '.join(args[:2])}: {words[-1] if words else f'exit {done.returncode}'}")
-    return done.returncode, done.stdout
+        raise GitError("git_failed", f"git {_verb(args)} took longer than {TIMEOUT_S:g}s") from None
+    ran = Ran(done.returncode, done.stdout, done.stderr.decode("utf-8", errors="replace"))
+    if ran.code not in ok:
+        words = (ran.err or ran.out).strip().splitlines()
+        raise GitError("git_failed", f"git {_verb(args)}: {words[-1] if words else f'exit {ran.code}'}")
+    return ran
+
+
+def _verb(args: tuple[str, ...]) -> str:
+    """The subcommand and its first argument, past global options such as --git-dir."""
+    words = [a for a in args if not a.startswith("--git-dir=") and not a.startswith("--work-tree=")]
+    return " ".join(words[:2])
 
 
 def git(where: Path, *args: str, env: dict[str, str] | None = None) -> str:
     """Stdout of a git command that must succeed, stripped."""
-    return run_git(where, *args, env=env)[1].strip()
+    return run_git(where, *args, env=env).out.strip()
 
 
 def toplevel(path: Path) -> Path | None:
     """The work tree ``path`` is in, or None (not in a git repository, or no git)."""
     try:
-        code, out = run_git(path, "rev-parse", "--show-toplevel", ok=(0, 128))
+        ran = run_git(path, "rev-parse", "--show-toplevel", ok=(0, 128))
     except GitError:
         return None
-    return Path(out.strip()).resolve() if code == 0 and out.strip() else None
+    return Path(ran.out.strip()).resolve() if ran.code == 0 and ran.out.strip() else None

@@ -2,14 +2,18 @@
 ``task/<TASK-ID>``, recorded in the ``worktrees`` table.
 
 - ``ensure``: the task's worktree, created from the base branch on the first run and reused by every later run of
-  the task, a crashed run's retry included (a folder git no longer lists is set aside, never written into);
+  the task, a crashed run's retry included. Only a worktree this table recorded, that git lists unlocked, is
+  reused; anything else at its path (a creation cut short, a folder planted) is set aside and the worktree made
+  again from the task branch, never written into.
 - ``evidence``: at a done report, the worktree's uncommitted changes are committed on the task branch and the diff
   against the base is recorded (commit range, diffstat, the patch as a file under ``.taskkernel/evidence/``);
-- ``merge``: on approval, the branch into the base, fast-forward or a merge commit computed without touching any
-  checkout (``git merge-tree``); a conflict changes nothing;
+- ``merge``: on approval, exactly the commit the approved report recorded, into the base: a fast-forward, or a
+  merge commit computed without touching any checkout (``git merge-tree``); a conflict changes nothing;
 - ``archive``: the worktree removed (anything left uncommitted first committed), the branch kept.
 
-One lock file serialises what changes the repository's worktree list or a branch, across threads and processes.
+Every git command on a worktree names its administrative folder and work tree explicitly (recorded when it was
+made): the worktree's own ``.git`` file is the agent's to rewrite, and git must never follow it elsewhere. One lock
+file serialises what changes the repository's worktree list or a branch, across threads and processes.
 """
 
 from __future__ import annotations
@@ -25,13 +29,14 @@ from typing import Any
 import sqlalchemy as sa
 
 from taskkernel.coordinator.tables import worktrees
-from taskkernel.coordinator.worktrees.git import GitError, git, run_git, toplevel
+from taskkernel.coordinator.worktrees.git import GitError, Ran, git, run_git, toplevel
 from taskkernel.kernel.canonical import sha256_hex, utc_now_iso
 from taskkernel.kernel.private import private_dir
 from taskkernel.kernel.store.db import Database
 
 BRANCH_PREFIX = "task/"
 FILES_LISTED = 50  # a report's diffstat names at most this many files (the patch file has them all)
+TASKKERNEL_ID = {"GIT_COMMITTER_NAME": "taskkernel", "GIT_COMMITTER_EMAIL": "taskkernel@taskkernel.invalid"}
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,7 @@ class Worktree:
     task_id: str
     path: Path
     branch: str
+    git_dir: str
     base_branch: str
     base_commit: str
     state: str
@@ -46,12 +52,14 @@ class Worktree:
 
 @dataclass(frozen=True)
 class Merged:
-    """What a merge did: ``ok`` with the base's new head, or why not (``conflicts``: the files both changed)."""
+    """What a merge did: ``ok`` with the base's new head, or why not: ``conflicts`` (the files both changed)
+    when the branch does not merge cleanly; none when the base's checkout could not take it."""
 
     ok: bool
     commit: str | None = None
     message: str = ""
     conflicts: tuple[str, ...] = ()
+    conflicted: bool = False
 
 
 class Worktrees:
@@ -70,15 +78,16 @@ class Worktrees:
 
     def get(self, task_id: str, conn: sa.Connection | None = None) -> Worktree | None:
         """The task's worktree record (read in ``conn``, a transaction in progress, when given)."""
+        query = sa.select(worktrees).where(worktrees.c.task_id == task_id)
         if conn is not None:
-            row = conn.execute(sa.select(worktrees).where(worktrees.c.task_id == task_id)).mappings().first()
+            row = conn.execute(query).mappings().first()
         else:
             with self.db.read() as own:
-                row = own.execute(sa.select(worktrees).where(worktrees.c.task_id == task_id)).mappings().first()
+                row = own.execute(query).mappings().first()
         if row is None:
             return None
-        return Worktree(row["task_id"], Path(row["path"]), row["branch"], row["base_branch"], row["base_commit"],
-                        row["state"])
+        return Worktree(row["task_id"], Path(row["path"]), row["branch"], row["git_dir"], row["base_branch"],
+                        row["base_commit"], row["state"])
 
     def workdir(self, wt: Worktree, cwd: str | None) -> Path:
         """Where the agent works: the worktree's counterpart of the workspace folder (and of ``cwd`` in it)."""
@@ -88,38 +97,59 @@ class Worktrees:
 
     # -- creating ------------------------------------------------------------------------------
     def ensure(self, task_id: str, base_branch: str | None) -> Worktree:
-        """The task's worktree, made or found. Raises GitError (not_a_repository, base_unknown, git_failed)."""
+        """The task's worktree, found or made. Raises GitError (not_a_repository, base_unknown, git_failed)."""
         repo = self.repo
         if repo is None:
             raise GitError("not_a_repository", f"{self.root} is not inside a git repository")
         with self._locked():
             known = self.get(task_id)
             path, branch = self.home / task_id, f"{BRANCH_PREFIX}{task_id}"
-            if path.resolve() in self._listed(repo) and path.is_dir():
-                return known if known is not None else self._record(task_id, path, branch, base_branch, repo)
-            git(repo, "worktree", "prune")
-            if path.exists() or path.is_symlink():  # left by a crash mid-creation, or planted: set aside
+            listed = self._listed(repo).get(path.resolve())
+            if known is not None and listed == (branch, False) and path.is_dir() and not path.is_symlink():
+                run_git(repo, "worktree", "repair", str(path), ok=(0, 1, 128))  # the agent may have broken .git
+                return self._reused(known)
+            if listed is not None and listed[1]:  # locked: `worktree add` was cut short
+                run_git(repo, "worktree", "unlock", str(path), ok=(0, 128))
+            if path.exists() or path.is_symlink():  # never reuse what no finished creation left here
                 path.rename(path.with_name(f"{task_id}.stale-{utc_now_iso().replace(':', '')}"))
+            git(repo, "worktree", "prune")
             private_dir(self.home)
-            if run_git(repo, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", ok=(0, 1))[0] == 0:
-                git(repo, "worktree", "add", str(path), branch)
-                return known if known is not None else self._record(task_id, path, branch, base_branch, repo)
-            base = base_branch or (known.base_branch if known else None) or self._current_branch(repo)
-            commit = self._commit_of(repo, base)
-            git(repo, "worktree", "add", "-b", branch, str(path), commit)
-            return self._record(task_id, path, branch, base, repo, commit)
+            if run_git(repo, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", ok=(0, 1)).code == 0:
+                git(repo, "worktree", "add", "--quiet", str(path), branch)
+                base = base_branch or (known.base_branch if known else None) or self._current_branch(repo)
+                commit = known.base_commit if known else self._commit_of(repo, base)
+            else:
+                base = base_branch or (known.base_branch if known else None) or self._current_branch(repo)
+                commit = self._commit_of(repo, base)
+                git(repo, "worktree", "add", "--quiet", "-b", branch, str(path), commit)
+            return self._record(task_id, path, branch, self._git_dir_of(path), base, commit)
 
-    def _record(self, task_id: str, path: Path, branch: str, base: str | None, repo: Path,
-                commit: str | None = None) -> Worktree:
-        base = base or self._current_branch(repo)
-        commit = commit or self._commit_of(repo, base)
+    def _reused(self, wt: Worktree) -> Worktree:
+        """A later run in the worktree: a task reopened after its merge is active again (its next approval merges
+        its new work)."""
+        if wt.state == "active":
+            return wt
+        with self.db.write() as uow:
+            uow.conn.execute(worktrees.update().where(worktrees.c.task_id == wt.task_id).values(
+                state="active", updated_at=utc_now_iso()))
+        return Worktree(wt.task_id, wt.path, wt.branch, wt.git_dir, wt.base_branch, wt.base_commit, "active")
+
+    def _record(self, task_id: str, path: Path, branch: str, git_dir: str, base: str, commit: str) -> Worktree:
         now = utc_now_iso()
         with self.db.write() as uow:
             uow.conn.execute(worktrees.delete().where(worktrees.c.task_id == task_id))
             uow.conn.execute(worktrees.insert().values(
-                task_id=task_id, path=str(path), branch=branch, base_branch=base, base_commit=commit, state="active",
-                created_at=now, updated_at=now))
-        return Worktree(task_id, path, branch, base, commit, "active")
+                task_id=task_id, path=str(path), branch=branch, git_dir=git_dir, base_branch=base, base_commit=commit,
+                state="active", created_at=now, updated_at=now))
+        return Worktree(task_id, path, branch, git_dir, base, commit, "active")
+
+    @staticmethod
+    def _git_dir_of(path: Path) -> str:
+        """git's administrative folder of a worktree it just made (the ``gitdir:`` its new .git file names)."""
+        text = (path / ".git").read_text(encoding="utf-8").strip()
+        if not text.startswith("gitdir: "):
+            raise GitError("git_failed", f"{path}/.git does not name its git folder")
+        return str(Path(text[len("gitdir: "):]).resolve())
 
     # -- evidence ------------------------------------------------------------------------------
     def evidence(self, task_id: str, round_: int, author: str, conn: sa.Connection | None = None
@@ -131,37 +161,44 @@ class Worktrees:
             return None
         try:
             self._commit_pending(wt, f"{task_id} round {round_}: the work of the done report", author)
-            head = git(wt.path, "rev-parse", "HEAD")
+            head = self._in(wt, "rev-parse", "HEAD").out.strip()
             base = self._merge_base(wt, head)
-            files, added, removed = self._numstat(wt.path, base, head)
-            patch = run_git(wt.path, "diff", "--binary", "--no-ext-diff", "--no-textconv", base, head)[1]
+            files, added, removed = self._numstat(wt, base, head)
+            patch = self._in(wt, "diff", "--binary", "--no-ext-diff", "--no-textconv", base, head).raw
             where = self._write_patch(task_id, round_, patch)
-            commits = int(git(wt.path, "rev-list", "--count", f"{base}..{head}"))
+            commits = int(self._in(wt, "rev-list", "--count", f"{base}..{head}").out.strip())
         except (GitError, OSError, ValueError) as exc:
             return {"error": str(exc)[:500]}
         return {"base": wt.base_branch, "base_commit": base, "head": head, "branch": wt.branch,
                 "range": f"{base[:12]}..{head[:12]}", "commits": commits, "files_changed": len(files),
                 "insertions": added, "deletions": removed, "files": files[:FILES_LISTED],
-                "patch": str(where.relative_to(self.root)), "patch_sha256": sha256_hex(patch.encode("utf-8"))}
+                "patch": str(where.relative_to(self.root)), "patch_sha256": sha256_hex(patch)}
+
+    def head(self, task_id: str, conn: sa.Connection | None = None) -> str | None:
+        """The commit the task's worktree is at (None: no worktree)."""
+        wt = self.get(task_id, conn)
+        return None if wt is None else self._in(wt, "rev-parse", "HEAD").out.strip()
+
+    def _in(self, wt: Worktree, *args: str, ok: tuple[int, ...] = (0,), env: dict[str, str] | None = None) -> Ran:
+        """A git command on the worktree through the folders recorded for it, whatever its .git file says."""
+        if not wt.path.is_dir() or wt.path.is_symlink():
+            raise GitError("git_failed", f"the worktree {wt.path} is missing")
+        return run_git(wt.path, f"--git-dir={wt.git_dir}", f"--work-tree={wt.path}", *args, ok=ok, env=env)
 
     def _commit_pending(self, wt: Worktree, message: str, author: str) -> bool:
-        if not wt.path.is_dir():
-            raise GitError("git_failed", f"the worktree {wt.path} is missing")
-        git(wt.path, "add", "-A")
-        if run_git(wt.path, "diff", "--cached", "--quiet", ok=(0, 1))[0] == 0:
+        self._in(wt, "add", "-A")
+        if self._in(wt, "diff", "--cached", "--quiet", ok=(0, 1)).code == 0:
             return False
-        who = {"GIT_AUTHOR_NAME": author, "GIT_AUTHOR_EMAIL": f"{author}@taskkernel.invalid",
-               "GIT_COMMITTER_NAME": "taskkernel", "GIT_COMMITTER_EMAIL": "taskkernel@taskkernel.invalid"}
-        git(wt.path, "commit", "--quiet", "--no-verify", "-m", message, env=who)
+        who = {"GIT_AUTHOR_NAME": author, "GIT_AUTHOR_EMAIL": f"{author}@taskkernel.invalid", **TASKKERNEL_ID}
+        self._in(wt, "commit", "--quiet", "--no-verify", "-m", message, env=who)
         return True
 
     def _merge_base(self, wt: Worktree, head: str) -> str:
-        code, out = run_git(wt.path, "merge-base", f"refs/heads/{wt.base_branch}", head, ok=(0, 1, 128))
-        return out.strip() if code == 0 and out.strip() else wt.base_commit  # a deleted base: where it was cut
+        ran = self._in(wt, "merge-base", f"refs/heads/{wt.base_branch}", head, ok=(0, 1, 128))
+        return ran.out.strip() if ran.code == 0 and ran.out.strip() else wt.base_commit  # a deleted base
 
-    @staticmethod
-    def _numstat(where: Path, base: str, head: str) -> tuple[list[dict[str, Any]], int, int]:
-        out = run_git(where, "diff", "--numstat", "-z", "--no-ext-diff", "--no-renames", base, head)[1]
+    def _numstat(self, wt: Worktree, base: str, head: str) -> tuple[list[dict[str, Any]], int, int]:
+        out = self._in(wt, "diff", "--numstat", "-z", "--no-ext-diff", "--no-renames", base, head).out
         files, added, removed = [], 0, 0
         for entry in filter(None, out.split("\0")):
             ins, dels, name = entry.split("\t", 2)
@@ -172,12 +209,12 @@ class Worktrees:
             removed += 0 if binary else int(dels)
         return files, added, removed
 
-    def _write_patch(self, task_id: str, round_: int, patch: str) -> Path:
+    def _write_patch(self, task_id: str, round_: int, patch: bytes) -> Path:
         folder = private_dir(self.root / ".taskkernel" / "evidence" / task_id)
         target = folder / f"round-{round_}.patch"
         temp = folder / f".round-{round_}.{os.getpid()}.tmp"
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        with os.fdopen(fd, "wb") as fh:
             fh.write(patch)
             fh.flush()
             os.fsync(fh.fileno())
@@ -185,39 +222,41 @@ class Worktrees:
         return target
 
     # -- merging and archiving -----------------------------------------------------------------
-    def merge(self, task_id: str, subject: str) -> Merged:
-        """The task branch into its base, all or nothing. Already merged: ok, nothing done."""
+    def merge(self, task_id: str, head: str, subject: str) -> Merged:
+        """``head`` (the commit the approved report recorded) into the task's base, all or nothing; commits the
+        branch gained since are not merged. Already in the base: ok, nothing done."""
         wt, repo = self.get(task_id), self.repo
         if wt is None or repo is None:
             return Merged(True, message="no worktree")
         with self._locked():
-            if wt.path.is_dir():
-                self._commit_pending(wt, f"{task_id}: work left uncommitted at approval", "taskkernel")
-            head = self._commit_of(repo, wt.branch)
+            tip = self._commit_of(repo, wt.branch)
+            if not self._is_ancestor(repo, head, tip):
+                return Merged(False, message=f"the reviewed commit {head[:12]} is not on {wt.branch}",
+                              conflicted=True)
             base_head = self._commit_of(repo, wt.base_branch)
             if self._is_ancestor(repo, head, base_head):
                 return self._merged(task_id, base_head, "already in the base")
             if self._is_ancestor(repo, base_head, head):
                 new, how = head, "fast-forward"
             else:
-                code, out = run_git(repo, "merge-tree", "--write-tree", "--name-only", "--no-messages", base_head,
-                                    head, ok=(0, 1))
-                lines = out.splitlines()
-                if code == 1:
+                ran = run_git(repo, "merge-tree", "--write-tree", "--name-only", "--no-messages", base_head, head,
+                              ok=(0, 1))
+                lines = ran.out.splitlines()
+                if ran.code == 1:
                     return Merged(False, message=f"{wt.branch} does not merge cleanly into {wt.base_branch}",
-                                  conflicts=tuple(line for line in lines[1:] if line))
+                                  conflicts=tuple(line for line in lines[1:] if line), conflicted=True)
                 new = git(repo, "commit-tree", lines[0], "-p", base_head, "-p", head, "-m",
                           f"Merge {wt.branch} into {wt.base_branch}\n\n{task_id}: {subject}",
                           env={"GIT_AUTHOR_NAME": "taskkernel", "GIT_AUTHOR_EMAIL": "taskkernel@taskkernel.invalid",
-                               "GIT_COMMITTER_NAME": "taskkernel",
-                               "GIT_COMMITTER_EMAIL": "taskkernel@taskkernel.invalid"})
+                               **TASKKERNEL_ID})
                 how = "merge commit"
             holder = self._checked_out(repo, wt.base_branch)
             if holder is not None:  # the base is someone's checkout: move it with its files, or not at all
-                code, out = run_git(holder, "merge", "--ff-only", "--quiet", new, ok=(0, 1, 128))
-                if code != 0:
+                ran = run_git(holder, "merge", "--ff-only", "--quiet", new, ok=(0, 1, 128))
+                if ran.code != 0:
+                    why = (ran.err or ran.out).strip().replace("\n", " ")[:300]
                     return Merged(False, message=f"the checkout of {wt.base_branch} at {holder} could not take the "
-                                  f"merge (local changes in the files it changes?): {out.strip()[:300]}")
+                                  f"merge: {why}")
             else:
                 git(repo, "update-ref", f"refs/heads/{wt.base_branch}", new, base_head)
             return self._merged(task_id, new, how)
@@ -234,7 +273,7 @@ class Worktrees:
         if wt is None or repo is None or wt.state == "archived":
             return False
         with self._locked():
-            if wt.path.is_dir():
+            if wt.path.is_dir() and not wt.path.is_symlink():
                 self._commit_pending(wt, f"{task_id}: work left in the worktree at archive", "taskkernel")
                 git(repo, "worktree", "remove", "--force", str(wt.path))
             git(repo, "worktree", "prune")
@@ -245,39 +284,40 @@ class Worktrees:
 
     # -- git reads -----------------------------------------------------------------------------
     @staticmethod
-    def _listed(repo: Path) -> dict[Path, str | None]:
-        """Worktrees git knows: path -> branch (None: detached)."""
-        found: dict[Path, str | None] = {}
+    def _listed(repo: Path) -> dict[Path, tuple[str | None, bool]]:
+        """Worktrees git knows: path -> (branch, or None when detached; locked)."""
+        found: dict[Path, tuple[str | None, bool]] = {}
         path: Path | None = None
         for line in git(repo, "worktree", "list", "--porcelain").splitlines():
             if line.startswith("worktree "):
                 path = Path(line[len("worktree "):]).resolve()
-                found[path] = None
-            elif line.startswith("branch ") and path is not None:
-                found[path] = line[len("branch "):].removeprefix("refs/heads/")
+                found[path] = (None, False)
+            elif path is not None and line.startswith("branch "):
+                found[path] = (line[len("branch "):].removeprefix("refs/heads/"), found[path][1])
+            elif path is not None and (line == "locked" or line.startswith("locked ")):
+                found[path] = (found[path][0], True)
         return found
 
     def _checked_out(self, repo: Path, branch: str) -> Path | None:
-        return next((p for p, b in self._listed(repo).items() if b == branch), None)
+        return next((p for p, (b, _) in self._listed(repo).items() if b == branch), None)
 
     @staticmethod
     def _current_branch(repo: Path) -> str:
-        code, out = run_git(repo, "symbolic-ref", "--quiet", "--short", "HEAD", ok=(0, 1, 128))
-        if code != 0 or not out.strip():
+        ran = run_git(repo, "symbolic-ref", "--quiet", "--short", "HEAD", ok=(0, 1, 128))
+        if ran.code != 0 or not ran.out.strip():
             raise GitError("base_unknown", f"{repo} has a detached HEAD: set base_branch for the role")
-        return out.strip()
+        return ran.out.strip()
 
     @staticmethod
     def _commit_of(repo: Path, branch: str) -> str:
-        code, out = run_git(repo, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}^{{commit}}",
-                            ok=(0, 1, 128))
-        if code != 0:
+        ran = run_git(repo, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}^{{commit}}", ok=(0, 1, 128))
+        if ran.code != 0:
             raise GitError("base_unknown", f"branch {branch!r} has no commit in {repo}")
-        return out.strip()
+        return ran.out.strip()
 
     @staticmethod
     def _is_ancestor(repo: Path, older: str, newer: str) -> bool:
-        return run_git(repo, "merge-base", "--is-ancestor", older, newer, ok=(0, 1))[0] == 0
+        return run_git(repo, "merge-base", "--is-ancestor", older, newer, ok=(0, 1)).code == 0
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:

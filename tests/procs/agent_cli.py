@@ -8,6 +8,10 @@ MCP SDK client, edits files in its working folder and prints the CLI's documente
 
 What it does is read from the task's body, one instruction per line:
   write <path> <text>   write <text> (and a newline) to <path> in the working folder
+  stamp <path>          write "round <n>" (the round its prompt names) to <path>
+  latin1 <path>         write bytes that are not UTF-8 to <path>
+  delete <path>         remove <path> from the working folder
+  after-report write <path> <text>   the same write, after the report and the submit
   crash-once            the first time for this task: write `crash.txt`, then exit 1 without a report
   fail-json             exit 0, but the JSON output reports an error (Claude Code: is_error true)
 Every start is recorded (argv, cwd, environment, prompt, MCP server, start time) as JSON under $STANDIN_RECORDS,
@@ -73,7 +77,21 @@ def check_flags(cli: str, argv: list[str]) -> None:
         os.chdir(value_after(argv, "--cd") or ".")
 
 
-async def work(server: dict[str, Any], task_id: str, crashed_before: bool, marker: Path) -> str:
+def follow(line: str, round_: str) -> None:
+    words = line.split(" ", 2)
+    if words[0] == "write" and len(words) == 3:
+        target = Path(words[1])
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(words[2] + "\n", encoding="utf-8")
+    elif words[0] == "stamp" and len(words) == 2:
+        Path(words[1]).write_text(f"round {round_}\n", encoding="utf-8")
+    elif words[0] == "latin1" and len(words) == 2:
+        Path(words[1]).write_bytes(b"caf\xe9 cr\xe8me\n")
+    elif words[0] == "delete" and len(words) == 2:
+        Path(words[1]).unlink()
+
+
+async def work(server: dict[str, Any], task_id: str, round_: str, crashed_before: bool, marker: Path) -> str:
     params = StdioServerParameters(command=server["command"], args=server["args"], env=server.get("env"))
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
@@ -81,15 +99,11 @@ async def work(server: dict[str, Any], task_id: str, crashed_before: bool, marke
         doc = got.structured_content or {}
         body = (doc.get("task") or doc).get("body", "")
         for line in body.splitlines():
-            words = line.split(" ", 2)
-            if words[0] == "write" and len(words) == 3:
-                target = Path(words[1])
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_text(words[2] + "\n", encoding="utf-8")
-            elif words[0] == "crash-once" and not crashed_before:
+            if line == "crash-once" and not crashed_before:
                 Path("crash.txt").write_text("left by a crashed attempt\n", encoding="utf-8")
                 marker.write_text("crashed\n")
                 os._exit(1)
+            follow(line, round_)
         report = await session.call_tool("report", {"task_id": task_id, "status": "done",
                                                     "body": f"done by the {sys.argv[1]} stand-in"})
         if report.is_error:
@@ -97,6 +111,9 @@ async def work(server: dict[str, Any], task_id: str, crashed_before: bool, marke
         submitted = await session.call_tool("submit_task", {"task_id": task_id})
         if submitted.is_error:
             fail(f"submit refused: {submitted.content}", 3)
+        for line in body.splitlines():
+            if line.startswith("after-report "):
+                follow(line[len("after-report "):], round_)
         return "fail-json" if "fail-json" in body.split() else "ok"
 
 
@@ -131,10 +148,11 @@ def main() -> None:
     records = Path(os.environ.pop("STANDIN_RECORDS"))
     prompt = sys.stdin.read()
     check_flags(cli, argv)
-    match = re.search(r"TASK-\d{8}-\d{3}", prompt)
+    match = re.search(r"task (TASK-\d{8}-\d{3}) \(round (\d+)\)", prompt)
     if match is None:
-        fail("no task id in the prompt")
-    task_id = match.group(0)
+        fail("no task id and round in the prompt")
+        return
+    task_id, round_ = match.group(1), match.group(2)
     server = server_of(cli, argv)
     marker = records / f"{task_id}.crashed"
     crashed_before = marker.exists()
@@ -144,7 +162,7 @@ def main() -> None:
     name.with_suffix(".json").write_text(json.dumps(record))
     if server is None:
         fail("no taskkernel MCP server was configured")
-    outcome = asyncio.run(work(server, task_id, crashed_before, marker))
+    outcome = asyncio.run(work(server, task_id, round_, crashed_before, marker))
     output(cli, outcome)
     name.with_suffix(".end").write_text(str(time.time()))
 

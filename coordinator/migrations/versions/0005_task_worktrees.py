@@ -4,9 +4,9 @@ Revision ID: 0005_task_worktrees
 Revises: 0004_blocked_documents
 
 A role with ``isolation = "worktree"`` runs each task in ``.taskkernel/worktrees/<TASK-ID>`` on the branch
-``task/<TASK-ID>`` (docs/agents.md). The table records each one: its path, branch, the base branch and commit it
-was cut from (the diff of a done report and the merge on approval are against it), and its state (active, merged,
-archived). New table only: nothing existing changes.
+``task/<TASK-ID>`` (docs/agents.md). The table records each one: its path, branch, git's administrative folder for
+it, the base branch and commit it was cut from (the diff of a done report and the merge on approval are against
+it), and its state (active, merged, archived). New table only: nothing existing changes.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ def upgrade() -> None:
         sa.Column("task_id", sa.Text, primary_key=True),
         sa.Column("path", sa.Text, nullable=False),
         sa.Column("branch", sa.Text, nullable=False),
+        sa.Column("git_dir", sa.Text, nullable=False),
         sa.Column("base_branch", sa.Text, nullable=False),
         sa.Column("base_commit", sa.Text, nullable=False),
         sa.Column("state", sa.Text, nullable=False),
