@@ -91,8 +91,9 @@ class Team:
 
 
 def role(runner: str, **keys: Any) -> str:
-    lines = "".join(f"{k} = {json.dumps(v)}\n" for k, v in keys.items())
-    return f'runner = "{runner}"\nmax_attempts = 2\nbackoff = 0\ntimeout = 120\n{lines}'
+    table = {"max_attempts": 2, "backoff": 0, "timeout": 120, **keys}
+    lines = "".join(f"{k} = {json.dumps(v)}\n" for k, v in table.items())
+    return f'runner = "{runner}"\n{lines}'
 
 
 def test_each_preset_runs_its_cli_headless_with_the_kernel_mcp_server_and_records_usage_and_the_diff(
@@ -304,3 +305,24 @@ def test_a_worktree_whose_creation_was_cut_short_is_made_again_not_reused(tmp_pa
     assert report["diff"]["files"] == [{"path": "feature.txt", "insertions": 1, "deletions": 0}], report["diff"]
     assert (half / "README.md").exists(), "a full checkout"
     assert len(list(half.parent.glob(f"{task}.stale-*"))) == 1, "the half-made folder was set aside, not deleted"
+
+
+def test_a_refused_done_report_commits_nothing_in_the_worktree(tmp_path: Path) -> None:
+    """The diff is prepared before the report's transaction, but only for a caller that may report on the task:
+    another role's done report on it is refused and leaves the agent's uncommitted work as it was."""
+    team = Team(tmp_path, f"\n[roles.DEV]\n{role('claude-code', max_attempts=1)}")
+    task = team.task("DEV", "Left half done", "crash-once")
+    team.up()  # the only attempt crashes: the task is blocked, crash.txt uncommitted in its worktree
+    wt = team.worktree(task)
+    head = git(wt, "rev-parse", "HEAD")
+    assert git(wt, "status", "--porcelain") == "?? crash.txt"
+    issued = team.cli("token", "issue", "QA")
+    assert issued.returncode == 0, issued.stderr
+    qa = issued.stdout.strip()
+    refused = team.cli("task", "report", task, "--status", "done", "--body", "mine now", "--json",
+                       env={"TASKKERNEL_TOKEN": qa})
+    assert refused.returncode == 2 and json.loads(refused.stdout)["reason"] == "role_not_authorized", refused.stdout
+    assert git(wt, "rev-parse", "HEAD") == head and git(wt, "status", "--porcelain") == "?? crash.txt"
+    team.ok("task", "report", task, "--status", "done", "--body", "finished by hand")
+    done = [r for r in team.show(task)["reports"] if r["status"] == "done"]
+    assert [f["path"] for f in done[0]["diff"]["files"]] == ["crash.txt"]
