@@ -7,8 +7,8 @@ Per task: the worktree created for its first run (`git worktree add`), found aga
 report's diff recorded (commit what the agent left, diff against the base, write the patch), a fast-forward merge
 into the base on approval. The diff is taken before the report's write transaction (only a check of the branch's
 head runs inside it); the figure printed is the whole report with it against the same report on a task without a
-worktree, measured in the same run: the ratio is (report with diff) / (report without). Target: the diff adds less than a second to a report
-on this size of repository.
+worktree, measured in the same run: the ratio is (report with diff) / (report without). Target: the diff adds
+less than a second to a report on this size of repository.
 """
 
 from __future__ import annotations
