@@ -326,3 +326,71 @@ def test_a_refused_done_report_commits_nothing_in_the_worktree(tmp_path: Path) -
     team.ok("task", "report", task, "--status", "done", "--body", "finished by hand")
     done = [r for r in team.show(task)["reports"] if r["status"] == "done"]
     assert [f["path"] for f in done[0]["diff"]["files"]] == ["crash.txt"]
+
+
+def test_what_a_diff_records_stands_and_a_merge_needs_a_recorded_diff(tmp_path: Path) -> None:
+    """A later done report that is refused (stale revision) leaves the accepted report's patch file as it was; a
+    report taken while git was busy records the error, and approving it sends the task back to work
+    (`merge_failed`) instead of merging nothing silently; a worktree rewired to another task's git folder, or
+    left on a detached head, is reused as it is and costs the other task nothing."""
+    team = Team(tmp_path, f"\n[roles.DEV]\n{role('claude-code', on_approve='merge', max_attempts=1, concurrency=2)}")
+    a = team.task("DEV", "First", "write a.txt one")
+    b = team.task("DEV", "Second", "write b.txt two")
+    team.up()
+    [report] = team.show(a)["reports"]
+    patch = team.root / report["diff"]["patch"]
+    accepted = patch.read_bytes()
+    (team.worktree(a) / "a.txt").write_text("changed after the report\n")
+    stale = team.cli("task", "report", a, "--status", "done", "--body", "again", "--expect-rev", "1", "--json")
+    assert json.loads(stale.stdout)["reason"] == "stale_task_revision", stale.stdout
+    assert patch.read_bytes() == accepted and team.show(a)["reports"][0]["diff"]["patch"] == report["diff"]["patch"]
+
+    b_git = team.show(b)["reports"][0]["diff"]
+    assert b_git["files"][0]["path"] == "b.txt"
+    b_admin = (team.worktree(b) / ".git").read_text().split(": ", 1)[1].strip()
+    (team.worktree(a) / ".git").write_text(f"gitdir: {b_admin}\n")  # a points itself at b's git folder
+    git(team.worktree(b), "checkout", "-q", "--detach")
+    (team.worktree(b) / "untracked.txt").write_text("b's unfinished work\n")
+    team.ok("task", "reject", a, "--reason", "again")
+    team.ok("task", "reject", b, "--reason", "again")
+    team.up()
+    assert not list((team.root / ".taskkernel" / "worktrees").glob("*.stale-*")), "nothing was set aside"
+    b_round2 = [r for r in team.show(b)["reports"] if r["round"] == 2][0]["diff"]
+    assert "untracked.txt" in {f["path"] for f in b_round2["files"]}, b_round2
+
+    lock = Path(b_admin) / "index.lock"
+    (team.worktree(b) / "late.txt").write_text("x\n")
+    team.ok("task", "reject", b, "--reason", "once more")
+    lock.write_text("")  # git is busy in b's worktree while the owner reports
+    by_hand = team.cli("task", "report", b, "--status", "done", "--body", "by hand", "--submit", "--json")
+    lock.unlink()
+    assert by_hand.returncode == 0, by_hand.stdout + by_hand.stderr
+    [busy] = [r for r in team.show(b)["reports"] if r["round"] == 3]
+    assert "error" in busy["diff"] and "index.lock" in busy["diff"]["error"], busy
+    team.ok("task", "approve", b)
+    team.up()  # the merge finds no diff: back to work, and the agent's next round reports (and diffs) again
+    doc = team.show(b)
+    reopened = [h for h in doc["history"] if h["type"] == "task_reopened"]
+    assert reopened and reopened[-1]["reason"].startswith("merge_failed: the approved report recorded no diff"), doc
+    assert "late.txt" not in git(team.root, "ls-tree", "--name-only", "main")
+    assert doc["state"] == "review" and "late.txt" in {f["path"] for f in doc["reports"][-1]["diff"]["files"]}
+
+
+def test_a_repository_whose_config_names_filter_programs_is_refused_not_run(tmp_path: Path) -> None:
+    """Git would run a filter program the repository's own config names on files an agent wrote (at checkout,
+    add or merge): the coordinator refuses such a repository instead, and the program never runs."""
+    team = Team(tmp_path, f"\n[roles.DEV]\n{role('claude-code', on_approve='merge', max_attempts=1)}")
+    done = team.task("DEV", "Before", "write a.txt one")
+    team.up()
+    ran = tmp_path / "filter-ran"
+    git(team.root, "config", "filter.evil.clean", f"sh -c 'touch {ran}; cat'")
+    git(team.root, "config", "filter.evil.smudge", f"sh -c 'touch {ran}; cat'")
+    (team.worktree(done) / ".gitattributes").write_text("* filter=evil\n")
+    (team.root / ".gitattributes").write_text("* filter=evil\n")
+    team.ok("task", "approve", done)
+    later = team.task("DEV", "After", "write c.txt three")
+    up = team.cli("up", "--once", "--once-wait", "0", timeout=120)
+    assert not ran.exists(), "the filter program never ran"
+    assert "names programs git would run" in up.stderr, up.stderr
+    blocked = team.show(later)["blocked"]
+    assert blocked is not None and "names programs git would run" in blocked["reason"], team.show(later)

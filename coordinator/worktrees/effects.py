@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from taskkernel.coordinator.config import OnApprove, RunnerSpec
-from taskkernel.coordinator.worktrees.manager import Merged, Worktrees
+from taskkernel.coordinator.worktrees.manager import Worktrees
 from taskkernel.kernel.commands import EffectRule, TaskCommandKernel
 from taskkernel.kernel.logging import get_logger
 from taskkernel.kernel.model.principal import Principal
@@ -22,7 +22,8 @@ log = get_logger(__name__)
 
 WORKTREE_EFFECT = "worktree"
 WORKTREE_RULE = EffectRule(WORKTREE_EFFECT, frozenset({"task_approved", "task_archived", "task_force_archived"}))
-MERGE_CONFLICT = "merge_conflict"
+MERGE_CONFLICT = "merge_conflict"  # the branch does not merge into its base
+MERGE_FAILED = "merge_failed"  # the approved report recorded no diff (git failed when it was taken)
 COORDINATOR = "coordinator"  # the agent name the coordinator's own commands are recorded under
 
 
@@ -51,9 +52,11 @@ class WorktreeEffects:
             return
         report = current_done_report(doc)
         diff = (report or {}).get("diff") or {}
-        if not diff.get("head"):
-            log.warning("worktree_merge_skipped", task_id=task_id, reason="the approved report recorded no diff",
-                        error=diff.get("error"))
+        if not diff.get("head"):  # nothing reviewed to merge: the work must be reported again
+            why = f"the approved report recorded no diff to merge ({diff.get('error') or 'none was taken'})"
+            log.warning("worktree_merge_failed", task_id=task_id, reason=why)
+            self._back_to_work(doc, f"{MERGE_FAILED}: {why}", "Report done again: its diff is what a merge takes.",
+                               payload["global_pos"])
             return
         merged = self.worktrees.merge(task_id, diff["head"], doc["subject"])
         if merged.ok:
@@ -62,25 +65,24 @@ class WorktreeEffects:
         elif merged.conflicted:
             log.warning("worktree_merge_conflict", task_id=task_id, branch=wt.branch, base=wt.base_branch,
                         conflicts=list(merged.conflicts), message=merged.message)
-            self._back_to_work(doc, merged, payload["global_pos"])
+            files = ", ".join(merged.conflicts[:20]) or "see the message"
+            self._back_to_work(doc, f"{MERGE_CONFLICT}: {merged.message}; conflicting files: {files}",
+                               f"Nothing was merged. Bring {wt.base_branch} into {wt.branch} in the task's worktree, "
+                               "resolve the conflicts, and report done again.", payload["global_pos"])
         else:  # the base's checkout cannot move (local changes): the agent cannot fix that, a person can
             raise RuntimeError(f"merge of {wt.branch} into {wt.base_branch} waits: {merged.message}")
 
-    def _back_to_work(self, doc: dict[str, Any], merged: Merged, pos: int) -> None:
+    def _back_to_work(self, doc: dict[str, Any], reason: str, advice: str, pos: int) -> None:
         """Reopen the approved task (as its done authority) and say why in a blocked report (as its driver)."""
         task_id, authority = doc["task_id"], doc["authority"]
-        files = ", ".join(merged.conflicts[:20]) or "see the message"
-        reason = f"{MERGE_CONFLICT}: {merged.message}; conflicting files: {files}"
         reopened = self.kernel.submit({
             "type": "reopen", "task_id": task_id, "thread_key": doc["thread_key"], "expected_revision": doc["revision"],
             "round": doc["round"], "idempotency_key": f"merge:{task_id}:{pos}:reopen",
             "payload": {"reason": reason[:2000]}}, Principal(authority["done_authority"], COORDINATOR))
         if not reopened.ok:
-            log.error("merge_conflict_reopen_refused", task_id=task_id, reason=reopened.reason,
-                      message=reopened.message)
+            log.error("merge_reopen_refused", task_id=task_id, reason=reopened.reason, message=reopened.message)
             return
-        body = (f"{reason}\n\nNothing was merged: {merged.message}. Bring the base into the task branch in the "
-                "task's worktree, resolve the conflicts, and report done again.")
+        body = f"{reason}\n\n{advice}"
         for _ in range(5):  # the woken agent may move the task first: judge against the task as it is now
             now = self.kernel.task(task_id)
             if now is None or now["state"] != "active":
@@ -93,6 +95,6 @@ class WorktreeEffects:
                 Principal(authority["driver"], COORDINATOR, task_id, now["round"]))
             if blocked.reason != "stale_task_revision":
                 if not blocked.ok:
-                    log.error("merge_conflict_report_refused", task_id=task_id, reason=blocked.reason,
+                    log.error("merge_report_refused", task_id=task_id, reason=blocked.reason,
                               message=blocked.message)
                 return

@@ -62,8 +62,8 @@ class DiffEvidence:
         with self._lock:
             prepared = self._prepared.pop((doc["task_id"], cmd.idempotency_key, principal.id), None)
         diff = prepared[1] if prepared is not None and prepared[0] == doc["round"] else None
-        if diff is not None and "head" in diff and self._head(doc["task_id"], uow) != diff["head"]:
-            diff = None  # the branch moved between the diff and this transaction: take it again
+        if diff is not None and ("head" not in diff or self._head(doc["task_id"], uow) != diff["head"]):
+            diff = None  # it failed (a lock git held a moment), or the branch moved since: take it again
         if diff is None:
             diff = self.worktrees.evidence(doc["task_id"], doc["round"], principal.agent, conn=uow.conn)
         if diff is not None:

@@ -57,8 +57,10 @@ def run_git(where: Path, *args: str, ok: tuple[int, ...] = (0,), env: dict[str, 
         raise GitError("git_failed", f"git {_verb(args)} took longer than {TIMEOUT_S:g}s") from None
     ran = Ran(done.returncode, done.stdout, done.stderr.decode("utf-8", errors="replace"))
     if ran.code not in ok:
-        words = (ran.err or ran.out).strip().splitlines()
-        raise GitError("git_failed", f"git {_verb(args)}: {words[-1] if words else f'exit {ran.code}'}")
+        lines = (ran.err or ran.out).strip().splitlines()
+        last = lines[-1] if lines else f"exit {ran.code}"
+        said = next((w for w in lines if w.startswith(("fatal:", "error:"))), last)  # git's own reason first
+        raise GitError("git_failed", f"git {_verb(args)}: {said}")
     return ran
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,9 @@ from taskkernel.kernel.store.db import Database
 
 BRANCH_PREFIX = "task/"
 FILES_LISTED = 50  # a report's diffstat names at most this many files (the patch file has them all)
+# Config keys whose values are programs git runs on a work tree's files (filters on add and checkout, merge and
+# diff drivers): never from a repository's own config (see Worktrees._refuse_programs).
+_PROGRAM_KEYS = r"^(filter\..+\.(clean|smudge|process)|merge\..+\.driver|diff\..+\.(command|textconv))$"
 TASKKERNEL_ID = {"GIT_COMMITTER_NAME": "taskkernel", "GIT_COMMITTER_EMAIL": "taskkernel@taskkernel.invalid"}
 
 
@@ -68,6 +72,7 @@ class Worktrees:
         self.root = root.resolve()
         self.home = self.root / ".taskkernel" / "worktrees"
         self._repo: Path | None | bool = False  # False: not looked up yet
+        self._common: Path | None = None
 
     @property
     def repo(self) -> Path | None:
@@ -75,6 +80,15 @@ class Worktrees:
         if self._repo is False:
             self._repo = toplevel(self.root)
         return self._repo if isinstance(self._repo, Path) else None
+
+    @property
+    def common_dir(self) -> Path:
+        """The repository's own git folder (where its config, objects and branches are)."""
+        if self._common is None:
+            assert self.repo is not None
+            found = Path(git(self.repo, "rev-parse", "--git-common-dir"))
+            self._common = (found if found.is_absolute() else self.repo / found).resolve()
+        return self._common
 
     def get(self, task_id: str, conn: sa.Connection | None = None) -> Worktree | None:
         """The task's worktree record (read in ``conn``, a transaction in progress, when given)."""
@@ -105,8 +119,8 @@ class Worktrees:
             known = self.get(task_id)
             path, branch = self.home / task_id, f"{BRANCH_PREFIX}{task_id}"
             listed = self._listed(repo).get(path.resolve())
-            if known is not None and listed == (branch, False) and path.is_dir() and not path.is_symlink():
-                run_git(repo, "worktree", "repair", str(path), ok=(0, 1, 128))  # the agent may have broken .git
+            if known is not None and listed is not None and not listed[1] and path.is_dir() and not path.is_symlink():
+                self._restore_dotgit(known)  # whatever the agent checked out (detached, mid-rebase): its work stays
                 return self._reused(known)
             if listed is not None and listed[1]:  # locked: `worktree add` was cut short
                 run_git(repo, "worktree", "unlock", str(path), ok=(0, 128))
@@ -114,6 +128,7 @@ class Worktrees:
                 path.rename(path.with_name(f"{task_id}.stale-{utc_now_iso().replace(':', '')}"))
             git(repo, "worktree", "prune")
             private_dir(self.home)
+            self._refuse_programs()  # a checkout runs smudge filters
             if run_git(repo, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", ok=(0, 1)).code == 0:
                 git(repo, "worktree", "add", "--quiet", str(path), branch)
                 base = base_branch or (known.base_branch if known else None) or self._current_branch(repo)
@@ -129,9 +144,7 @@ class Worktrees:
         its new work)."""
         if wt.state == "active":
             return wt
-        with self.db.write() as uow:
-            uow.conn.execute(worktrees.update().where(worktrees.c.task_id == wt.task_id).values(
-                state="active", updated_at=utc_now_iso()))
+        self._set_state(wt.task_id, "active")
         return Worktree(wt.task_id, wt.path, wt.branch, wt.git_dir, wt.base_branch, wt.base_commit, "active")
 
     def _record(self, task_id: str, path: Path, branch: str, git_dir: str, base: str, commit: str) -> Worktree:
@@ -142,6 +155,22 @@ class Worktrees:
                 task_id=task_id, path=str(path), branch=branch, git_dir=git_dir, base_branch=base, base_commit=commit,
                 state="active", created_at=now, updated_at=now))
         return Worktree(task_id, path, branch, git_dir, base, commit, "active")
+
+    @staticmethod
+    def _restore_dotgit(wt: Worktree) -> None:
+        """Point the worktree's .git file at its recorded git folder again, if the agent removed or rewrote it (a
+        .git folder of its own is left alone: the coordinator's git never reads either)."""
+        dotgit, wanted = wt.path / ".git", f"gitdir: {wt.git_dir}\n"
+        with contextlib.suppress(OSError):
+            if dotgit.is_file() and not dotgit.is_symlink() and dotgit.read_text(encoding="utf-8") == wanted:
+                return
+        if dotgit.is_dir() and not dotgit.is_symlink():
+            return
+        with contextlib.suppress(FileNotFoundError):
+            dotgit.unlink()
+        fd = os.open(dotgit, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(wanted)
 
     @staticmethod
     def _git_dir_of(path: Path) -> str:
@@ -160,6 +189,7 @@ class Worktrees:
         if wt is None or self.repo is None:
             return None
         try:
+            self._refuse_programs(wt)
             self._commit_pending(wt, f"{task_id} round {round_}: the work of the done report", author)
             head = self._in(wt, "rev-parse", "HEAD").out.strip()
             base = self._merge_base(wt, head)
@@ -183,7 +213,23 @@ class Worktrees:
         """A git command on the worktree through the folders recorded for it, whatever its .git file says."""
         if not wt.path.is_dir() or wt.path.is_symlink():
             raise GitError("git_failed", f"the worktree {wt.path} is missing")
-        return run_git(wt.path, f"--git-dir={wt.git_dir}", f"--work-tree={wt.path}", *args, ok=ok, env=env)
+        pinned = {"GIT_COMMON_DIR": str(self.common_dir), **(env or {})}  # never the admin folder's `commondir`
+        return run_git(wt.path, f"--git-dir={wt.git_dir}", f"--work-tree={wt.path}", *args, ok=ok, env=pinned)
+
+    def _refuse_programs(self, wt: Worktree | None = None) -> None:
+        """Git runs filter, merge and diff driver programs the repository's own config names, on files an agent
+        wrote: the coordinator refuses such a repository (``unsafe_config``) rather than run them. Drivers in the
+        user's global config (git-lfs installed per user) are the user's choice and stay."""
+        files = [self.common_dir / "config"] + ([Path(wt.git_dir) / "config.worktree"] if wt else [])
+        for config in files:
+            if not config.is_file():
+                continue
+            ran = run_git(self.root, "config", "--file", str(config), "--includes", "--name-only", "--get-regexp",
+                          _PROGRAM_KEYS, ok=(0, 1))
+            if ran.code == 0 and ran.out.strip():
+                names = ", ".join(ran.out.split()[:5])
+                raise GitError("unsafe_config", f"{config} names programs git would run on agents' files ({names}): "
+                               "taskkernel does not run them; remove them or set the role's isolation = \"shared\"")
 
     def _commit_pending(self, wt: Worktree, message: str, author: str) -> bool:
         self._in(wt, "add", "-A")
@@ -210,9 +256,13 @@ class Worktrees:
         return files, added, removed
 
     def _write_patch(self, task_id: str, round_: int, patch: bytes) -> Path:
+        """The patch under a name that holds its hash, written once: a later diff of the same round (a report that
+        is then refused) never changes the file an accepted report names."""
         folder = private_dir(self.root / ".taskkernel" / "evidence" / task_id)
-        target = folder / f"round-{round_}.patch"
-        temp = folder / f".round-{round_}.{os.getpid()}.tmp"
+        target = folder / f"round-{round_}-{sha256_hex(patch)[:16]}.patch"
+        if target.is_file() and not target.is_symlink():
+            return target
+        temp = folder / f".round-{round_}.{os.getpid()}.{threading.get_ident()}.tmp"
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         with os.fdopen(fd, "wb") as fh:
             fh.write(patch)
@@ -229,6 +279,7 @@ class Worktrees:
         if wt is None or repo is None:
             return Merged(True, message="no worktree")
         with self._locked():
+            self._refuse_programs()
             tip = self._commit_of(repo, wt.branch)
             if not self._is_ancestor(repo, head, tip):
                 return Merged(False, message=f"the reviewed commit {head[:12]} is not on {wt.branch}",
@@ -251,6 +302,9 @@ class Worktrees:
                                **TASKKERNEL_ID})
                 how = "merge commit"
             holder = self._checked_out(repo, wt.base_branch)
+            if holder is not None and holder.is_relative_to(self.home.resolve()):
+                return Merged(False, message=f"{wt.base_branch} is checked out in the task worktree {holder}, whose "
+                              "files are an agent's: check it out elsewhere (or nowhere) to merge into it")
             if holder is not None:  # the base is someone's checkout: move it with its files, or not at all
                 ran = run_git(holder, "merge", "--ff-only", "--quiet", new, ok=(0, 1, 128))
                 if ran.code != 0:
@@ -259,6 +313,8 @@ class Worktrees:
                                   f"merge: {why}")
             else:
                 git(repo, "update-ref", f"refs/heads/{wt.base_branch}", new, base_head)
+            if self._commit_of(repo, wt.base_branch) != new:
+                raise GitError("git_failed", f"{wt.base_branch} did not move to the merge {new[:12]}")
             return self._merged(task_id, new, how)
 
     def _merged(self, task_id: str, commit: str, how: str) -> Merged:
@@ -273,14 +329,20 @@ class Worktrees:
         if wt is None or repo is None or wt.state == "archived":
             return False
         with self._locked():
-            if wt.path.is_dir() and not wt.path.is_symlink():
+            if wt.state != "archiving" and wt.path.is_dir() and not wt.path.is_symlink():
+                self._refuse_programs(wt)
                 self._commit_pending(wt, f"{task_id}: work left in the worktree at archive", "taskkernel")
+                self._set_state(task_id, "archiving")  # a removal cut short is never committed as deletions
+            if wt.path.is_dir() and not wt.path.is_symlink():
                 git(repo, "worktree", "remove", "--force", str(wt.path))
             git(repo, "worktree", "prune")
-            with self.db.write() as uow:
-                uow.conn.execute(worktrees.update().where(worktrees.c.task_id == task_id).values(
-                    state="archived", updated_at=utc_now_iso()))
+            self._set_state(task_id, "archived")
         return True
+
+    def _set_state(self, task_id: str, state: str) -> None:
+        with self.db.write() as uow:
+            uow.conn.execute(worktrees.update().where(worktrees.c.task_id == task_id).values(
+                state=state, updated_at=utc_now_iso()))
 
     # -- git reads -----------------------------------------------------------------------------
     @staticmethod

@@ -1,0 +1,44 @@
+"""The worktree manager on a real repository, where a process test cannot stop it at the right moment: an archive
+cut short after it committed the leftovers and began removing files is finished, never committed as deletions."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from taskkernel.coordinator import schema
+from taskkernel.coordinator.workspace import Workspace, init_workspace
+from taskkernel.coordinator.worktrees.manager import Worktrees
+from taskkernel.kernel.store.db import Database
+
+GIT_ID = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid", "GIT_COMMITTER_NAME": "t",
+          "GIT_COMMITTER_EMAIL": "t@example.invalid"}
+
+
+def git(where: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(where), *args], check=True, capture_output=True, text=True,
+                          env={**os.environ, **GIT_ID}).stdout.strip()
+
+
+def test_an_archive_cut_short_while_removing_files_commits_no_deletions(tmp_path: Path) -> None:
+    root = tmp_path / "repo"
+    root.mkdir()
+    git(root, "init", "-q", "-b", "main")
+    (root / "README.md").write_text("project\n")
+    init_workspace(root)
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "start")
+    db = Database(Workspace.load(root).database_url, "process")
+    schema.ensure(db)
+    trees = Worktrees(db, root)
+    wt = trees.ensure("TASK-20261201-001", None)
+    (wt.path / "work.txt").write_text("left uncommitted\n")
+    trees._commit_pending(wt, "leftovers", "taskkernel")  # the archive, cut short: its first step done
+    trees._set_state(wt.task_id, "archiving")
+    tip = git(root, "rev-parse", wt.branch)
+    (wt.path / "README.md").unlink()  # `git worktree remove` deletes files before its own records: killed here
+    assert trees.archive(wt.task_id)
+    assert git(root, "rev-parse", wt.branch) == tip, "the half-removed checkout was not committed as deletions"
+    assert "README.md" in git(root, "ls-tree", "--name-only", wt.branch).split()
+    assert not wt.path.exists() and trees.get(wt.task_id).state == "archived"  # type: ignore[union-attr]
