@@ -245,9 +245,7 @@ class RunnerSpec(_Table):
                     raise KeyProblem("argv", f"argv: {problem}")
             if self.prompt is not None and (problem := placeholder_problem(self.prompt, PROMPT_FIELDS)):
                 raise KeyProblem("prompt", f"prompt: {problem}")
-            shared = self.isolation is Isolation.SHARED or (self.isolation is None and (
-                not self.runner.is_preset or self.run_as is not None))  # what the default resolves to
-            if self.on_approve is OnApprove.MERGE and shared:
+            if self.on_approve is OnApprove.MERGE and self.isolation_in(repository=True) is Isolation.SHARED:
                 raise KeyProblem("on_approve", "on_approve = \"merge\" merges a task's branch: it needs "
                                  "isolation = \"worktree\"")
             if self.runner is RunnerKind.CODEX and self.allowed_tools:
@@ -274,6 +272,15 @@ class RunnerSpec(_Table):
                     raise KeyProblem(key, f"{key}: {name} is set by the runner (the run's token and task; never "
                                      "the database URL)")
         return self
+
+    def isolation_in(self, repository: bool) -> Isolation:
+        """The role's isolation: as set, else a worktree per task for a preset when the workspace is in a git
+        ``repository`` (not with run_as, whose agent could not write the coordinator's worktree), else shared."""
+        if self.isolation is not None:
+            return self.isolation
+        if self.runner.is_preset and repository and self.run_as is None:
+            return Isolation.WORKTREE
+        return Isolation.SHARED
 
     @property
     def lease_seconds(self) -> float:

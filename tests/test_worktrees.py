@@ -3,22 +3,13 @@ cut short after it committed the leftovers and began removing files is finished,
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 from taskkernel.coordinator import schema
 from taskkernel.coordinator.workspace import Workspace, init_workspace
 from taskkernel.coordinator.worktrees.manager import Worktrees
 from taskkernel.kernel.store.db import Database
-
-GIT_ID = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid", "GIT_COMMITTER_NAME": "t",
-          "GIT_COMMITTER_EMAIL": "t@example.invalid"}
-
-
-def git(where: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(where), *args], check=True, capture_output=True, text=True,
-                          env={**os.environ, **GIT_ID}).stdout.strip()
+from tests.test_agents import git
 
 
 def test_an_archive_cut_short_while_removing_files_commits_no_deletions(tmp_path: Path) -> None:

@@ -59,8 +59,8 @@ def check_switchable(name: str) -> pwd.struct_passwd:
 
 def binary_of(spec: RunnerSpec, role: str, root: Path) -> tuple[str | None, str | None]:
     """(the program argv[0] (or the preset's CLI) starts, why it cannot be started). Resolved as the agent's start
-    resolves it: a
-    name on the agent's PATH (``env.PATH``, else the coordinator's), a path with a ``/`` relative to ``cwd``.
+    resolves it: a name on the agent's PATH (``env.PATH``, else the coordinator's), a path with a ``/`` relative to
+    ``cwd``.
     (None, None): argv[0] names a placeholder only a task fills, so it is checked when the task runs."""
     first = program_of(spec)
     if argv_fields(first) - _LOAD_TIME:

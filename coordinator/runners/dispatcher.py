@@ -31,7 +31,7 @@ from taskkernel.coordinator.runners.command import (
     terminate_group,
 )
 from taskkernel.coordinator.runners.config import RunnerKind, RunnerSpec
-from taskkernel.coordinator.runners.launch import Launch, LaunchProblem, isolation_of, prepare
+from taskkernel.coordinator.runners.launch import Launch, LaunchProblem, prepare
 from taskkernel.coordinator.runners.ledger import ClaimedRun, Orphan, Purpose, RunLedger
 from taskkernel.coordinator.runners.pool import Running, RunPool
 from taskkernel.coordinator.runners.prompt import build_prompt, prompt_fields
@@ -307,7 +307,7 @@ class Dispatcher:
     def _launch(self, spec: RunnerSpec, run: ClaimedRun, doc: dict[str, Any], token: str, task_file: Path,
                 log_dir: Path) -> Launch:
         """The run's working folder (its task's worktree under isolation), prompt, files, argv and environment."""
-        if isolation_of(spec, self.worktrees.repo is not None) is Isolation.WORKTREE:
+        if spec.isolation_in(self.worktrees.repo is not None) is Isolation.WORKTREE:
             try:
                 workdir = self.worktrees.workdir(self.worktrees.ensure(run.task_id, spec.base_branch), spec.cwd)
             except (GitError, OSError) as exc:

@@ -15,11 +15,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from taskkernel.coordinator.config import Isolation, RunnerKind, RunnerSpec
+from taskkernel.coordinator.config import RunnerKind, RunnerSpec
 from taskkernel.coordinator.runners.command import agent_env
 from taskkernel.coordinator.runners.presets import McpServer, Preset, RunFiles, preset_of
 from taskkernel.kernel.logging import get_logger
-from taskkernel.kernel.private import private_dir
+from taskkernel.kernel.private import private_dir, write_private
 
 log = get_logger(__name__)
 
@@ -48,16 +48,6 @@ class Launch:
     def cleanup(self) -> None:
         with contextlib.suppress(OSError):
             self.token_file.unlink()
-
-
-def isolation_of(spec: RunnerSpec, in_repository: bool) -> Isolation:
-    """The role's isolation: as set, else a worktree per task for a preset in a git repository (not with run_as,
-    whose agent could not write the coordinator's worktree), else shared."""
-    if spec.isolation is not None:
-        return spec.isolation
-    if spec.runner.is_preset and in_repository and spec.run_as is None:
-        return Isolation.WORKTREE
-    return Isolation.SHARED
 
 
 def mcp_server(workspace: Path, token_file: Path) -> McpServer:
@@ -118,9 +108,6 @@ def _loose_ancestor(path: Path) -> Path | None:
 
 def _write(path: Path, text: str) -> Path:
     """A fresh 0600 file (an earlier attempt's copy replaced), never through a symlink."""
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
+    path.unlink(missing_ok=True)
+    write_private(path, text.encode("utf-8"))
     return path

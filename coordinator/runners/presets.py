@@ -213,7 +213,8 @@ class GeminiCli(Preset):
         obj = _last_object(stdout)
         if obj is None:
             return AgentResult()
-        models = ((obj.get("stats") or {}).get("models") or {}) if isinstance(obj.get("stats"), dict) else {}
+        stats = obj.get("stats")
+        models = stats.get("models") if isinstance(stats, dict) else None
         tokens_in = tokens_out = 0.0
         for model in models.values() if isinstance(models, dict) else ():
             tokens = model.get("tokens") if isinstance(model, dict) else None
@@ -268,8 +269,7 @@ def _json_lines(stdout: str) -> list[dict[str, Any]]:
 def _last_object(stdout: str) -> dict[str, Any] | None:
     """The JSON object the output ends with, pretty-printed over many lines or on one."""
     text = stdout.strip()
-    start = text.rfind("\n{")
-    for begin in (0, start + 1 if start >= 0 else 0):
+    for begin in dict.fromkeys((0, text.rfind("\n{") + 1)):  # all of it, else from its last top-level "{"
         try:
             obj = json.loads(text[begin:])
         except json.JSONDecodeError:

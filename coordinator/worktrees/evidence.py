@@ -17,7 +17,7 @@ from collections import OrderedDict
 from typing import Any
 
 from taskkernel.coordinator.worktrees.git import GitError
-from taskkernel.coordinator.worktrees.manager import Worktrees
+from taskkernel.coordinator.worktrees.manager import Worktree, Worktrees
 from taskkernel.kernel.commands import EVIDENCE_KEY
 from taskkernel.kernel.model.commands import Command, CommandType, ReportPayload
 from taskkernel.kernel.model.principal import ADMIN, Principal
@@ -43,34 +43,38 @@ class DiffEvidence:
     def prepare(self, cmd: Command, principal: Principal | None) -> None:
         """Before the transaction: the diff of a done report on a task with a worktree, by a caller that may
         report on it."""
-        if principal is None or not _done_report(cmd) or self.worktrees.get(str(cmd.task_id)) is None:
+        if principal is None or not _done_report(cmd):
             return
-        doc = task_document(self.worktrees.db, str(cmd.task_id))
+        wt = self.worktrees.get(str(cmd.task_id))
+        if wt is None:
+            return
+        doc = task_document(self.worktrees.db, wt.task_id)
         if doc is None or not (principal.task_id == doc["task_id"] or (
                 principal.task_id is None and principal.role in (doc["authority"]["driver"], ADMIN))):
             return
-        diff = self.worktrees.evidence(doc["task_id"], doc["round"], principal.agent)
-        if diff is not None:
-            with self._lock:
-                self._prepared[(doc["task_id"], cmd.idempotency_key, principal.id)] = (doc["round"], diff)
-                while len(self._prepared) > _KEPT:
-                    self._prepared.popitem(last=False)
+        diff = self.worktrees.evidence(wt, doc["round"], principal.agent)
+        with self._lock:
+            self._prepared[(doc["task_id"], cmd.idempotency_key, principal.id)] = (doc["round"], diff)
+            while len(self._prepared) > _KEPT:
+                self._prepared.popitem(last=False)
 
     def __call__(self, uow: UnitOfWork, cmd: Command, doc: dict[str, Any] | None, principal: Principal) -> None:
         if doc is None or not _done_report(cmd):
             return
+        wt = self.worktrees.get(doc["task_id"], uow.conn)
+        if wt is None:
+            return
         with self._lock:
             prepared = self._prepared.pop((doc["task_id"], cmd.idempotency_key, principal.id), None)
         diff = prepared[1] if prepared is not None and prepared[0] == doc["round"] else None
-        if diff is not None and ("head" not in diff or self._head(doc["task_id"], uow) != diff["head"]):
+        if diff is not None and ("head" not in diff or self._head(wt) != diff["head"]):
             diff = None  # it failed (a lock git held a moment), or the branch moved since: take it again
         if diff is None:
-            diff = self.worktrees.evidence(doc["task_id"], doc["round"], principal.agent, conn=uow.conn)
-        if diff is not None:
-            uow.cache.setdefault(EVIDENCE_KEY, {})["diff"] = diff
+            diff = self.worktrees.evidence(wt, doc["round"], principal.agent)
+        uow.cache.setdefault(EVIDENCE_KEY, {})["diff"] = diff
 
-    def _head(self, task_id: str, uow: UnitOfWork) -> str | None:
+    def _head(self, wt: Worktree) -> str | None:
         try:
-            return self.worktrees.head(task_id, conn=uow.conn)
+            return self.worktrees.head(wt)
         except GitError:
             return None

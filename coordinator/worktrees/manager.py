@@ -181,17 +181,16 @@ class Worktrees:
         return str(Path(text[len("gitdir: "):]).resolve())
 
     # -- evidence ------------------------------------------------------------------------------
-    def evidence(self, task_id: str, round_: int, author: str, conn: sa.Connection | None = None
-                 ) -> dict[str, Any] | None:
-        """The diff a done report records, after committing what the agent left uncommitted; None when the task
-        has no worktree. A failure is recorded as ``{"error": ...}``: the report stands, the reviewer sees why."""
-        wt = self.get(task_id, conn)
-        if wt is None or self.repo is None:
-            return None
+    def evidence(self, wt: Worktree, round_: int, author: str) -> dict[str, Any]:
+        """The diff a done report records, after committing what the agent left uncommitted. A failure is
+        recorded as ``{"error": ...}``: the report stands, the reviewer sees why."""
+        task_id = wt.task_id
+        if self.repo is None:
+            return {"error": f"{self.root} is no longer inside a git repository"}
         try:
             self._refuse_programs(wt)
             self._commit_pending(wt, f"{task_id} round {round_}: the work of the done report", author)
-            head = self._in(wt, "rev-parse", "HEAD").out.strip()
+            head = self.head(wt)
             base = self._merge_base(wt, head)
             files, added, removed = self._numstat(wt, base, head)
             patch = self._in(wt, "diff", "--binary", "--no-ext-diff", "--no-textconv", base, head).raw
@@ -204,10 +203,9 @@ class Worktrees:
                 "insertions": added, "deletions": removed, "files": files[:FILES_LISTED],
                 "patch": str(where.relative_to(self.root)), "patch_sha256": sha256_hex(patch)}
 
-    def head(self, task_id: str, conn: sa.Connection | None = None) -> str | None:
-        """The commit the task's worktree is at (None: no worktree)."""
-        wt = self.get(task_id, conn)
-        return None if wt is None else self._in(wt, "rev-parse", "HEAD").out.strip()
+    def head(self, wt: Worktree) -> str:
+        """The commit the worktree is at."""
+        return self._in(wt, "rev-parse", "HEAD").out.strip()
 
     def _in(self, wt: Worktree, *args: str, ok: tuple[int, ...] = (0,), env: dict[str, str] | None = None) -> Ran:
         """A git command on the worktree through the folders recorded for it, whatever its .git file says."""
@@ -318,9 +316,7 @@ class Worktrees:
             return self._merged(task_id, new, how)
 
     def _merged(self, task_id: str, commit: str, how: str) -> Merged:
-        with self.db.write() as uow:
-            uow.conn.execute(worktrees.update().where(worktrees.c.task_id == task_id).values(
-                state="merged", merged_commit=commit, updated_at=utc_now_iso()))
+        self._set_state(task_id, "merged", merged_commit=commit)
         return Merged(True, commit, how)
 
     def archive(self, task_id: str) -> bool:
@@ -339,10 +335,10 @@ class Worktrees:
             self._set_state(task_id, "archived")
         return True
 
-    def _set_state(self, task_id: str, state: str) -> None:
+    def _set_state(self, task_id: str, state: str, **columns: str) -> None:
         with self.db.write() as uow:
             uow.conn.execute(worktrees.update().where(worktrees.c.task_id == task_id).values(
-                state=state, updated_at=utc_now_iso()))
+                state=state, updated_at=utc_now_iso(), **columns))
 
     # -- git reads -----------------------------------------------------------------------------
     @staticmethod
