@@ -260,10 +260,10 @@ class RunnerSpec(_Table):
                 raise KeyProblem(given[0], f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to "
                                  "runners that start a program only (a scripted agent runs inside the coordinator)")
         if not self.runner.is_preset:
-            given = [k for k in _PRESET_ONLY if k in self.model_fields_set and self.runner.spawns]
+            given = [k for k in _PRESET_ONLY if k in self.model_fields_set]
             if given:
-                raise KeyProblem(given[0], f"{given[0]} is a preset option (claude-code, codex, gemini-cli); a "
-                                 "command runner's argv is its whole command line")
+                raise KeyProblem(given[0], f"{given[0]} is a preset option (claude-code, codex, gemini-cli), not "
+                                 f"one of a {self.runner.value} runner")
         for key, names in (("env", list(self.env)), ("pass_env", self.pass_env)):
             for name in names:
                 if not _ENV_NAME.fullmatch(name):

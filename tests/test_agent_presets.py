@@ -110,6 +110,8 @@ def test_init_agents_writes_that_clis_examples_and_keeps_state_out_of_git(tmp_pa
     ('runner = "command"\nargv = ["a"]\non_approve = "merge"', 'on_approve = "merge" merges a task\'s branch'),
     ('runner = "claude-code"\nrun_as = "nobody"\non_approve = "merge"', 'on_approve = "merge" merges'),
     ('runner = "codex"\nallowed_tools = ["shell"]', "codex has no allowlist of tools"),
+    ('runner = "scripted"\nmodel = "x"', "model is a preset option (claude-code, codex, gemini-cli), not one of a "
+                                        "scripted runner"),
 ])
 def test_a_preset_table_that_cannot_work_is_refused_when_the_file_loads(tmp_path: Path, table: str,
                                                                       expected: str) -> None:
