@@ -357,6 +357,14 @@ class McpTable(_Table):
     output_budget: int = Field(default=16384, ge=MIN_OUTPUT_BUDGET, le=MAX_OUTPUT_BUDGET)
 
 
+class ServeTable(_Table):
+    """``[serve]``: the web board (`taskkernel serve`, docs/web.md)."""
+
+    # Every page and API route needs a signed-in credential (else 401 / the sign-in page). Required before the
+    # board may listen beyond loopback (--host other than 127.0.0.1/::1/localhost).
+    require_login: bool = False
+
+
 class TaskkernelConfig(_Table):
     """The whole file. Every table is optional; an empty file is a valid (all defaults) configuration."""
 
@@ -367,6 +375,7 @@ class TaskkernelConfig(_Table):
     folders: FoldersTable = Field(default_factory=FoldersTable)
     scheduler: SchedulerTable = Field(default_factory=SchedulerTable)
     mcp: McpTable = Field(default_factory=McpTable)
+    serve: ServeTable = Field(default_factory=ServeTable)
     _lines: dict[tuple[str, str | None], int] = PrivateAttr(default_factory=dict)
 
     def line_of(self, table: str | None, key: str | None = None) -> int | None:
@@ -379,7 +388,7 @@ class TaskkernelConfig(_Table):
 
 TABLES: dict[str, type[BaseModel]] = {
     "kernel": KernelTable, "team": TeamTable, "roles": RunnerSpec, "gate": GateTable, "folders": FoldersTable,
-    "scheduler": SchedulerTable, "mcp": McpTable}
+    "scheduler": SchedulerTable, "mcp": McpTable, "serve": ServeTable}
 
 
 # -- loading -----------------------------------------------------------------------------------------

@@ -117,6 +117,10 @@ require_token = true
 # The MCP server, `taskkernel mcp` (docs/mcp.md).
 # [mcp]
 # output_budget = 16384                     # bytes of one tool result; longer lists and texts are cut, with a pointer
+
+# The web board, `taskkernel serve` (docs/web.md).
+# [serve]
+# require_login = false                     # true: every page needs a sign-in; required for a --host beyond loopback
 """
 TEAM_EXAMPLE = """
 # The team, when the FCoP folder has no fcop.json (which takes precedence).

@@ -23,10 +23,25 @@ import sqlalchemy as sa
 
 from taskkernel.kernel.canonical import canonical_json, utc_now_iso
 from taskkernel.kernel.model.commands import TaskBudget
+from taskkernel.kernel.model.principal import ADMIN, Principal
+from taskkernel.kernel.reasons import KernelError, ReasonCode
 from taskkernel.kernel.store.db import Database, UnitOfWork
 from taskkernel.kernel.store.events import EventStore, NewEvent
 from taskkernel.kernel.store.schema import goals, metadata
 from taskkernel.kernel.store.schema import usage as usage_table
+
+
+def goal_refusal(principal: Principal, root: dict[str, Any], verb: str) -> KernelError | None:
+    """Why ``principal`` may not ``verb`` (start, cancel) a goal of the root task ``root`` (its document), or None.
+    Starting or cancelling a goal is the root task's authority: ADMIN, or the role its done_authority names, with
+    an unscoped credential (an agent's run token would let it reset its own budget by starting a fresh goal)."""
+    allowed = {ADMIN, root["authority"]["done_authority"]}
+    if principal.task_id is None and principal.role in allowed:
+        return None
+    scoped = f", scoped to {principal.task_id}" if principal.task_id else ""
+    return KernelError(ReasonCode.ROLE_NOT_AUTHORIZED,
+                       f"goal {verb} for {root['task_id']} needs an unscoped credential of "
+                       f"{' or '.join(sorted(allowed))} (caller: {principal.id}{scoped})")
 
 
 class GoalState(StrEnum):

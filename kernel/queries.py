@@ -11,9 +11,10 @@ instead of silently continuing a different one. Order is task id order: creation
 
 Besides ``state`` and ``role`` (the recipient), a listing may ask for the tasks a role drives (``driver``: the
 task's ``authority.driver``, its recipient unless the task names another), the tasks a role decides
-(``done_authority``; with state ``review``: waiting for that role's review), one tree (``root``) or one task's
-children (``parent``). The authority filters read the stored document (JSON in SQL, on SQLite and PostgreSQL
-alike); every other filter is a column. A cursor carries every filter it was made with.
+(``done_authority``; with state ``review``: waiting for that role's review), one tree (``root``), one task's
+children (``parent``) or one risk level (``risk``). The authority and risk filters read the stored document
+(JSON in SQL, on SQLite and PostgreSQL alike); every other filter is a column. A cursor carries every filter it
+was made with.
 
 ``state`` also takes ``blocked``, which is not a lifecycle state: the active tasks whose document says they are
 blocked (``blocked`` set by the fold, kernel/model/task.py); ``active`` then means active and not blocked. Both read
@@ -100,7 +101,25 @@ def task_history(db: Database, task_id: str) -> list[RecordedEvent]:
         return event_reader().read_stream(conn, task_stream(task_id))
 
 
-EXTRA_FILTERS = ("driver", "done_authority", "root", "parent")  # named in a cursor only when set
+HISTORY_FIELDS = ("from", "round", "reason", "report_id", "status")  # what `task show` keeps of an event's data
+
+
+def history_entry(ev: RecordedEvent) -> dict[str, Any]:
+    """One event of a task as `task show` lists it: revision, position, type, actor, time and the fields above."""
+    return {"revision": ev.stream_version, "global_pos": ev.global_pos, "type": ev.type, "by": ev.data.get("by"),
+            "at": ev.recorded_at, **{k: v for k, v in ev.data.items() if k in HISTORY_FIELDS}}
+
+
+def task_show_document(db: Database, task_id: str) -> dict[str, Any] | None:
+    """The document of `task show` (and of the web API's ``GET /api/tasks/{id}``): the stored document, its
+    ``blocked`` (null for a document stored before the field existed) and its ``history``; None: no such task."""
+    doc = task_document(db, task_id)
+    if doc is None:
+        return None
+    return {**doc, "blocked": doc.get("blocked"), "history": [history_entry(ev) for ev in task_history(db, task_id)]}
+
+
+EXTRA_FILTERS = ("driver", "done_authority", "root", "parent", "risk")  # named in a cursor only when set
 
 
 def _filters(state: str | None, role: str | None, extra: Mapping[str, str | None] | None = None
@@ -178,6 +197,8 @@ def _where(q: sa.Select[Any], filters: Mapping[str, str | None], postgres: bool)
     for name in ("driver", "done_authority"):
         if filters.get(name) is not None:
             q = q.where(_authority(name, postgres) == filters[name])
+    if filters.get("risk") is not None:
+        q = q.where(doc_text(("risk_level",), postgres) == filters["risk"])
     return q
 
 
@@ -189,10 +210,11 @@ def _query(filters: Mapping[str, str | None], after: str | None, postgres: bool)
 
 
 def count_tasks(db: Database, *, state: str | None = None, role: str | None = None, driver: str | None = None,
-                done_authority: str | None = None, root: str | None = None, parent: str | None = None) -> int:
+                done_authority: str | None = None, root: str | None = None, parent: str | None = None,
+                risk: str | None = None) -> int:
     """How many tasks a listing with these filters holds in all (checked as in ``page_tasks``)."""
     filters = _filters(state, role, {"driver": driver, "done_authority": done_authority, "root": root,
-                                     "parent": parent})
+                                     "parent": parent, "risk": risk})
     with db.read() as conn:
         return int(conn.execute(_where(sa.select(sa.func.count()).select_from(tasks), filters,
                                        db.is_postgres)).scalar_one())
@@ -200,14 +222,14 @@ def count_tasks(db: Database, *, state: str | None = None, role: str | None = No
 
 def page_tasks(db: Database, *, state: str | None = None, role: str | None = None, limit: int = DEFAULT_LIMIT,
                after: str | None = None, driver: str | None = None, done_authority: str | None = None,
-               root: str | None = None, parent: str | None = None) -> TaskPage:
+               root: str | None = None, parent: str | None = None, risk: str | None = None) -> TaskPage:
     """One page of tasks in task id order: those in ``state``, addressed to ``role`` (the recipient), driven by
-    ``driver``, decided by ``done_authority``, of the tree ``root`` and children of ``parent``, when given, after
-    the cursor ``after`` (a ``next_cursor`` of the same listing). At most ``limit`` rows (1 to MAX_LIMIT) and the
-    cursor of the next page, or None when no task follows."""
+    ``driver``, decided by ``done_authority``, of the tree ``root``, children of ``parent`` and of risk level
+    ``risk``, when given, after the cursor ``after`` (a ``next_cursor`` of the same listing). At most ``limit`` rows
+    (1 to MAX_LIMIT) and the cursor of the next page, or None when no task follows."""
     if not 1 <= limit <= MAX_LIMIT:
         raise TaskQueryError(f"a page holds 1 to {MAX_LIMIT} tasks, not {limit}; list them all as a stream instead")
-    extra = {"driver": driver, "done_authority": done_authority, "root": root, "parent": parent}
+    extra = {"driver": driver, "done_authority": done_authority, "root": root, "parent": parent, "risk": risk}
     filters, after_id = _start(state, role, after, extra)
     with db.read() as conn:
         found = conn.execute(_query(filters, after_id, db.is_postgres).limit(limit + 1)).all()

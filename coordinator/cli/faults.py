@@ -81,13 +81,15 @@ def log_path(workspace: str | None) -> Path:
         return Path(state) / "taskkernel" / "cli.log"
 
 
-def _write_traceback(exc: BaseException, workspace: str | None) -> Path | None:
+def write_traceback(exc: BaseException, workspace: str | None, origin: str = "") -> Path | None:
+    """Append the traceback to the CLI log (0600); the log's path, or None when it cannot be written. ``origin``
+    names the server a fault happened in (mcp, serve)."""
     path = log_path(workspace)
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "a", encoding="utf-8") as log:
-            log.write(f"--- {datetime.now(UTC).isoformat()} pid {os.getpid()}\n")
+            log.write(f"--- {datetime.now(UTC).isoformat()} pid {os.getpid()}{f' ({origin})' if origin else ''}\n")
             log.write("".join(traceback.format_exception(exc)))
     except Exception:  # noqa: BLE001 - a full disk cannot take the log either; the line still says what failed
         return None
@@ -101,7 +103,7 @@ def report_fault(exc: BaseException, workspace: str | None = None) -> int:
         report_rejection(reason, str(getattr(exc, "message", "") or exc))
         return int(Exit.REJECTED)
     code, message, status = classify(exc)
-    where = _write_traceback(exc, workspace)
+    where = write_traceback(exc, workspace)
     if where is not None and code in ("internal_error", "database_error", "io_error"):
         message = f"{message} (details in {where})"
     report_error(code, message)

@@ -1,8 +1,6 @@
 """`taskkernel goal`: run a root task as a goal with a budget; terminal states are the kernel's.
 
-Starting or cancelling a goal is the root task's authority: ADMIN, or the role the root's
-done_authority names, with an unscoped credential (an agent's run token would let it reset
-its own budget by starting a fresh goal)."""
+Starting or cancelling a goal is the root task's authority (kernel/goals.py ``goal_refusal``)."""
 
 from __future__ import annotations
 
@@ -12,19 +10,16 @@ import typer
 from pydantic import ValidationError
 
 from taskkernel.coordinator.cli.common import CliContext, Exit, emit, fail, get_ctx, reject, say
-from taskkernel.kernel.goals import Budget, GoalService
+from taskkernel.kernel.goals import Budget, GoalService, goal_refusal
 from taskkernel.kernel.reasons import ReasonCode
 
 app = typer.Typer(no_args_is_help=True, help="Goals: budgets, circuit breaker, terminal states.")
 
 
 def _authorize(c: CliContext, root: dict[str, Any], verb: str) -> None:
-    principal = c.principal()
-    allowed = {"ADMIN", root["authority"]["done_authority"]}
-    if principal.task_id is not None or principal.role not in allowed:
-        reject(ReasonCode.ROLE_NOT_AUTHORIZED.value,
-               f"goal {verb} for {root['task_id']} needs an unscoped credential of {' or '.join(sorted(allowed))} "
-               f"(caller: {principal.id}{', scoped to ' + principal.task_id if principal.task_id else ''})")
+    refusal = goal_refusal(c.principal(), root, verb)
+    if refusal is not None:
+        reject(refusal.reason.value, refusal.message)
 
 
 def _service(ctx: typer.Context) -> GoalService:

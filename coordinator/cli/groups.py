@@ -45,6 +45,8 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("runs", "runs", "app", "Agent runs: what runs, retries, failed or is blocked, and each attempt."),
     Entry("mcp", "mcp_cmd", "mcp", "Serve tasks to agent hosts over MCP: task verbs, reads, progress and resume, the "
           "execution gate, usage."),
+    Entry("serve", "serve", "serve", "Serve the web board: tasks by stage, each task's story, runs, schedules, usage "
+          "and what needs you, live."),
 )
 
 

@@ -176,17 +176,12 @@ def _event_json(ev: RecordedEvent) -> dict[str, Any]:
 @task_app.command("show")
 def task_show(ctx: typer.Context, task_id: str) -> None:
     """A task's current state, reports and history."""
-    from taskkernel.kernel.queries import task_document, task_history
+    from taskkernel.kernel.queries import task_show_document
 
-    db = get_ctx(ctx).database()
-    doc = task_document(db, task_id)
+    doc = task_show_document(get_ctx(ctx).database(), task_id)
     if doc is None:
         reject("task_not_found", f"{task_id} does not exist (see `taskkernel task list`)")
-    history = [{"revision": ev.stream_version, "global_pos": ev.global_pos, "type": ev.type,
-                "by": ev.data.get("by"), "at": ev.recorded_at,
-                **{k: v for k, v in ev.data.items() if k in ("from", "round", "reason", "report_id", "status")}}
-               for ev in task_history(db, task_id)]
-    emit({**doc, "blocked": doc.get("blocked"), "history": history}, _render_task)  # stored before: not blocked
+    emit(doc, _render_task)
 
 
 def _render_task(doc: dict[str, Any]) -> None:

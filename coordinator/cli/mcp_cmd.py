@@ -46,7 +46,7 @@ def mcp(ctx: typer.Context,
     The credential is checked again at every call. Logs go to stderr (over stdio, stdout is the protocol).
     """
     c = get_ctx(ctx)
-    from taskkernel.coordinator.mcp import is_loopback
+    from taskkernel.coordinator.serving import is_loopback
 
     remote = transport is Transport.HTTP and not is_loopback(host)
     if remote and not allow_remote:
@@ -60,8 +60,9 @@ def mcp(ctx: typer.Context,
         kernel = c.kernel()
     import anyio
 
-    from taskkernel.coordinator.mcp.server import build_server, http_who, listen, serve_http, serve_stdio, stdio_who
+    from taskkernel.coordinator.mcp.server import build_server, http_who, serve_http, serve_stdio, stdio_who
     from taskkernel.coordinator.mcp.tools import TaskTools
+    from taskkernel.coordinator.serving import listen, url_of
 
     budget = ws.config.mcp.output_budget if ws is not None else 16384
     if identity is not None:
@@ -78,7 +79,7 @@ def mcp(ctx: typer.Context,
     if remote:
         warn(f"taskkernel mcp: warning: listening on {host}:{bound}, beyond this machine; bearer tokens travel in "
              "clear text unless a TLS proxy is in front, and requests must name this Host (DNS-rebinding checks)")
-    url = f"http://{host if ':' not in host else f'[{host}]'}:{bound}/mcp"
+    url = url_of(host, sock, "/mcp")
     tools = TaskTools(db, kernel, ws, transport="http", budget=budget)
     emit({"status": "listening", "transport": "http", "url": url}, generic=False)
     say(f"taskkernel mcp: listening on {url} (Authorization: Bearer <token> on every request)")

@@ -10,16 +10,3 @@ gate and usage as typed MCP tools, plus ``task://`` and ``todo://`` resources.
 
 Only server.py imports the SDK, and only the `mcp` command imports server.py.
 """
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` is this machine only (127.0.0.0/8, ::1, localhost): the one address `taskkernel mcp`
-    serves HTTP on without --allow-remote."""
-    import ipaddress
-
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False

@@ -18,10 +18,8 @@ import contextlib
 import os
 import socket
 import sys
-import traceback
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
 from typing import Any
 
 import anyio
@@ -36,11 +34,12 @@ from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST
 from pydantic import ValidationError
 
 from taskkernel import __version__
-from taskkernel.coordinator.mcp import is_loopback, resources
+from taskkernel.coordinator.mcp import resources
 from taskkernel.coordinator.mcp.results import Outcome, refusal
 from taskkernel.coordinator.mcp.schemas import input_schema, output_schema
 from taskkernel.coordinator.mcp.tools import TOOLS, TaskTools
 from taskkernel.coordinator.runners.ledger import authenticate_agent
+from taskkernel.coordinator.serving import is_loopback, serve
 from taskkernel.kernel.logging import get_logger
 from taskkernel.kernel.model.principal import Principal
 from taskkernel.kernel.reasons import KernelError, ReasonCode
@@ -162,19 +161,12 @@ def _describe(exc: ValidationError) -> str:
 
 def fault(exc: BaseException, tools: TaskTools) -> Outcome:
     """An unexpected failure as a refusal with the CLI's fault code; the traceback to the CLI log."""
-    from taskkernel.coordinator.cli.faults import classify, log_path
+    from taskkernel.coordinator.cli.faults import classify, write_traceback
 
     code, message, _ = classify(exc)
-    path = log_path(str(tools.workspace.root) if tools.workspace else None)
-    try:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "a", encoding="utf-8") as out:
-            out.write(f"--- {datetime.now(UTC).isoformat()} pid {os.getpid()} (mcp)\n")
-            out.write("".join(traceback.format_exception(exc)))
+    path = write_traceback(exc, str(tools.workspace.root) if tools.workspace else None, "mcp")
+    if path is not None:
         message = f"{message} (details in {path})"
-    except OSError:
-        pass
     log.error("mcp.fault", code=code, message=message)
     return refusal(code, message)
 
@@ -354,21 +346,6 @@ async def answer(send: Callable[[Any], Awaitable[None]], status: int, document: 
     await send({"type": "http.response.body", "body": body})
 
 
-def listen(host: str, port: int) -> socket.socket:
-    """The listening socket (port 0: one the system picks); OSError if the address cannot be had."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-        sock.listen(128)
-    except OSError:
-        sock.close()
-        raise
-    sock.setblocking(False)
-    return sock
-
-
 def transport_security(host: str, port: int) -> Any:
     """The SDK's Host/Origin checks (DNS rebinding): the loopback names, plus the address given, at its port."""
     from mcp.server.transport_security import TransportSecuritySettings
@@ -383,22 +360,7 @@ def transport_security(host: str, port: int) -> Any:
 
 
 async def serve_http(server: Server[Any], tools: TaskTools, sock: socket.socket, host: str) -> None:
-    import uvicorn
-
     port = sock.getsockname()[1]
     app = server.streamable_http_app(streamable_http_path=HTTP_PATH, json_response=True, stateless_http=True,
                                      host=host, transport_security=transport_security(host, port))
-    config = uvicorn.Config(BearerGate(app, tools), log_level="warning", access_log=False, lifespan="on")
-
-    class GracefulServer(uvicorn.Server):
-        """uvicorn re-raises SIGTERM/SIGINT once it has stopped (exit 143 / 130); a graceful stop is exit 0."""
-
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            with super().capture_signals():
-                try:
-                    yield
-                finally:
-                    self._captured_signals.clear()
-
-    await GracefulServer(config).serve(sockets=[sock])
+    await serve(BearerGate(app, tools), sock)

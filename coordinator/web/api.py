@@ -1,0 +1,243 @@
+"""The board's JSON API under ``/api`` (docs/web.md): the CLI's documents over HTTP, and the board's actions.
+
+Reads run in worker threads (a slow database never blocks the event loop or the event feed). A refusal before any
+command (no credential 401, a credential that stands for nobody 401, CSRF 403, a listing asked wrongly 400) is
+``{"status": "rejected", "reason", "message"}``; a command's refusal is its own document (``submit``'s for a task
+verb) with 404 or 409 (coordinator/web/actions.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+import anyio.to_thread
+from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
+from fastapi.responses import JSONResponse
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+
+from taskkernel.coordinator.inbox import waiting
+from taskkernel.coordinator.web import reads
+from taskkernel.coordinator.web.auth import CSRF_FIELD, Caller, Refused
+from taskkernel.coordinator.web.models import (
+    ActionOutcome,
+    CommandOutcome,
+    EventSummary,
+    Health,
+    NeedsYou,
+    RunRow,
+    ScheduleView,
+    SessionInput,
+    TaskDocument,
+    TaskRow,
+    UsageReport,
+)
+from taskkernel.coordinator.web.state import Board, board_of
+from taskkernel.kernel.queries import DEFAULT_LIMIT, MAX_LIMIT, TaskQueryError, page_tasks, task_show_document
+from taskkernel.kernel.reasons import ReasonCode
+from taskkernel.kernel.sessionlog import SessionLogError
+from taskkernel.kernel.usage import GROUPINGS, since_utc
+
+router = APIRouter(prefix="/api")
+INBOX_LIMIT = 100
+REFUSALS: dict[int | str, dict[str, Any]] = {
+    401: {"description": "no credential (a change), or one that stands for nobody; reason actor_unverified or "
+                         "the credential's own code"},
+    403: {"description": "a signed-in change without this sign-in's CSRF token: reason csrf_failed"},
+}
+
+
+def reader(request: Request) -> Caller | None:
+    """The caller of a read, checked before a response starts (a dependency: the event stream's too)."""
+    return board_of(request).gate.reader(request)
+
+
+def refusal_response(exc: Refused) -> JSONResponse:
+    return JSONResponse({"status": "rejected", "reason": exc.reason, "message": exc.message}, exc.status)
+
+
+def answer(status: int, doc: dict[str, Any]) -> JSONResponse:
+    return JSONResponse(doc, status)
+
+
+@router.get("/tasks", response_model=list[TaskRow], responses={400: {"description": "a bad filter or cursor"}})
+async def list_tasks(request: Request, response: Response,
+                     state: str | None = None, role: str | None = None, root: str | None = None,
+                     risk: str | None = None,
+                     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = DEFAULT_LIMIT,
+                     cursor: str | None = None) -> Any:
+    """`taskkernel task list`: the tasks of one page in task id order; the next page's cursor is in the
+    ``X-Next-Cursor`` header and a ``Link: <…>; rel="next"`` header (none on the last page)."""
+    board = board_of(request)
+    board.gate.reader(request)
+    try:
+        page = await anyio.to_thread.run_sync(lambda: page_tasks(
+            board.db, state=state, role=role.upper() if role else None, root=root, risk=risk, limit=limit,
+            after=cursor))
+    except TaskQueryError as exc:
+        raise Refused(400, ReasonCode.INVALID_COMMAND.value, str(exc)) from None
+    if page.next_cursor is not None:
+        response.headers["X-Next-Cursor"] = page.next_cursor
+        response.headers["Link"] = f'<{request.url.include_query_params(cursor=page.next_cursor)}>; rel="next"'
+    return page.rows
+
+
+@router.get("/tasks/{task_id}", response_model=TaskDocument, response_model_by_alias=True,
+            responses={404: {"description": "no such task: reason task_not_found"}})
+async def show_task(request: Request, task_id: str) -> Any:
+    """`taskkernel task show`: the task's document and history."""
+    board = board_of(request)
+    board.gate.reader(request)
+    doc = await anyio.to_thread.run_sync(task_show_document, board.db, task_id)
+    if doc is None:
+        raise Refused(404, ReasonCode.TASK_NOT_FOUND.value, f"{task_id} does not exist")
+    return doc
+
+
+@router.get("/tasks/{task_id}/page", include_in_schema=False)
+async def task_page_data(request: Request, task_id: str) -> Any:
+    """Everything the task page shows, for its live refresh."""
+    board = board_of(request)
+    board.gate.reader(request)
+    found = await anyio.to_thread.run_sync(reads.task_page, board.db, board.ws, board.grant_sessions, task_id)
+    if found is None:
+        raise Refused(404, ReasonCode.TASK_NOT_FOUND.value, f"{task_id} does not exist")
+    return found
+
+
+@router.post("/tasks/{task_id}/grant", response_model=ActionOutcome, responses=REFUSALS)
+async def grant(request: Request, task_id: str, body: Annotated[dict[str, Any], Body()]) -> Any:
+    """Grant a permission on the task (``{"permission": "approve"}``) into the grant session, as the refusal's hint
+    says: `taskkernel session accept admin --kind allow …`. ADMIN only (the session log's rule)."""
+    board = board_of(request)
+    caller = board.gate.actor(request, body.get(CSRF_FIELD))
+    permission = body.get("permission", "approve")
+    status, doc = await anyio.to_thread.run_sync(board.actions.grant, caller.principal, task_id, str(permission))
+    return answer(status, doc)
+
+
+@router.post("/tasks/{task_id}/{verb}", response_model=CommandOutcome, responses=REFUSALS | {
+    404: {"description": "no such task"}, 409: {"description": "refused by the kernel: reason says why"}})
+async def task_verb(request: Request, task_id: str, verb: str,
+                    body: Annotated[dict[str, Any] | None, Body()] = None) -> Any:
+    """A task verb (claim, report, submit, approve, reject, reopen, archive, amend) with the verb's fields as the
+    JSON body (``{"reason": "…"}`` for reject), answered like `taskkernel submit`."""
+    board = board_of(request)
+    fields = dict(body or {})
+    caller = board.gate.actor(request, fields.pop(CSRF_FIELD, None))
+    status, doc = await anyio.to_thread.run_sync(board.actions.task_verb, caller.principal, task_id, verb, fields)
+    return answer(status, doc)
+
+
+@router.post("/schedules/{name}/{verb}", response_model=ActionOutcome, responses=REFUSALS)
+async def schedule_action(request: Request, name: str, verb: str,
+                          body: Annotated[dict[str, Any] | None, Body()] = None) -> Any:
+    """Pause or resume a schedule (its creator, or ADMIN)."""
+    board = board_of(request)
+    caller = board.gate.actor(request, (body or {}).get(CSRF_FIELD))
+    status, doc = await anyio.to_thread.run_sync(board.actions.schedule, caller.principal, name, verb)
+    return answer(status, doc)
+
+
+@router.post("/goals/{goal_id}/cancel", response_model=ActionOutcome, responses=REFUSALS)
+async def cancel_goal(request: Request, goal_id: str, body: Annotated[dict[str, Any] | None, Body()] = None) -> Any:
+    """Cancel an active goal (the root task's authority)."""
+    board = board_of(request)
+    caller = board.gate.actor(request, (body or {}).get(CSRF_FIELD))
+    status, doc = await anyio.to_thread.run_sync(board.actions.cancel_goal, caller.principal, goal_id)
+    return answer(status, doc)
+
+
+@router.get("/runs", response_model=dict[str, list[RunRow]])
+async def runs(request: Request) -> Any:
+    """Runs now (elapsed, timeout), retries due, recent failures with their last log lines."""
+    board = board_of(request)
+    board.gate.reader(request)
+    return await anyio.to_thread.run_sync(reads.runs_view, board.db, board.ws)
+
+
+@router.get("/schedules", response_model=list[ScheduleView])
+async def schedules(request: Request) -> Any:
+    """Every schedule: next fires, watermark, recent outcomes (missed ones with their reasons)."""
+    board = board_of(request)
+    board.gate.reader(request)
+    return await anyio.to_thread.run_sync(reads.schedules_view, board.db)
+
+
+@router.get("/usage", response_model=UsageReport, responses={400: {"description": "a bad by or since"}})
+async def usage(request: Request, by: str = "root", since: str | None = None) -> Any:
+    """`taskkernel usage --by …`, plus spend per owner per day."""
+    board = board_of(request)
+    board.gate.reader(request)
+    if by not in GROUPINGS:
+        raise Refused(400, ReasonCode.INVALID_COMMAND.value, f"by must be one of {', '.join(GROUPINGS)}")
+    try:
+        since_iso = since_utc(since) if since else None
+    except ValueError as exc:
+        raise Refused(400, ReasonCode.INVALID_COMMAND.value, str(exc)) from None
+    return await anyio.to_thread.run_sync(reads.usage_view, board.db, by, since_iso)
+
+
+@router.get("/sessions/{session}/inputs", response_model=list[SessionInput])
+async def session_inputs(request: Request, session: str) -> Any:
+    """A session's inputs in acceptance order; readable by its owner or ADMIN (signed in)."""
+    board = board_of(request)
+    caller = board.gate.reader(request)
+    if caller is None:
+        raise Refused(401, ReasonCode.ACTOR_UNVERIFIED.value, "a session log is read by its owner or ADMIN: sign in")
+    try:
+        board.session_log.check_read(session, caller.principal)
+    except SessionLogError as exc:
+        raise Refused(403, exc.reason.value, exc.message) from None
+    return await anyio.to_thread.run_sync(reads.session_inputs, board.session_log, session)
+
+
+@router.get("/needs-you", response_model=NeedsYou)
+async def needs_you(request: Request, role: str | None = None) -> Any:
+    """`taskkernel inbox`: reviews to decide, approvals that need a grant, blocked tasks. Signed in: your role's
+    (ADMIN: every role, or ``role``); not signed in: every role."""
+    board = board_of(request)
+    caller = board.gate.reader(request)
+    principal = caller.principal if caller else None
+    who = role.upper() if role else None
+    if principal is not None and not principal.is_admin:
+        if who is not None and who != principal.role:
+            raise Refused(403, ReasonCode.ROLE_NOT_AUTHORIZED.value, "only an unscoped ADMIN may look at another "
+                          f"role's inbox (caller: {principal.id}, asked for {who})")
+        who = principal.role
+    from taskkernel.kernel.model.principal import LOCAL_OWNER
+
+    found = await anyio.to_thread.run_sync(waiting, board.db, board.grant_sessions, who, principal or LOCAL_OWNER,
+                                           INBOX_LIMIT)
+    return {"status": "ok", "role": who, **found}
+
+
+@router.get("/events", response_class=EventSourceResponse, responses={200: {"model": EventSummary}})
+async def events(request: Request, _: Annotated[Caller | None, Depends(reader)],
+                 last_event_id: Annotated[str | None, Header()] = None,
+                 after: int | None = None) -> AsyncIterator[ServerSentEvent]:
+    """One server-sent event per committed event (``id:`` its global position, ``data:`` an EventSummary, the
+    default event name ``message``); ``Last-Event-ID`` (or ``after``) replays what was missed first. An event named
+    ``reset`` says more was missed than is replayed: reload what you show."""
+    board = board_of(request)
+    last_seen = after
+    if last_event_id is not None and last_event_id.isdigit():
+        last_seen = int(last_event_id)
+    async for item in board.hub.follow(last_seen):
+        if item["type"] == "reset":
+            yield ServerSentEvent(event="reset", data=item)
+        else:
+            yield ServerSentEvent(id=str(item["global_pos"]), data=item)
+
+
+@router.get("/health", include_in_schema=False)
+async def api_health(request: Request) -> Any:
+    return await health(request)
+
+
+async def health(request: Request) -> Health:
+    board: Board = board_of(request)
+    position = await anyio.to_thread.run_sync(reads.log_position, board.db)
+    from taskkernel import __version__
+
+    return Health(status="ok", version=__version__, database=board.db.dialect, log_position=position)

@@ -1,0 +1,155 @@
+"""One tail of the event log, fanned out to every server-sent-events client (``GET /api/events``).
+
+The hub alone reads the log: every POLL_SECONDS it reads the log's end (one indexed read), and when it moved,
+the events up to it, in commit order (positions are handed out under the writer lock and commit in order, so
+every position up to the end has committed: none is skipped or sent twice). Each event goes to every client's
+queue as a small summary (EventSummary). Clients never query tables: a page that shows the event refreshes the
+one card or section it concerns.
+
+A client that reconnects with ``Last-Event-ID`` (the browser does it by itself) first gets the events it missed,
+read from the log, then the live ones. A client too slow to keep up (its queue full) is disconnected; it
+reconnects with its last id and catches up from the log, so nothing is lost, only delayed. More than
+REPLAY_MAX missed events are not replayed: the client gets a ``reset`` event and reloads what it shows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio.to_thread
+
+from taskkernel.kernel.logging import get_logger
+from taskkernel.kernel.model.task import TARGET_STATE_OF_EVENT, TaskState
+from taskkernel.kernel.queries import event_reader
+from taskkernel.kernel.store.db import Database
+from taskkernel.kernel.store.events import RecordedEvent, log_end
+
+log = get_logger(__name__)
+POLL_SECONDS = 0.1
+QUEUE_SIZE = 2000  # events a client may lag behind before it is cut off (it then catches up from the log)
+REPLAY_MAX = 5000  # missed events replayed to a reconnecting client; beyond, a reset
+READ_BATCH = 1000
+TASK_PREFIX = "task:"
+
+
+def summary(ev: RecordedEvent) -> dict[str, Any]:
+    """What a client learns of an event: where it is, what it is, whose task, the task's state after it."""
+    task_id = ev.stream_id.removeprefix(TASK_PREFIX) if ev.stream_id.startswith(TASK_PREFIX) else None
+    state = None
+    if task_id is not None:
+        if ev.type in ("task_created", "task_adopted"):
+            state = str(ev.data.get("state", TaskState.INBOX.value))
+        elif (target := TARGET_STATE_OF_EVENT.get(ev.type)) is not None:
+            state = target.value
+    return {"global_pos": ev.global_pos, "stream": ev.stream_id, "type": ev.type, "task_id": task_id,
+            "state": state, "by": ev.data.get("by") or ev.meta.get("actor"), "at": ev.recorded_at}
+
+
+@dataclass(eq=False)
+class Subscription:
+    """One client's queue; ``start`` is the hub's position when it subscribed (live events are past it)."""
+
+    start: int
+    queue: asyncio.Queue[dict[str, Any] | None] = field(default_factory=lambda: asyncio.Queue(QUEUE_SIZE))
+    cut_off: bool = False
+
+
+class EventHub:
+    """The one reader of the log's tail for a server; clients subscribe and read their queue."""
+
+    def __init__(self, db: Database, poll_seconds: float = POLL_SECONDS) -> None:
+        self.db = db
+        self.poll_seconds = poll_seconds
+        self.position = 0
+        self.clients: set[Subscription] = set()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self.position = await anyio.to_thread.run_sync(self._end)
+        self._task = asyncio.create_task(self._run(), name="taskkernel-event-hub")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for client in list(self.clients):
+            self._cut(client)
+
+    def _end(self) -> int:
+        with self.db.read() as conn:
+            return int(log_end(conn)[0])
+
+    def _read(self, after: int, end: int) -> list[RecordedEvent]:
+        """The events after ``after`` up to ``end`` (at most READ_BATCH), in commit order."""
+        out = []
+        with self.db.read() as conn:
+            for ev in event_reader().read_all(conn, after + 1, batch=READ_BATCH):
+                if ev.global_pos > end or len(out) >= READ_BATCH:
+                    break
+                out.append(ev)
+        return out
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self._advance()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a database hiccup: say so, try again at the next poll
+                log.warning("event_feed_failed", error=f"{type(exc).__name__}: {exc}")
+            await asyncio.sleep(self.poll_seconds)
+
+    async def _advance(self) -> None:
+        end = await anyio.to_thread.run_sync(self._end)
+        while end > self.position:
+            events = await anyio.to_thread.run_sync(self._read, self.position, end)
+            if not events:
+                return
+            for ev in events:
+                self._publish(summary(ev))
+            self.position = events[-1].global_pos
+
+    def _publish(self, item: dict[str, Any]) -> None:
+        for client in list(self.clients):
+            try:
+                client.queue.put_nowait(item)
+            except asyncio.QueueFull:
+                self._cut(client)
+
+    def _cut(self, client: Subscription) -> None:
+        """Disconnect a client: it reconnects with its last id and catches up from the log."""
+        self.clients.discard(client)
+        client.cut_off = True
+        with contextlib.suppress(asyncio.QueueFull):
+            client.queue.put_nowait(None)
+
+    async def follow(self, last_seen: int | None) -> AsyncIterator[dict[str, Any]]:
+        """The events after ``last_seen`` (None: only those committed from now on), then each as it commits;
+        a ``{"type": "reset"}`` item when too many were missed to replay."""
+        client = Subscription(self.position)  # subscribe first: nothing between the replay and the live feed
+        self.clients.add(client)
+        try:
+            if last_seen is not None and last_seen < client.start:
+                if client.start - last_seen > REPLAY_MAX:
+                    yield {"type": "reset", "global_pos": client.start}
+                else:
+                    after = last_seen
+                    while after < client.start:
+                        missed = await anyio.to_thread.run_sync(self._read, after, client.start)
+                        if not missed:
+                            break
+                        for ev in missed:
+                            yield summary(ev)
+                        after = missed[-1].global_pos
+            while True:
+                item = await client.queue.get()
+                if item is None:
+                    return
+                yield item
+        finally:
+            self.clients.discard(client)

@@ -1,0 +1,215 @@
+"""The board's typed read models: what ``/api/…`` returns and its OpenAPI schema describes.
+
+SQLModel classes without ``table=True``: the tables stay the SQLAlchemy Core tables of the write path (one schema,
+migrated by Alembic), and each model is filled by the same read the CLI uses (kernel/queries.py, runners/history.py,
+scheduler/admin.py, kernel/usage.py, the session log), so a field has the name the CLI's JSON gives it and cannot
+drift from it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlmodel import Field, SQLModel
+
+
+class TaskRow(SQLModel):
+    """A task as `task list` prints it (kernel/queries.py TASK_LIST_FIELDS)."""
+
+    task_id: str
+    state: str
+    revision: int
+    round: int
+    sender: str
+    recipient: str
+    subject: str
+    priority: str
+    risk_level: str
+    parent: str | None = None
+    root: str
+    thread_key: str
+    blocked: dict[str, Any] | None = Field(default=None, description="report_id, by, at, reason when blocked")
+
+
+class HistoryEntry(SQLModel):
+    """One event of a task as `task show` lists it."""
+
+    revision: int
+    global_pos: int
+    type: str
+    by: str | None = None
+    at: str
+    from_: str | None = Field(default=None, alias="from", schema_extra={"serialization_alias": "from"})
+    round: int | None = None
+    reason: str | None = None
+    report_id: str | None = None
+    status: str | None = None
+
+
+class TaskDocument(TaskRow):
+    """A task as `task show` prints it: the stored document and its history."""
+
+    body: str = ""
+    authority: dict[str, str]
+    budget: dict[str, Any] | None = None
+    cost_tier: str | None = None
+    references: list[str] = []
+    reports: list[dict[str, Any]] = []
+    records: list[dict[str, Any]] | None = None
+    assignee: str | None = None
+    lease: dict[str, Any] | None = None
+    created_at: str
+    updated_at: str
+    history: list[HistoryEntry]
+
+
+class CommandOutcome(SQLModel):
+    """A command's result as `submit` prints it, with ``hint`` (the command that lifts a ``permission_required``)."""
+
+    status: str = Field(description="accepted, replayed or rejected")
+    reason: str | None = Field(default=None, description="the stable reason code of a refusal (docs/reasons.md)")
+    message: str
+    task_id: str | None = None
+    revision: int | None = None
+    round: int | None = None
+    hint: str | None = None
+
+
+class ActionOutcome(SQLModel):
+    """What a board action that is not a task verb answers (a grant, a schedule, a goal): ``status`` ok, or
+    rejected with the reason code the CLI gives."""
+
+    status: str
+    reason: str | None = None
+    message: str
+    detail: dict[str, Any] | None = None
+
+
+class EventSummary(SQLModel):
+    """One committed event as ``GET /api/events`` sends it (``id:`` is its global position)."""
+
+    global_pos: int
+    stream: str
+    type: str
+    task_id: str | None = None
+    state: str | None = Field(default=None, description="the task's lifecycle state after a task event")
+    by: str | None = None
+    at: str
+
+
+class RunRow(SQLModel):
+    """A run as `runs list` prints it."""
+
+    run_id: str
+    task_id: str
+    round: int
+    role: str
+    purpose: str
+    state: str
+    attempt: int
+    max_attempts: int
+    error_code: str | None = None
+    last_error: str | None = None
+    exit_code: int | None = None
+    created_at: str
+    started_at: str | None = None
+    ended_at: str | None = None
+    elapsed_s: float | None = None
+    retry_at: str | None = None
+    timeout_s: float | None = Field(default=None, description="the role's timeout, from taskkernel.toml")
+    log_tail: list[str] | None = Field(default=None, description="the last lines of a failed run's log")
+
+
+class Occurrence(SQLModel):
+    """A decided occurrence of a schedule, as `schedule show` lists its outcomes."""
+
+    dedup_key: str
+    nominal: str | None = None
+    state: str
+    reason: str | None = None
+    attempt: int | None = None
+    fired_at: str | None = None
+    finished_at: str | None = None
+    run_ref: str | None = None
+    detail: str | None = None
+
+
+class ScheduleView(SQLModel):
+    """A schedule as `schedule show` prints it: its definition, watermark, next fires and recent outcomes."""
+
+    name: str
+    id: str
+    kind: str
+    spec: str
+    tz: str | None = None
+    paused: bool
+    pause_reason: str | None = None
+    watermark: str | None = None
+    next_due: str | None = None
+    revision: int
+    no_progress: int
+    owner_role: str | None = None
+    action: dict[str, Any] | None = None
+    error: str | None = None
+    next: list[dict[str, Any]] = []
+    outcomes: list[Occurrence] = []
+
+
+class UsageRow(SQLModel):
+    """Usage of one owner, as `usage --by …` prints a row."""
+
+    owner: str | None
+    units: int
+    wall_ms: int
+    tokens_in: int
+    tokens_out: int
+    cost_usd: float
+
+
+class UsageDay(SQLModel):
+    """Spend of one owner on one UTC day (the usage page's charts)."""
+
+    day: str
+    owner: str | None
+    tokens: int
+    cost_usd: float
+
+
+class UsageReport(SQLModel):
+    by: str
+    since: str | None = None
+    rows: list[UsageRow]
+    total: dict[str, float]
+    days: list[UsageDay]
+
+
+class SessionInput(SQLModel):
+    """One input of a session log, in acceptance order (`session export` fields)."""
+
+    seq: int | None
+    input_id: str
+    kind: str
+    payload: dict[str, Any]
+    accepted: bool
+    received_at: str | None = None
+    accepted_by: str | None = None
+    refusal: str | None = None
+
+
+class NeedsYou(SQLModel):
+    """`taskkernel inbox`'s document: reviews to decide, approvals that need a grant, blocked tasks."""
+
+    status: str = "ok"
+    role: str | None
+    reviews: list[dict[str, Any]]
+    needs_grant: list[dict[str, Any]]
+    blocked: list[dict[str, Any]]
+    counts: dict[str, int]
+    truncated: bool
+
+
+class Health(SQLModel):
+    status: str
+    version: str
+    database: str
+    log_position: int

@@ -1,0 +1,240 @@
+"""The board's HTML pages (server-rendered Jinja2, a little JavaScript in static/board.js for the live feed and the
+buttons), sign-in and sign-out.
+
+A page shows the buttons its viewer's role may use (the kernel still judges every click): approve, reject and
+reopen for the task's done_authority, archive for its archive_authority, a grant for ADMIN where an approval
+needs one, pause and resume on schedules, cancel on a root task's active goal. Every form carries the sign-in's
+CSRF token.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import urlsplit
+
+import anyio.to_thread
+from fastapi import APIRouter, Form, Request
+from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+
+from taskkernel import __version__
+from taskkernel.coordinator.inbox import waiting
+from taskkernel.coordinator.web import reads
+from taskkernel.coordinator.web.auth import COOKIE, Caller, Refused
+from taskkernel.coordinator.web.state import board_of
+from taskkernel.kernel.goals import GoalService
+from taskkernel.kernel.model.commands import CommandType
+from taskkernel.kernel.model.principal import LOCAL_OWNER
+from taskkernel.kernel.queries import TaskQueryError
+from taskkernel.kernel.reasons import ReasonCode
+from taskkernel.kernel.usage import GROUPINGS
+from taskkernel.kernel.verbs import grant_hint
+
+router = APIRouter(include_in_schema=False)
+templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
+RISKS = ("low", "medium", "high", "irreversible")
+NEEDS_LIMIT = 100
+
+
+def render(request: Request, name: str, caller: Caller | None, status: int = 200, **context: Any) -> HTMLResponse:
+    return templates.TemplateResponse(request, name, {
+        "caller": caller, "csrf": caller.csrf if caller else None, "version": __version__,
+        "signed_in": caller is not None and caller.via == "cookie", **context}, status_code=status)
+
+
+def error_page(request: Request, status: int, reason: str, message: str) -> HTMLResponse:
+    return render(request, "error.html", None, status, reason=reason, message=message)
+
+
+def may(caller: Caller | None, role: str | None) -> bool:
+    """Whether the caller's role is ``role`` (an authority of the task) or an unscoped ADMIN."""
+    if caller is None:
+        return False
+    p = caller.principal
+    return p.is_admin or (p.task_id is None and p.role == role)
+
+
+@router.get("/", response_class=HTMLResponse)
+async def board_page(request: Request, role: str | None = None, root: str | None = None,
+                     risk: str | None = None) -> Response:
+    board = board_of(request)
+    caller = board.gate.reader(request)
+    filters = reads.Filters(role.upper() if role else None, root or None, risk or None)
+    try:
+        columns = await anyio.to_thread.run_sync(reads.board, board.db, board.grant_sessions, filters)
+    except TaskQueryError as exc:
+        raise Refused(400, ReasonCode.INVALID_COMMAND.value, str(exc)) from None
+    return render(request, "board.html", caller, columns=columns, filters=filters, risks=RISKS,
+                  roles=_team_roles(board))
+
+
+def _team_roles(board: Any) -> list[str]:
+    """The team's roles for the role filter (none when the team cannot be read: the filter still takes any)."""
+    from taskkernel.coordinator.config import ConfigError
+
+    try:
+        return list(board.ws.team().roles) if board.ws is not None else []
+    except (ConfigError, ValueError, OSError):
+        return []
+
+
+@router.get("/tasks/{task_id}", response_class=HTMLResponse)
+async def task_page(request: Request, task_id: str) -> Response:
+    board = board_of(request)
+    caller = board.gate.reader(request)
+    found = await anyio.to_thread.run_sync(reads.task_page, board.db, board.ws, board.grant_sessions, task_id)
+    if found is None:
+        raise Refused(404, ReasonCode.TASK_NOT_FOUND.value, f"{task_id} does not exist")
+    doc = found["task"]
+    goal = None
+    if doc["root"] == task_id:
+        service = GoalService(board.db, board.kernel.store)
+        goal_id = await anyio.to_thread.run_sync(service.active_goal, task_id)
+        goal = await anyio.to_thread.run_sync(service.show, goal_id) if goal_id else None
+    authority = doc["authority"]
+    can = {
+        "decide": doc["state"] == "review" and may(caller, authority.get("done_authority")),
+        "reopen": doc["state"] == "done" and may(caller, authority.get("done_authority")),
+        "archive": doc["state"] in ("done", "review") and may(caller, authority.get("archive_authority")),
+        "grant": doc["state"] == "review" and doc["risk_level"] in ("high", "irreversible") and caller is not None
+        and caller.principal.is_admin,
+        "cancel_goal": goal is not None and may(caller, authority.get("done_authority")),
+    }
+    return render(request, "task.html", caller, page=found, task=doc, goal=goal, can=can,
+                  grant_command=grant_hint(CommandType.APPROVE, task_id))
+
+
+@router.get("/tasks/{task_id}/file", response_class=PlainTextResponse)
+async def task_file(request: Request, task_id: str) -> Response:
+    """The task's FCoP TASK file (front matter and body), as text."""
+    board = board_of(request)
+    board.gate.reader(request)
+    text = await anyio.to_thread.run_sync(reads.task_file, board.db, board.ws, task_id)
+    if text is None:
+        raise Refused(404, ReasonCode.TASK_NOT_FOUND.value, f"{task_id} does not exist")
+    return PlainTextResponse(text, media_type="text/markdown; charset=utf-8")
+
+
+@router.get("/runs", response_class=HTMLResponse)
+async def runs_page(request: Request) -> Response:
+    board = board_of(request)
+    caller = board.gate.reader(request)
+    view = await anyio.to_thread.run_sync(reads.runs_view, board.db, board.ws)
+    return render(request, "runs.html", caller, runs=view)
+
+
+@router.get("/schedules", response_class=HTMLResponse)
+async def schedules_page(request: Request) -> Response:
+    board = board_of(request)
+    caller = board.gate.reader(request)
+    view = await anyio.to_thread.run_sync(reads.schedules_view, board.db)
+    return render(request, "schedules.html", caller, schedules=view)
+
+
+@router.get("/usage", response_class=HTMLResponse)
+async def usage_page(request: Request, by: str = "root") -> Response:
+    board = board_of(request)
+    caller = board.gate.reader(request)
+    if by not in GROUPINGS:
+        raise Refused(400, ReasonCode.INVALID_COMMAND.value, f"by must be one of {', '.join(GROUPINGS)}")
+    view = await anyio.to_thread.run_sync(reads.usage_view, board.db, by, None)
+    return render(request, "usage.html", caller, usage=view, groupings=list(GROUPINGS), chart=chart(view))
+
+
+def chart(view: dict[str, Any], width: int = 640, height: int = 160) -> dict[str, Any]:
+    """Spend per day as stacked bars, one colour per owner (the top five; the rest as "other"): SVG geometry."""
+    owners = [r["owner"] for r in view["rows"][:5]]
+    days = sorted({d["day"] for d in view["days"]})
+    per_day: dict[str, dict[str, float]] = {day: {} for day in days}
+    metric = "cost_usd" if any(d["cost_usd"] for d in view["days"]) else "tokens"
+    for d in view["days"]:
+        key = d["owner"] if d["owner"] in owners else "other"
+        per_day[d["day"]][key] = per_day[d["day"]].get(key, 0) + d[metric]
+    top = max((sum(v.values()) for v in per_day.values()), default=0) or 1
+    bar = width / max(len(days), 1)
+    bars = []
+    for i, day in enumerate(days):
+        y = float(height)
+        for j, owner in enumerate([*owners, "other"]):
+            value = per_day[day].get(owner, 0)
+            if value:
+                h = value / top * (height - 20)
+                y -= h
+                bars.append({"x": i * bar + 2, "y": y, "w": max(bar - 4, 1), "h": h, "series": j % 6,
+                             "title": f"{day} {owner}: {value:g}"})
+    return {"bars": bars, "days": days, "owners": [*owners, "other"], "metric": metric, "top": top,
+            "width": width, "height": height}
+
+
+@router.get("/sessions", response_class=HTMLResponse)
+async def sessions_page(request: Request) -> Response:
+    board = board_of(request)
+    caller = board.gate.reader(request)
+    listed = [] if caller is None else await anyio.to_thread.run_sync(board.session_log.sessions, caller.principal)
+    return render(request, "sessions.html", caller, sessions=listed, session=None, inputs=[])
+
+
+@router.get("/sessions/{session}", response_class=HTMLResponse)
+async def session_page(request: Request, session: str) -> Response:
+    board = board_of(request)
+    caller = board.gate.reader(request)
+    if caller is None:
+        raise Refused(401, ReasonCode.ACTOR_UNVERIFIED.value, "a session log is read by its owner or ADMIN")
+    from taskkernel.kernel.sessionlog import SessionLogError
+
+    try:
+        board.session_log.check_read(session, caller.principal)
+    except SessionLogError as exc:
+        raise Refused(403, exc.reason.value, exc.message) from None
+    inputs = await anyio.to_thread.run_sync(reads.session_inputs, board.session_log, session)
+    return render(request, "sessions.html", caller, sessions=None, session=session, inputs=inputs)
+
+
+@router.get("/needs-you", response_class=HTMLResponse)
+async def needs_page(request: Request) -> Response:
+    board = board_of(request)
+    caller = board.gate.reader(request)
+    principal = caller.principal if caller else LOCAL_OWNER
+    role = None if principal.is_admin else principal.role
+    found = await anyio.to_thread.run_sync(waiting, board.db, board.grant_sessions, role, principal, NEEDS_LIMIT)
+    return render(request, "needs.html", caller, needs=found, role=role)
+
+
+@router.get("/login", response_class=HTMLResponse)
+async def login_page(request: Request, next: str = "/") -> Response:
+    return render(request, "login.html", None, next=_local(next), error=None)
+
+
+@router.post("/login", response_class=HTMLResponse)
+async def login(request: Request, token: Annotated[str, Form()], next: Annotated[str, Form()] = "/") -> Response:
+    """Sign in with a token (ADMIN's or a role's): a session cookie, never the token, goes back."""
+    board = board_of(request)
+    try:
+        principal = await anyio.to_thread.run_sync(board.gate.authenticate, token.strip())
+    except Refused as exc:
+        return render(request, "login.html", None, 401, next=_local(next), error=f"{exc.reason}: {exc.message}")
+    sid, _ = board.sign_ins.create(token.strip())
+    response = RedirectResponse(_local(next), 303)
+    response.set_cookie(COOKIE, sid, max_age=int(board.sign_ins.lifetime), httponly=True, samesite="strict",
+                        secure=request.url.scheme == "https", path="/")
+    response.headers["X-Signed-In-As"] = principal.id
+    return response
+
+
+@router.post("/logout")
+async def logout(request: Request, csrf_token: Annotated[str | None, Form()] = None) -> Response:
+    board = board_of(request)
+    board.gate.actor(request, csrf_token)
+    board.sign_ins.drop(request.cookies.get(COOKIE))
+    response = RedirectResponse("/", 303)
+    response.delete_cookie(COOKIE, path="/")
+    return response
+
+
+def _local(target: str) -> str:
+    """A redirect target on this server only (``next`` never sends a browser elsewhere)."""
+    parts = urlsplit(target)
+    if parts.scheme or parts.netloc or not target.startswith("/") or target.startswith("//"):
+        return "/"
+    return target

@@ -1,0 +1,230 @@
+"""What each page and API route of the board reads: the CLI's reads, composed; nothing here writes.
+
+Every list is bounded (a page of tasks per column, a capped tree, the latest runs and outcomes), so a page costs
+the same with ten tasks or ten thousand (bench/serve.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from taskkernel.coordinator.config import RunnerSpec
+from taskkernel.coordinator.inbox import approval_refusals
+from taskkernel.coordinator.runners.history import page_runs, run_detail
+from taskkernel.coordinator.workspace import Workspace
+from taskkernel.kernel.canonical import sha256_hex
+from taskkernel.kernel.model.task import TaskState
+from taskkernel.kernel.permissions import permission_scope
+from taskkernel.kernel.queries import count_tasks, event_reader, page_tasks, task_history, task_show_document
+from taskkernel.kernel.sessionlog import SessionLog
+from taskkernel.kernel.store.db import Database
+from taskkernel.kernel.store.schema import usage as usage_table
+from taskkernel.kernel.usage import GROUPINGS, summarize
+from taskkernel.scheduler.admin import Schedules
+from taskkernel.scheduler.ledger import Ledger
+
+COLUMNS = tuple(s.value for s in TaskState)  # inbox, active, review, done, archive: the board's columns
+CARDS_PER_COLUMN = 50
+PATCH_SHOWN = 256 * 1024  # bytes of a patch the task page shows; the file has it all
+TREE_DEPTH = 4
+TREE_WIDTH = 100
+GRANT_KINDS = ("allow", "revoke")
+
+
+@dataclass(frozen=True)
+class Filters:
+    """The board's filters: recipient role, root task, risk level (None: any)."""
+
+    role: str | None = None
+    root: str | None = None
+    risk: str | None = None
+
+    def query(self) -> dict[str, str | None]:
+        return {"role": self.role, "root": self.root, "risk": self.risk}
+
+
+def board(db: Database, grant_sessions: frozenset[str] | None, filters: Filters,
+          per_column: int = CARDS_PER_COLUMN) -> dict[str, Any]:
+    """Each column's count and first cards; a review card whose approval would be refused for want of a human's
+    grant says so (``needs_grant``: the kernel's own guard asked, as `taskkernel inbox` asks it)."""
+    columns: dict[str, Any] = {}
+    for state in COLUMNS:
+        page = page_tasks(db, state=state, limit=per_column, **filters.query())
+        columns[state] = {"count": count_tasks(db, state=state, **filters.query()), "tasks": page.rows,
+                          "next_cursor": page.next_cursor}
+    reviews = [r for r in columns[TaskState.REVIEW.value]["tasks"] if r["risk_level"] in ("high", "irreversible")]
+    if reviews:
+        from taskkernel.kernel.model.principal import LOCAL_OWNER
+
+        with approval_refusals(db, grant_sessions) as refusal:
+            for row in reviews:  # the guard reads risk_level and task_id, which a row has
+                row["needs_grant"] = refusal(row, LOCAL_OWNER) is not None
+    return columns
+
+
+def task_page(db: Database, ws: Workspace | None, grant_sessions: frozenset[str] | None, task_id: str
+              ) -> dict[str, Any] | None:
+    """Everything the task page shows: the `task show` document, the timeline with each event's actor, the
+    reports with their bodies and diffs, the children as a tree, gate verdicts, grants consulted, usage, runs."""
+    doc = task_show_document(db, task_id)
+    if doc is None:
+        return None
+    events = task_history(db, task_id)
+    bodies = {ev.data["report_id"]: ev.data.get("body") or "" for ev in events if ev.type == "report_submitted"}
+    reports = [{**r, "body": bodies.get(r["report_id"], ""),
+                "patch": patch_text(ws, r["diff"]) if ws is not None and r.get("diff") else None}
+               for r in doc.get("reports", ())]
+    timeline = [{"global_pos": ev.global_pos, "revision": ev.stream_version, "type": ev.type, "at": ev.recorded_at,
+                 "by": ev.data.get("by") or ev.meta.get("actor"), "reason": ev.data.get("reason"),
+                 "status": ev.data.get("status"), "round": ev.data.get("round")} for ev in events]
+    return {"task": doc, "timeline": timeline, "reports": reports, "children": children_tree(db, task_id),
+            "gate": gate_verdicts(db, task_id), "grants": grants_for(db, grant_sessions, task_id),
+            "usage": task_usage(db, task_id), "runs": page_runs(db, task_id=task_id, limit=20).rows}
+
+
+def patch_text(ws: Workspace, diff: dict[str, Any]) -> dict[str, Any]:
+    """The patch a done report's diff names, read from the workspace's evidence folder and checked against the hash
+    the report recorded: ``{text, truncated}`` or ``{error}``."""
+    if "patch" not in diff:
+        return {"error": diff.get("error", "no patch recorded")}
+    evidence = (ws.state_dir / "evidence").resolve()
+    path = (ws.root / diff["patch"]).resolve()
+    if not path.is_relative_to(evidence):
+        return {"error": f"{diff['patch']} is not under {evidence}"}
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        return {"error": f"cannot read {diff['patch']}: {exc.strerror or exc}"}
+    if diff.get("patch_sha256") and sha256_hex(data) != diff["patch_sha256"]:
+        return {"error": f"{diff['patch']} no longer matches the hash the report recorded"}
+    return {"text": data[:PATCH_SHOWN].decode("utf-8", errors="replace"), "truncated": len(data) > PATCH_SHOWN}
+
+
+def children_tree(db: Database, task_id: str, depth: int = TREE_DEPTH) -> list[dict[str, Any]]:
+    """The task's children, theirs below them, to ``depth`` levels, at most TREE_WIDTH per task."""
+    page = page_tasks(db, parent=task_id, limit=TREE_WIDTH)
+    return [{**row, "children": children_tree(db, row["task_id"], depth - 1) if depth > 1 else [],
+             "more": page.next_cursor is not None and i == len(page.rows) - 1} for i, row in enumerate(page.rows)]
+
+
+def gate_verdicts(db: Database, task_id: str) -> list[dict[str, Any]]:
+    """The execution gate's decisions on the task's `perform` commands (stream ``gate:<task>``), oldest first."""
+    with db.read() as conn:
+        return [{"global_pos": ev.global_pos, "at": ev.recorded_at, **ev.data}
+                for ev in event_reader().read_stream(conn, f"gate:{task_id}")]
+
+
+def grants_for(db: Database, grant_sessions: frozenset[str] | None, task_id: str) -> list[dict[str, Any]]:
+    """The grants and revocations scoped to the task in the grant sessions: what the kernel's guard consults."""
+    log = SessionLog(db, grant_sessions) if grant_sessions is not None else SessionLog(db)
+    scope = permission_scope(task_id)
+    found = []
+    for session in sorted(log.admin_sessions):
+        for r in log.records(session):
+            if r.kind in GRANT_KINDS and r.payload.get("scope") == scope:
+                found.append({"session": session, "seq": r.seq, "input_id": r.input_id, "kind": r.kind,
+                              "permission": r.payload.get("permission"), "accepted_by": r.accepted_by,
+                              "received_at": r.received_at, "accepted": r.accepted})
+    return found
+
+
+def task_usage(db: Database, task_id: str) -> dict[str, Any]:
+    """What the task's runs and automations cost: units, wall time, tokens, dollars."""
+    u = usage_table.c
+    with db.read() as conn:
+        row = conn.execute(sa.select(sa.func.count(), sa.func.sum(u.wall_ms), sa.func.sum(u.tokens_in),
+                                     sa.func.sum(u.tokens_out), sa.func.sum(u.cost_usd))
+                           .where(u.task_id == task_id)).one()
+    return {"units": row[0], "wall_ms": int(row[1] or 0), "tokens_in": int(row[2] or 0),
+            "tokens_out": int(row[3] or 0), "cost_usd": round(float(row[4] or 0.0), 6)}
+
+
+def runs_view(db: Database, ws: Workspace | None, limit: int = 50) -> dict[str, Any]:
+    """Runs now (with elapsed and the role's timeout), retries due, recent failures with their last log lines."""
+    roles: dict[str, RunnerSpec] = ws.config.roles if ws is not None else {}
+    running = page_runs(db, state="running", limit=limit).rows
+    for r in running:
+        spec = roles.get(r["role"])
+        r["timeout_s"] = spec.timeout if spec is not None else None
+    failed = page_runs(db, state="failed", limit=limit).rows + page_runs(db, state="blocked", limit=limit).rows
+    failed.sort(key=lambda r: r["created_at"], reverse=True)
+    for r in failed[:10]:  # the latest failures carry their log's last lines
+        r["log_tail"] = last_log_lines(run_detail(db, r["run_id"], ws.root if ws is not None else None))
+    return {"running": running, "retrying": page_runs(db, state="retrying", limit=limit).rows,
+            "failed": failed[:limit]}
+
+
+def last_log_lines(detail: dict[str, Any] | None) -> list[str] | None:
+    """The last lines the run's latest attempt wrote to stderr (else stdout), when its log is still there."""
+    attempts = (detail or {}).get("attempts") or []
+    if not attempts:
+        return None
+    tail = attempts[-1].get("stderr_tail") or attempts[-1].get("stdout_tail")
+    return list(tail["lines"]) if tail else None
+
+
+def schedules_view(db: Database, now: datetime | None = None) -> list[dict[str, Any]]:
+    """Every schedule with its next fires, watermark and latest outcomes (missed ones with their reasons)."""
+    from taskkernel.scheduler.tables import install
+
+    install(db)
+    schedules = Schedules(Ledger(db))
+    now = now or datetime.now(UTC)
+    out = []
+    for s in schedules.all():
+        view = schedules.view(s)
+        try:
+            upcoming = [] if s.paused or s.error else schedules.upcoming(s, now, 3)
+        except Exception:  # noqa: BLE001 - a definition that no longer computes shows without next fires
+            upcoming = []
+        out.append({**view, "next": upcoming, "outcomes": schedules.outcomes(s, 10)})
+    return out
+
+
+def usage_view(db: Database, by: str = "root", since: str | None = None) -> dict[str, Any]:
+    """`usage --by` plus spend per owner per UTC day, for the charts."""
+    from taskkernel.kernel.usage import install
+
+    install(db)
+    rows = summarize(db, by, since)
+    total = {k: float(sum(r[k] for r in rows)) for k in ("units", "wall_ms", "tokens_in", "tokens_out")}
+    total["cost_usd"] = round(sum(r["cost_usd"] for r in rows), 6)
+    u = usage_table.c
+    col = u[GROUPINGS[by]]
+    day = sa.func.substr(u.recorded_at, 1, 10)
+    q = sa.select(day, col, sa.func.sum(u.tokens_in + u.tokens_out), sa.func.sum(u.cost_usd)).group_by(day, col)
+    if since:
+        q = q.where(u.recorded_at >= since)
+    with db.read() as conn:
+        days = [{"day": d, "owner": o, "tokens": int(t or 0), "cost_usd": round(float(c or 0.0), 6)}
+                for d, o, t, c in conn.execute(q.order_by(day))]
+    return {"by": by, "since": since, "rows": rows, "total": total, "days": days}
+
+
+def session_inputs(log: SessionLog, session: str) -> list[dict[str, Any]]:
+    """A session's inputs in acceptance order (refused and unsequenced inputs last, in storage order)."""
+    records = log.records(session)
+    ordered = sorted((r for r in records if r.seq is not None), key=lambda r: r.seq or 0)
+    ordered += [r for r in records if r.seq is None]
+    return [{"seq": r.seq, "input_id": r.input_id, "kind": r.kind, "payload": r.payload, "accepted": r.accepted,
+             "received_at": r.received_at, "accepted_by": r.accepted_by, "refusal": r.refusal} for r in ordered]
+
+
+def log_position(db: Database) -> int:
+    """The global position of the last committed event (0: none yet)."""
+    from taskkernel.kernel.store.events import log_end
+
+    with db.read() as conn:
+        return int(log_end(conn)[0])
+
+
+def task_file(db: Database, ws: Workspace | None, task_id: str) -> str | None:
+    """The task's FCoP TASK file as text (rendered from its events when it has none), or None: no such task."""
+    from taskkernel.coordinator.mcp.resources import task_markdown
+
+    return task_markdown(db, ws, task_id)
+

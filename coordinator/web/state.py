@@ -1,0 +1,39 @@
+"""What one board server holds: the database, the workspace, the kernel, the sign-ins, the event hub, the actions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fastapi import Request
+
+from taskkernel.coordinator.web.actions import Actions
+from taskkernel.coordinator.web.auth import Gatekeeper, SignIns
+from taskkernel.coordinator.web.events import EventHub
+from taskkernel.coordinator.workspace import Workspace
+from taskkernel.kernel.commands import TaskCommandKernel
+from taskkernel.kernel.sessionlog import SessionLog
+from taskkernel.kernel.store.db import Database
+
+
+@dataclass
+class Board:
+    db: Database
+    ws: Workspace | None
+    kernel: TaskCommandKernel
+    require_login: bool = False
+    poll_seconds: float | None = None
+    sign_ins: SignIns = field(default_factory=SignIns)
+
+    def __post_init__(self) -> None:
+        self.grant_sessions = self.ws.grant_sessions if self.ws is not None else None
+        self.gate = Gatekeeper(self.db, self.sign_ins, self.require_login)
+        self.hub = EventHub(self.db) if self.poll_seconds is None else EventHub(self.db, self.poll_seconds)
+        self.actions = Actions(self.kernel, self.grant_sessions)
+        self.session_log = (SessionLog(self.db, self.grant_sessions) if self.grant_sessions is not None
+                            else SessionLog(self.db))
+
+
+def board_of(request: Request) -> Board:
+    board = request.app.state.board
+    assert isinstance(board, Board)
+    return board
