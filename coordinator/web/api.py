@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 import anyio.to_thread
-from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
+from fastapi import APIRouter, Body, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
@@ -61,7 +61,7 @@ def answer(status: int, doc: dict[str, Any]) -> JSONResponse:
 
 
 @router.get("/tasks", response_model=list[TaskRow], responses={400: {"description": "a bad filter or cursor"}})
-async def list_tasks(request: Request, response: Response,
+async def list_tasks(request: Request,
                      state: str | None = None, role: str | None = None, root: str | None = None,
                      risk: str | None = None,
                      limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = DEFAULT_LIMIT,
@@ -77,12 +77,14 @@ async def list_tasks(request: Request, response: Response,
     except TaskQueryError as exc:
         raise Refused(400, ReasonCode.INVALID_COMMAND.value, str(exc)) from None
     if page.next_cursor is not None:
-        response.headers["X-Next-Cursor"] = page.next_cursor
-        response.headers["Link"] = f'<{request.url.include_query_params(cursor=page.next_cursor)}>; rel="next"'
-    return page.rows
+        headers = {"X-Next-Cursor": page.next_cursor,
+                   "Link": f'<{request.url.include_query_params(cursor=page.next_cursor)}>; rel="next"'}
+    else:
+        headers = {}
+    return JSONResponse(page.rows, headers=headers)  # exactly `task list`'s array: the model only documents it
 
 
-@router.get("/tasks/{task_id}", response_model=TaskDocument, response_model_by_alias=True,
+@router.get("/tasks/{task_id}", response_model=TaskDocument,
             responses={404: {"description": "no such task: reason task_not_found"}})
 async def show_task(request: Request, task_id: str) -> Any:
     """`taskkernel task show`: the task's document and history."""
@@ -91,7 +93,7 @@ async def show_task(request: Request, task_id: str) -> Any:
     doc = await anyio.to_thread.run_sync(task_show_document, board.db, task_id)
     if doc is None:
         raise Refused(404, ReasonCode.TASK_NOT_FOUND.value, f"{task_id} does not exist")
-    return doc
+    return JSONResponse(doc)  # exactly `task show`'s document: the model only documents it
 
 
 @router.get("/tasks/{task_id}/page", include_in_schema=False)

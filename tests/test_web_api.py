@@ -1,0 +1,273 @@
+"""The web board's HTTP API (issue 15), through the real `taskkernel serve` process: the CLI's documents over HTTP,
+every action accepted, refused with the kernel's reason, refused without a credential (401) and, signed in with a
+cookie, refused without the CSRF token (403); the event stream; the sign-in rules."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+
+from tests.cli_support import CLI, append_config, cli_env, new_workspace, run
+from tests.web_support import board, create, issue, owner_token, sign_in, task_json, to_review
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str, dict[str, str]]]:
+    ws = new_workspace(tmp_path_factory.mktemp("web-api"))
+    tokens = {"admin": owner_token(ws), "dev": issue(ws, "DEV", "dev-web"), "qa": issue(ws, "QA", "qa-web")}
+    with board(ws) as url:
+        yield ws, url, tokens
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {token}"}
+
+
+def test_health_and_openapi_name_the_fixed_routes(served: tuple[Path, str, dict[str, str]]) -> None:
+    ws, url, _ = served
+    health = httpx2.get(url + "healthz").json()
+    assert health["status"] == "ok" and health["database"] == "sqlite"
+    paths = httpx2.get(url + "api/openapi.json").json()["paths"]
+    for route in ("/api/tasks", "/api/tasks/{task_id}", "/api/tasks/{task_id}/{verb}", "/api/events", "/healthz",
+                  "/api/tasks/{task_id}/grant", "/api/schedules/{name}/{verb}", "/api/goals/{goal_id}/cancel"):
+        assert route in paths, route
+    schemas = httpx2.get(url + "api/openapi.json").json()["components"]["schemas"]
+    assert {"TaskRow", "TaskDocument", "CommandOutcome", "RunRow", "ScheduleView", "UsageReport",
+            "SessionInput"} <= set(schemas)
+
+
+def test_task_list_and_show_are_the_cli_documents(served: tuple[Path, str, dict[str, str]]) -> None:
+    ws, url, _ = served
+    ids = [create(ws, f"listed {i}", "--priority", "P1") for i in range(5)]
+    cli_page = run("task", "list", "--limit", "3", "--json", cwd=ws)
+    answer = httpx2.get(url + "api/tasks", params={"limit": 3})
+    assert answer.status_code == 200 and answer.json() == json.loads(cli_page.out)
+    cursor = answer.headers["x-next-cursor"]
+    assert f"--cursor {cursor}" in cli_page.err and 'rel="next"' in answer.headers["link"]
+    second = httpx2.get(url + "api/tasks", params={"limit": 3, "cursor": cursor}).json()
+    assert second == json.loads(run("task", "list", "--limit", "3", "--cursor", cursor, "--json", cwd=ws).out)
+    inbox = httpx2.get(url + "api/tasks", params={"state": "inbox", "role": "dev", "limit": 1000}).json()
+    assert {t["task_id"] for t in inbox} >= set(ids)
+    assert httpx2.get(url + f"api/tasks/{ids[0]}").json() == task_json(ws, ids[0])
+    missing = httpx2.get(url + "api/tasks/TASK-20200101-999")
+    assert missing.status_code == 404 and missing.json()["reason"] == "task_not_found"
+    for bad in ({"state": "nowhere"}, {"cursor": "garbage"}, {"limit": 0}):
+        refused = httpx2.get(url + "api/tasks", params=bad)
+        assert refused.status_code == 400 and refused.json()["reason"] == "invalid_command", bad
+
+
+def test_a_verb_without_a_credential_is_401_and_changes_nothing(served: tuple[Path, str, dict[str, str]]) -> None:
+    ws, url, tokens = served
+    task = create(ws, "no credential")
+    for headers in ({}, bearer("tk_not-a-token"), {"authorization": "Basic abc"}):
+        answer = httpx2.post(url + f"api/tasks/{task}/claim", json={}, headers=headers)
+        assert answer.status_code == 401, answer.text
+        assert answer.json()["status"] == "rejected" and answer.json()["reason"]
+    assert task_json(ws, task)["revision"] == 1
+
+
+def test_verbs_with_a_bearer_token_are_the_cli_commands(served: tuple[Path, str, dict[str, str]]) -> None:
+    ws, url, tokens = served
+    task = create(ws, "bearer verbs")
+    claimed = httpx2.post(url + f"api/tasks/{task}/claim", json={}, headers=bearer(tokens["dev"]))
+    assert claimed.status_code == 200 and claimed.json()["status"] == "accepted", claimed.text
+    again = httpx2.post(url + f"api/tasks/{task}/claim", json={}, headers=bearer(tokens["dev"]))
+    assert again.json()["status"] == "replayed"  # the same derived idempotency key as the CLI's
+    report = httpx2.post(url + f"api/tasks/{task}/report", json={"status": "done", "body": "did it"},
+                         headers=bearer(tokens["dev"]))
+    assert report.json()["status"] == "accepted"
+    stale = httpx2.post(url + f"api/tasks/{task}/submit", json={"expect_rev": 1}, headers=bearer(tokens["dev"]))
+    assert stale.status_code == 409 and stale.json()["reason"] == "stale_task_revision"
+    assert httpx2.post(url + f"api/tasks/{task}/submit", json={}, headers=bearer(tokens["dev"])).json()["status"] == \
+        "accepted"
+    # QA may not decide an ADMIN's task: the same refusal the CLI gives the same credential
+    by_http = httpx2.post(url + f"api/tasks/{task}/approve", json={}, headers=bearer(tokens["qa"])).json()
+    by_cli = run("--token", tokens["qa"], "task", "approve", task, "--json", cwd=ws)
+    assert by_cli.code == 2 and by_http["status"] == "rejected" and by_http["reason"] == by_cli.json["reason"]
+    no_reason = httpx2.post(url + f"api/tasks/{task}/reject", json={}, headers=bearer(tokens["admin"]))
+    assert no_reason.status_code == 409 and no_reason.json()["reason"] == "invalid_command"
+    rejected = httpx2.post(url + f"api/tasks/{task}/reject", json={"reason": "needs tests"},
+                           headers=bearer(tokens["admin"]))
+    assert rejected.json()["status"] == "accepted" and task_json(ws, task)["state"] == "active"
+    unknown = httpx2.post(url + f"api/tasks/{task}/explode", json={}, headers=bearer(tokens["admin"]))
+    assert unknown.status_code == 409 and unknown.json()["reason"] == "invalid_command"
+    gone = httpx2.post(url + "api/tasks/TASK-20200101-999/archive", json={"reason": "x"},
+                       headers=bearer(tokens["admin"]))
+    assert gone.status_code == 404 and gone.json()["reason"] == "task_not_found"
+    bad = httpx2.post(url + f"api/tasks/{task}/claim", json={"round": "one"}, headers=bearer(tokens["dev"]))
+    assert bad.status_code == 409 and bad.json()["reason"] == "invalid_command"
+
+
+def test_signed_in_changes_need_the_csrf_token(served: tuple[Path, str, dict[str, str]]) -> None:
+    ws, url, tokens = served
+    task = create(ws, "csrf")
+    login = httpx2.post(url + "login", data={"token": tokens["dev"], "next": "/"})
+    assert login.status_code == 303
+    cookie = login.headers["set-cookie"]
+    assert "tk_session=" in cookie and "HttpOnly" in cookie and "SameSite=strict" in cookie.replace("Strict", "strict")
+    assert tokens["dev"] not in cookie
+    client, csrf = sign_in(url, tokens["dev"])
+    with contextlib.closing(client):
+        missing = client.post(f"/api/tasks/{task}/claim", json={})
+        assert missing.status_code == 403 and missing.json()["reason"] == "csrf_failed"
+        wrong = client.post(f"/api/tasks/{task}/claim", json={}, headers={"x-csrf-token": "nope"})
+        assert wrong.status_code == 403
+        foreign = client.post(f"/api/tasks/{task}/claim", json={},
+                              headers={"x-csrf-token": csrf, "origin": "http://evil.example"})
+        assert foreign.status_code == 403 and foreign.json()["reason"] == "csrf_failed"
+        assert task_json(ws, task)["revision"] == 1  # nothing happened
+        ok = client.post(f"/api/tasks/{task}/claim", json={}, headers={"x-csrf-token": csrf})
+        assert ok.status_code == 200 and ok.json()["status"] == "accepted"
+        in_form = client.post(f"/api/tasks/{task}/report", json={"status": "in_progress", "csrf_token": csrf})
+        assert in_form.json()["status"] == "accepted"
+    bad = httpx2.post(url + "login", data={"token": "tk_forged", "next": "/"})
+    assert bad.status_code == 401 and "tk_session" not in bad.headers.get("set-cookie", "")
+
+
+def test_a_revoked_credential_is_signed_out_at_the_next_request(tmp_path: Path) -> None:
+    ws = new_workspace(tmp_path)
+    token = issue(ws, "DEV", "leaving")
+    task = create(ws, "revoked")
+    with board(ws) as url:
+        client, csrf = sign_in(url, token)
+        with contextlib.closing(client):
+            listed = run("token", "list", "--json", cwd=ws).json
+            ident = next(t["id"] for t in listed if t.get("agent") == "leaving")
+            assert run("token", "revoke", ident, cwd=ws).code == 0
+            answer = client.post(f"/api/tasks/{task}/claim", json={}, headers={"x-csrf-token": csrf})
+            assert answer.status_code == 401
+            assert "signed in as" not in client.get("/").text  # the sign-in is gone
+
+
+def test_high_risk_approval_needs_a_grant_only_admin_gives(served: tuple[Path, str, dict[str, str]]) -> None:
+    ws, url, tokens = served
+    task = create(ws, "risky", "--risk", "high")
+    to_review(ws, task, tokens["dev"])
+    refused = httpx2.post(url + f"api/tasks/{task}/approve", json={}, headers=bearer(tokens["admin"]))
+    assert refused.status_code == 409 and refused.json()["reason"] == "permission_required"
+    assert refused.json()["hint"].startswith("taskkernel session accept admin --kind allow")
+    needs = httpx2.get(url + "api/needs-you").json()
+    assert task in {t["task_id"] for t in needs["needs_grant"]}
+    by_dev = httpx2.post(url + f"api/tasks/{task}/grant", json={"permission": "approve"}, headers=bearer(tokens["dev"]))
+    assert by_dev.status_code == 409 and by_dev.json()["status"] == "rejected"
+    assert httpx2.post(url + f"api/tasks/{task}/grant", json={"permission": "destroy"},
+                       headers=bearer(tokens["admin"])).json()["reason"] == "invalid_command"
+    granted = httpx2.post(url + f"api/tasks/{task}/grant", json={"permission": "approve"},
+                          headers=bearer(tokens["admin"]))
+    assert granted.status_code == 200 and granted.json()["status"] == "accepted", granted.text
+    approved = httpx2.post(url + f"api/tasks/{task}/approve", json={}, headers=bearer(tokens["admin"]))
+    assert approved.json()["status"] == "accepted" and task_json(ws, task)["state"] == "done"
+    archived = httpx2.post(url + f"api/tasks/{task}/archive", json={"reason": "shipped"},
+                           headers=bearer(tokens["admin"]))
+    assert archived.json()["status"] == "accepted", archived.text
+    page = httpx2.get(url + f"api/tasks/{task}/page").json()
+    assert [g["kind"] for g in page["grants"]] == ["allow"] and page["reports"][0]["body"] == "the work is done"
+    inputs = httpx2.get(url + "api/sessions/admin/inputs", headers=bearer(tokens["admin"]))
+    assert f"grant-approve-{task}" in {i["input_id"] for i in inputs.json()}
+    assert httpx2.get(url + "api/sessions/admin/inputs").status_code == 401
+    assert httpx2.get(url + "api/sessions/admin/inputs", headers=bearer(tokens["dev"])).status_code == 403
+
+
+def test_schedules_pause_and_resume_as_their_creator_or_admin(served: tuple[Path, str, dict[str, str]]) -> None:
+    ws, url, tokens = served
+    added = run("schedule", "add", "nightly", "--every", "1h", "--action", "accept_input", "--session", "notes",
+                "--kind", "message", "--payload", '{"text": "hello"}', cwd=ws)
+    assert added.code == 0, added.err
+    assert httpx2.post(url + "api/schedules/nightly/pause", json={}).status_code == 401
+    by_dev = httpx2.post(url + "api/schedules/nightly/pause", json={}, headers=bearer(tokens["dev"]))
+    assert by_dev.status_code == 409 and by_dev.json()["reason"] == "role_not_authorized"
+    paused = httpx2.post(url + "api/schedules/nightly/pause", json={}, headers=bearer(tokens["admin"]))
+    assert paused.status_code == 200 and paused.json()["detail"]["paused"] is True
+    view = {s["name"]: s for s in httpx2.get(url + "api/schedules").json()}
+    assert view["nightly"]["paused"] is True
+    resumed = httpx2.post(url + "api/schedules/nightly/resume", json={}, headers=bearer(tokens["admin"]))
+    assert resumed.json()["detail"]["paused"] is False
+    assert httpx2.post(url + "api/schedules/nope/pause", json={}, headers=bearer(tokens["admin"])).status_code == 404
+    assert httpx2.post(url + "api/schedules/nightly/remove", json={},
+                       headers=bearer(tokens["admin"])).json()["reason"] == "invalid_command"
+
+
+def test_a_goal_is_cancelled_by_its_roots_authority_once(served: tuple[Path, str, dict[str, str]]) -> None:
+    ws, url, tokens = served
+    root = create(ws, "goal root")
+    started = run("goal", "start", root, "--tokens", "1000", "--json", cwd=ws)
+    assert started.code == 0, started.err
+    goal = started.json["goal_id"]
+    by_dev = httpx2.post(url + f"api/goals/{goal}/cancel", json={}, headers=bearer(tokens["dev"]))
+    assert by_dev.status_code == 409 and by_dev.json()["reason"] == "role_not_authorized"
+    ok = httpx2.post(url + f"api/goals/{goal}/cancel", json={}, headers=bearer(tokens["admin"]))
+    assert ok.status_code == 200 and ok.json()["detail"]["state"] == "cancelled"
+    again = httpx2.post(url + f"api/goals/{goal}/cancel", json={}, headers=bearer(tokens["admin"]))
+    assert again.status_code == 409 and again.json()["reason"] == "goal_not_active"
+    assert httpx2.post(url + "api/goals/nope/cancel", json={}, headers=bearer(tokens["admin"])).status_code == 404
+
+
+def read_events(url: str, into: list[dict[str, Any]], ready: threading.Event, headers: dict[str, str]) -> None:
+    with httpx2.stream("GET", url + "api/events", headers=headers, timeout=30) as stream:
+        ready.set()
+        for line in stream.iter_lines():
+            if line.startswith("data:"):
+                into.append(json.loads(line[5:]))
+                if len(into) >= 3:
+                    return
+
+
+def test_events_stream_one_per_commit_and_replay_after_the_last_id(served: tuple[Path, str, dict[str, str]]) -> None:
+    ws, url, _ = served
+    start = httpx2.get(url + "healthz").json()["log_position"]
+    seen: list[dict[str, Any]] = []
+    ready = threading.Event()
+    reader = threading.Thread(target=read_events, args=(url, seen, ready, {}), daemon=True)
+    reader.start()
+    assert ready.wait(30)
+    time.sleep(0.3)
+    created = [create(ws, f"live {i}") for i in range(3)]
+    reader.join(30)
+    assert [e["task_id"] for e in seen] == created and {e["state"] for e in seen} == {"inbox"}
+    assert [e["global_pos"] for e in seen] == sorted(e["global_pos"] for e in seen)
+    assert all(e["type"] == "task_created" and e["by"] for e in seen)
+    replayed: list[dict[str, Any]] = []
+    ready = threading.Event()
+    read_events(url, replayed, ready, {"last-event-id": str(start)})  # all three were missed: replayed from the log
+    assert [e["global_pos"] for e in replayed] == [e["global_pos"] for e in seen]
+
+
+def test_pages_render_and_escape_what_agents_wrote(served: tuple[Path, str, dict[str, str]]) -> None:
+    ws, url, _ = served
+    task = create(ws, "<script>alert('x')</script>")
+    for path in ("", f"tasks/{task}", f"tasks/{task}/file", "runs", "schedules", "usage", "usage?by=role",
+                 "needs-you", "sessions", "login", "?role=DEV&risk=high"):
+        page = httpx2.get(url + path)
+        assert page.status_code == 200, (path, page.text[:300])
+        assert "<script>alert" not in page.text or path.endswith("/file"), path
+    assert "&lt;script&gt;alert" in httpx2.get(url + f"tasks/{task}").text
+    assert httpx2.get(url + "tasks/TASK-20200101-999").status_code == 404
+    assert "Approve" not in httpx2.get(url + f"tasks/{task}").text  # read-only without a sign-in
+    assert httpx2.get(url + "login?next=https://evil.example/").text.count("evil.example") == 0
+
+
+def test_require_login_closes_reads_and_a_remote_host_needs_it(tmp_path: Path) -> None:
+    ws = new_workspace(tmp_path)
+    import subprocess
+
+    remote = subprocess.run([*CLI, "serve", "--host", "0.0.0.0", "--port", "0", "--json"], cwd=ws, env=cli_env(),
+                            capture_output=True, text=True, timeout=60)
+    assert remote.returncode == 64 and json.loads(remote.stdout.strip().splitlines()[-1])["code"] == \
+        "login_required", (remote.stdout, remote.stderr)
+    append_config(ws, "\n[serve]\nrequire_login = true\n")
+    with board(ws) as url:
+        assert httpx2.get(url + "api/tasks").status_code == 401
+        redirected = httpx2.get(url + "runs")
+        assert redirected.status_code == 303 and redirected.headers["location"] == "/login?next=/runs"
+        assert httpx2.get(url + "api/tasks", headers=bearer(owner_token(ws))).status_code == 200
+        client, _ = sign_in(url, owner_token(ws))
+        with contextlib.closing(client):
+            assert client.get("/runs").status_code == 200

@@ -1,0 +1,95 @@
+"""Start the real `taskkernel serve` in its own process and talk to it over HTTP, as a browser or a script would."""
+
+from __future__ import annotations
+
+import json
+import queue
+import subprocess
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx2
+
+from tests.cli_support import CLI, cli_env, run
+
+
+def start(ws: Path, *options: str) -> tuple[subprocess.Popen[str], str]:
+    """`taskkernel serve --port 0 OPTIONS` in ``ws``: the process and the board's URL (ending in /)."""
+    proc = subprocess.Popen([*CLI, "serve", "--port", "0", "--json", *options], cwd=ws, env=cli_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout or ()], daemon=True).start()
+    try:
+        listening = json.loads(lines.get(timeout=60))
+    except queue.Empty:
+        proc.kill()
+        raise AssertionError(f"the board did not listen: {proc.stderr.read() if proc.stderr else ''}") from None
+    assert listening["status"] == "listening", listening
+    return proc, listening["url"]
+
+
+def stop(proc: subprocess.Popen[str]) -> str:
+    """SIGTERM: the board stops with exit 0 and no traceback; its stderr."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    errors = proc.stderr.read() if proc.stderr else ""
+    assert "Traceback" not in errors, errors
+    assert proc.returncode == 0, (proc.returncode, errors)
+    return errors
+
+
+@contextmanager
+def board(ws: Path, *options: str) -> Iterator[str]:
+    proc, url = start(ws, *options)
+    try:
+        yield url
+    finally:
+        stop(proc)
+
+
+def owner_token(ws: Path) -> str:
+    return (ws / ".taskkernel" / "owner.token").read_text().strip()
+
+
+def issue(ws: Path, role: str, agent: str) -> str:
+    done = run("token", "issue", role, "--agent", agent, cwd=ws)
+    assert done.code == 0, done.err
+    return done.out.strip()
+
+
+def create(ws: Path, subject: str, *options: str) -> str:
+    done = run("task", "create", "--to", "DEV", "--subject", subject, *options, "--json", cwd=ws)
+    assert done.code == 0, done.err
+    return str(done.json["task_id"])
+
+
+def to_review(ws: Path, task_id: str, token: str) -> None:
+    """DEV claims the task, reports done and submits it (the CLI as the agent)."""
+    for args in (("claim", task_id), ("report", task_id, "--status", "done", "--body", "the work is done"),
+                 ("submit", task_id)):
+        done = run("--token", token, "task", *args, "--json", cwd=ws)
+        assert done.code == 0, (args, done.out, done.err)
+
+
+def sign_in(url: str, token: str) -> tuple[httpx2.Client, str]:
+    """A browser-like client signed in with ``token``: its cookie jar and the CSRF token its pages carry."""
+    client = httpx2.Client(base_url=url, timeout=30)
+    answer = client.post("/login", data={"token": token, "next": "/"})
+    assert answer.status_code == 303, answer.text
+    page = client.get("/").text
+    marker = '<meta name="csrf-token" content="'
+    assert marker in page
+    return client, page.split(marker, 1)[1].split('"', 1)[0]
+
+
+def task_json(ws: Path, task_id: str) -> dict[str, Any]:
+    done = run("task", "show", task_id, "--json", cwd=ws)
+    assert done.code == 0, done.err
+    return dict(done.json)
