@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
@@ -40,9 +40,11 @@ def url_of(host: str, sock: socket.socket, path: str = "") -> str:
     return f"http://{host if ':' not in host else f'[{host}]'}:{sock.getsockname()[1]}{path}"
 
 
-async def serve(app: Any, sock: socket.socket, graceful_seconds: float | None = None) -> None:
+async def serve(app: Any, sock: socket.socket, graceful_seconds: int | None = None,
+                on_stop: Callable[[], None] | None = None) -> None:
     """Run ``app`` on ``sock`` until SIGINT/SIGTERM, then return (exit 0), not re-raise the signal as uvicorn does
-    (exit 143 / 130). ``graceful_seconds``: how long open connections (an event stream) may take to finish."""
+    (exit 143 / 130). ``graceful_seconds``: how long open connections may take to finish; ``on_stop`` is called as
+    the stop begins, to end the streams that would otherwise never finish (server-sent events)."""
     import uvicorn
 
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
@@ -56,5 +58,10 @@ async def serve(app: Any, sock: socket.socket, graceful_seconds: float | None = 
                     yield
                 finally:
                     self._captured_signals.clear()
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            if on_stop is not None:
+                on_stop()
+            await super().shutdown(sockets)
 
     await GracefulServer(config).serve(sockets=[sock])

@@ -44,8 +44,9 @@ def serve(ctx: typer.Context,
     url = url_of(host, sock, "/")
     if not is_loopback(host):
         warn(f"taskkernel serve: warning: listening on {url}, beyond this machine; sign-in is required")
-    app = create_app(Board(db, ws, kernel, require_login=require_login))
+    board = Board(db, ws, kernel, require_login=require_login)
+    app = create_app(board)
     emit({"status": "listening", "url": url, "require_login": require_login}, generic=False)
     say(f"taskkernel serve: board at {url} (read-only until you sign in; "
         f"{'sign-in required' if require_login else 'loopback only'})")
-    anyio.run(serve_app, app, sock, 1.0)
+    anyio.run(serve_app, app, sock, 2, board.hub.close_clients)

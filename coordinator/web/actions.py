@@ -60,7 +60,8 @@ class Actions:
         payload = {k: v for k, v in body.items() if k not in CONTROL_FIELDS}
         control = {k: body.get(k) for k in CONTROL_FIELDS}
         for name in ("expect_rev", "round"):
-            if control[name] is not None and (type(control[name]) is not int or control[name] < 0):
+            value = control[name]
+            if value is not None and (type(value) is not int or value < 0):
                 return refused(ReasonCode.INVALID_COMMAND.value, f"{name} must be a whole number")
         if control["key"] is not None and not isinstance(control["key"], str):
             return refused(ReasonCode.INVALID_COMMAND.value, "key must be a string")

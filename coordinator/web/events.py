@@ -77,6 +77,10 @@ class EventHub:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        self.close_clients()
+
+    def close_clients(self) -> None:
+        """End every client's stream (the server is stopping: an open stream would hold the stop up)."""
         for client in list(self.clients):
             self._cut(client)
 
@@ -86,7 +90,7 @@ class EventHub:
 
     def _read(self, after: int, end: int) -> list[RecordedEvent]:
         """The events after ``after`` up to ``end`` (at most READ_BATCH), in commit order."""
-        out = []
+        out: list[RecordedEvent] = []
         with self.db.read() as conn:
             for ev in event_reader().read_all(conn, after + 1, batch=READ_BATCH):
                 if ev.global_pos > end or len(out) >= READ_BATCH:
