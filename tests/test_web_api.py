@@ -4,6 +4,7 @@ cookie, refused without the CSRF token (403); the event stream; the sign-in rule
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import threading
@@ -271,3 +272,33 @@ def test_require_login_closes_reads_and_a_remote_host_needs_it(tmp_path: Path) -
         client, _ = sign_in(url, owner_token(ws))
         with contextlib.closing(client):
             assert client.get("/runs").status_code == 200
+
+
+def test_a_rebound_host_name_and_a_foreign_sign_in_are_refused(served: tuple[Path, str, dict[str, str]]) -> None:
+    """Review findings: a page whose DNS name was rebound to 127.0.0.1 could read the board (Host not checked), and
+    another site could sign a visitor in as its own credential (login CSRF)."""
+    ws, url, tokens = served
+    rebound = httpx2.get(url + "api/tasks", headers={"host": "evil.example:1234"})
+    assert rebound.status_code == 400
+    assert httpx2.get(url + "api/tasks", headers={"host": "localhost"}).status_code == 200
+    foreign = httpx2.post(url + "login", data={"token": tokens["dev"]}, headers={"origin": "https://evil.example"})
+    assert foreign.status_code == 403 and "tk_session" not in foreign.headers.get("set-cookie", "")
+
+
+async def test_a_client_too_slow_for_the_feed_is_disconnected_not_left_silent(tmp_path: Path) -> None:
+    """Review finding: a client whose queue filled up was dropped but its stream never ended (the end marker did
+    not fit), so its page froze for ever. It now ends, and the client reconnects with its last id."""
+    from taskkernel.coordinator.web.events import EventHub
+    from taskkernel.kernel.store.db import Database
+
+    db = Database(f"sqlite:///{tmp_path / 'k.db'}")
+    db.create_schema()
+    hub = EventHub(db, queue_size=2)
+    stream = hub.follow(None)
+    first = asyncio.ensure_future(stream.__anext__())
+    await asyncio.sleep(0)  # subscribed
+    for pos in range(1, 6):  # more than its queue holds, while it does not read
+        hub._publish({"global_pos": pos, "type": "task_created"})
+    assert hub.clients == set()
+    with pytest.raises(StopAsyncIteration):  # the stream ended: the browser reconnects with Last-Event-ID
+        await asyncio.wait_for(first, 5)

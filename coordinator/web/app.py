@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from taskkernel import __version__
 from taskkernel.coordinator.web import api, pages
@@ -38,6 +39,7 @@ def create_app(board: Board) -> FastAPI:
     app = FastAPI(title="taskkernel board", version=__version__, lifespan=lifespan,
                   openapi_url="/api/openapi.json", docs_url="/api/docs", redoc_url=None)
     app.state.board = board
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=board.hosts)
     app.include_router(api.router)
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")

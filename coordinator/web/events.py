@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import anyio.to_thread
@@ -54,16 +54,17 @@ class Subscription:
     """One client's queue; ``start`` is the hub's position when it subscribed (live events are past it)."""
 
     start: int
-    queue: asyncio.Queue[dict[str, Any] | None] = field(default_factory=lambda: asyncio.Queue(QUEUE_SIZE))
+    queue: asyncio.Queue[dict[str, Any] | None]
     cut_off: bool = False
 
 
 class EventHub:
     """The one reader of the log's tail for a server; clients subscribe and read their queue."""
 
-    def __init__(self, db: Database, poll_seconds: float = POLL_SECONDS) -> None:
+    def __init__(self, db: Database, poll_seconds: float = POLL_SECONDS, queue_size: int = QUEUE_SIZE) -> None:
         self.db = db
         self.poll_seconds = poll_seconds
+        self.queue_size = queue_size
         self.position = 0
         self.clients: set[Subscription] = set()
         self._task: asyncio.Task[None] | None = None
@@ -126,16 +127,20 @@ class EventHub:
                 self._cut(client)
 
     def _cut(self, client: Subscription) -> None:
-        """Disconnect a client: it reconnects with its last id and catches up from the log."""
+        """Disconnect a client: what it has not read yet is dropped (a full queue would otherwise hold the end
+        marker out and leave the stream open, silent, for ever); it reconnects with the last id it received and
+        catches up from the log."""
         self.clients.discard(client)
         client.cut_off = True
-        with contextlib.suppress(asyncio.QueueFull):
-            client.queue.put_nowait(None)
+        while not client.queue.empty():
+            client.queue.get_nowait()
+        client.queue.put_nowait(None)
 
     async def follow(self, last_seen: int | None) -> AsyncIterator[dict[str, Any]]:
         """The events after ``last_seen`` (None: only those committed from now on), then each as it commits;
         a ``{"type": "reset"}`` item when too many were missed to replay."""
-        client = Subscription(self.position)  # subscribe first: nothing between the replay and the live feed
+        # subscribe first: nothing falls between the replay and the live feed
+        client = Subscription(self.position, asyncio.Queue(self.queue_size))
         self.clients.add(client)
         try:
             if last_seen is not None and last_seen < client.start:

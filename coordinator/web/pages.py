@@ -21,7 +21,7 @@ from fastapi.templating import Jinja2Templates
 from taskkernel import __version__
 from taskkernel.coordinator.inbox import waiting
 from taskkernel.coordinator.web import reads
-from taskkernel.coordinator.web.auth import COOKIE, Caller, Refused
+from taskkernel.coordinator.web.auth import COOKIE, Caller, Refused, check_same_origin
 from taskkernel.coordinator.web.state import board_of
 from taskkernel.kernel.goals import GoalService
 from taskkernel.kernel.model.commands import CommandType
@@ -210,6 +210,7 @@ async def login_page(request: Request, next: str = "/") -> Response:
 async def login(request: Request, token: Annotated[str, Form()], next: Annotated[str, Form()] = "/") -> Response:
     """Sign in with a token (ADMIN's or a role's): a session cookie, never the token, goes back."""
     board = board_of(request)
+    check_same_origin(request)  # another site may not sign a visitor in as its own credential (login CSRF)
     try:
         principal = await anyio.to_thread.run_sync(board.gate.authenticate, token.strip())
     except Refused as exc:

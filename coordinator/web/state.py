@@ -22,6 +22,7 @@ class Board:
     kernel: TaskCommandKernel
     require_login: bool = False
     poll_seconds: float | None = None
+    hosts: list[str] = field(default_factory=lambda: ["*"])  # the Host names requests may carry (DNS rebinding)
     sign_ins: SignIns = field(default_factory=SignIns)
 
     def __post_init__(self) -> None:
