@@ -11,7 +11,7 @@ DEFAULT_PORT = 8765
 
 def serve(ctx: typer.Context,
           host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on; beyond loopback only with "
-                                   "[serve] require_login = true."),
+                                   "\\[serve] require_login = true."),
           port: int = typer.Option(DEFAULT_PORT, "--port", min=0, max=65535,
                                    help="Port to listen on (0: any free port, printed when listening).")) -> None:
     """Serve the web board: tasks by stage, each task's story, runs, schedules, usage and what needs you, live.
@@ -50,6 +50,6 @@ def serve(ctx: typer.Context,
     board = Board(db, ws, kernel, require_login=require_login, hosts=hosts)
     app = create_app(board)
     emit({"status": "listening", "url": url, "require_login": require_login}, generic=False)
-    say(f"taskkernel serve: board at {url} (read-only until you sign in; "
-        f"{'sign-in required' if require_login else 'loopback only'})")
+    say(f"taskkernel serve: board at {url} ("
+        f"{'sign-in required for every page' if require_login else 'read-only until you sign in; loopback only'})")
     anyio.run(serve_app, app, sock, 2, board.hub.close_clients)

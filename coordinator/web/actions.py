@@ -58,6 +58,8 @@ class Actions:
             return refused(ReasonCode.INVALID_COMMAND.value, f"{verb!r} is not a task verb; the verbs are "
                            f"{', '.join(VERB_COMMANDS)}")
         payload = {k: v for k, v in body.items() if k not in CONTROL_FIELDS}
+        if verb == "archive":
+            payload.setdefault("reason", "archived")  # as `taskkernel task archive` without --reason
         control = {k: body.get(k) for k in CONTROL_FIELDS}
         for name in ("expect_rev", "round"):
             value = control[name]

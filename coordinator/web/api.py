@@ -40,6 +40,7 @@ from taskkernel.kernel.usage import GROUPINGS, since_utc
 
 router = APIRouter(prefix="/api")
 INBOX_LIMIT = 100
+RISKS = ("low", "medium", "high", "irreversible")
 REFUSALS: dict[int | str, dict[str, Any]] = {
     401: {"description": "no credential (a change), or one that stands for nobody; reason actor_unverified or "
                          "the credential's own code"},
@@ -70,6 +71,9 @@ async def list_tasks(request: Request,
     ``X-Next-Cursor`` header and a ``Link: <…>; rel="next"`` header (none on the last page)."""
     board = board_of(request)
     board.gate.reader(request)
+    if risk is not None and risk not in RISKS:
+        raise Refused(400, ReasonCode.INVALID_COMMAND.value, f"{risk!r} is not a risk level; choose one of "
+                      f"{', '.join(RISKS)}")
     try:
         page = await anyio.to_thread.run_sync(lambda: page_tasks(
             board.db, state=state, role=role.upper() if role else None, root=root, risk=risk, limit=limit,
@@ -98,7 +102,8 @@ async def show_task(request: Request, task_id: str) -> Any:
 
 @router.get("/tasks/{task_id}/page", include_in_schema=False)
 async def task_page_data(request: Request, task_id: str) -> Any:
-    """Everything the task page shows, for its live refresh."""
+    """Everything the task page shows (timeline, report bodies and patches, children, gate verdicts, grants,
+    usage, runs) as JSON, for scripts."""
     board = board_of(request)
     board.gate.reader(request)
     found = await anyio.to_thread.run_sync(reads.task_page, board.db, board.ws, board.grant_sessions, task_id)
@@ -108,12 +113,12 @@ async def task_page_data(request: Request, task_id: str) -> Any:
 
 
 @router.post("/tasks/{task_id}/grant", response_model=ActionOutcome, responses=REFUSALS)
-async def grant(request: Request, task_id: str, body: Annotated[dict[str, Any], Body()]) -> Any:
+async def grant(request: Request, task_id: str, body: Annotated[dict[str, Any] | None, Body()] = None) -> Any:
     """Grant a permission on the task (``{"permission": "approve"}``) into the grant session, as the refusal's hint
     says: `taskkernel session accept admin --kind allow …`. ADMIN only (the session log's rule)."""
     board = board_of(request)
-    caller = board.gate.actor(request, body.get(CSRF_FIELD))
-    permission = body.get("permission", "approve")
+    caller = board.gate.actor(request, (body or {}).get(CSRF_FIELD))
+    permission = (body or {}).get("permission", "approve")
     status, doc = await anyio.to_thread.run_sync(board.actions.grant, caller.principal, task_id, str(permission))
     return answer(status, doc)
 

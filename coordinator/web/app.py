@@ -71,7 +71,7 @@ def create_app(board: Board) -> FastAPI:
         code, message, _ = classify(exc)
         path = write_traceback(exc, str(board.ws.root) if board.ws else None, "serve")
         log.error("serve.fault", code=code, message=message, path=request.url.path)
-        return JSONResponse({"status": "error", "error": code,
+        return JSONResponse({"status": "error", "code": code,
                              "message": f"{message}{f' (details in {path})' if path else ''}"}, 500)
 
     return app

@@ -3,8 +3,8 @@
 The hub alone reads the log: every POLL_SECONDS it reads the log's end (one indexed read), and when it moved,
 the events up to it, in commit order (positions are handed out under the writer lock and commit in order, so
 every position up to the end has committed: none is skipped or sent twice). Each event goes to every client's
-queue as a small summary (EventSummary). Clients never query tables: a page that shows the event refreshes the
-one card or section it concerns.
+queue as a small summary (EventSummary). Clients never poll: a page re-renders its live regions when an event
+concerns it (static/board.js).
 
 A client that reconnects with ``Last-Event-ID`` (the browser does it by itself) first gets the events it missed,
 read from the log, then the live ones. A client too slow to keep up (its queue full) is disconnected; it

@@ -67,7 +67,7 @@ class CommandOutcome(SQLModel):
     """A command's result as `submit` prints it, with ``hint`` (the command that lifts a ``permission_required``)."""
 
     status: str = Field(description="accepted, replayed or rejected")
-    reason: str | None = Field(default=None, description="the stable reason code of a refusal (docs/reasons.md)")
+    reason: str | None = Field(default=None, description="the stable reason code of a refusal (docs/reason-codes.md)")
     message: str
     task_id: str | None = None
     revision: int | None = None

@@ -21,6 +21,7 @@ from fastapi.templating import Jinja2Templates
 from taskkernel import __version__
 from taskkernel.coordinator.inbox import waiting
 from taskkernel.coordinator.web import reads
+from taskkernel.coordinator.web.api import RISKS
 from taskkernel.coordinator.web.auth import COOKIE, Caller, Refused, check_same_origin
 from taskkernel.coordinator.web.state import board_of
 from taskkernel.kernel.goals import GoalService
@@ -33,7 +34,6 @@ from taskkernel.kernel.verbs import grant_hint
 
 router = APIRouter(include_in_schema=False)
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
-RISKS = ("low", "medium", "high", "irreversible")
 NEEDS_LIMIT = 100
 
 
@@ -96,7 +96,7 @@ async def task_page(request: Request, task_id: str) -> Response:
     can = {
         "decide": doc["state"] == "review" and may(caller, authority.get("done_authority")),
         "reopen": doc["state"] == "done" and may(caller, authority.get("done_authority")),
-        "archive": doc["state"] in ("done", "review") and may(caller, authority.get("archive_authority")),
+        "archive": doc["state"] == "done" and may(caller, authority.get("archive_authority")),
         "grant": doc["state"] == "review" and doc["risk_level"] in ("high", "irreversible") and caller is not None
         and caller.principal.is_admin,
         "cancel_goal": goal is not None and may(caller, authority.get("done_authority")),
