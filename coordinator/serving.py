@@ -23,6 +23,7 @@ def is_loopback(host: str) -> bool:
 
 def listen(host: str, port: int) -> socket.socket:
     """The listening socket (port 0: one the system picks); OSError if the address cannot be had."""
+    host = host.strip("[]")  # an IPv6 address as a URL writes it
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -251,6 +251,8 @@ def test_pages_render_and_escape_what_agents_wrote(served: tuple[Path, str, dict
         assert "<script>alert" not in page.text or path.endswith("/file"), path
     assert "&lt;script&gt;alert" in httpx2.get(url + f"tasks/{task}").text
     assert httpx2.get(url + "tasks/TASK-20200101-999").status_code == 404
+    nowhere = httpx2.get(url + "api/nowhere")
+    assert nowhere.status_code == 404 and nowhere.json()["reason"] == "not_found"
     assert "Approve" not in httpx2.get(url + f"tasks/{task}").text  # read-only without a sign-in
     assert httpx2.get(url + "login?next=https://evil.example/").text.count("evil.example") == 0
 
@@ -266,8 +268,8 @@ def test_require_login_closes_reads_and_a_remote_host_needs_it(tmp_path: Path) -
     append_config(ws, "\n[serve]\nrequire_login = true\n")
     with board(ws) as url:
         assert httpx2.get(url + "api/tasks").status_code == 401
-        redirected = httpx2.get(url + "runs")
-        assert redirected.status_code == 303 and redirected.headers["location"] == "/login?next=/runs"
+        redirected = httpx2.get(url + "usage?by=role")
+        assert redirected.status_code == 303 and redirected.headers["location"] == "/login?next=%2Fusage%3Fby%3Drole"
         assert httpx2.get(url + "api/tasks", headers=bearer(owner_token(ws))).status_code == 200
         client, _ = sign_in(url, owner_token(ws))
         with contextlib.closing(client):
@@ -302,3 +304,110 @@ async def test_a_client_too_slow_for_the_feed_is_disconnected_not_left_silent(tm
     assert hub.clients == set()
     with pytest.raises(StopAsyncIteration):  # the stream ended: the browser reconnects with Last-Event-ID
         await asyncio.wait_for(first, 5)
+
+
+ACTIONS = [*(f"api/tasks/{{task}}/{verb}" for verb in ("claim", "report", "submit", "approve", "reject", "reopen",
+                                                      "archive", "amend", "grant")),
+           "api/schedules/{schedule}/pause", "api/schedules/{schedule}/resume", "api/goals/{goal}/cancel"]
+
+
+def test_every_action_needs_a_credential_and_a_signed_in_one_its_csrf_token(
+        served: tuple[Path, str, dict[str, str]]) -> None:
+    ws, url, tokens = served
+    task = create(ws, "guarded")
+    assert run("schedule", "add", "guarded", "--every", "1h", "--action", "accept_input", "--session", "notes",
+               "--kind", "message", "--payload", '{"text": "hi"}', cwd=ws).code == 0
+    goal = run("goal", "start", task, "--tokens", "10", "--json", cwd=ws).json["goal_id"]
+    client, _ = sign_in(url, tokens["admin"])
+    with contextlib.closing(client):
+        for action in ACTIONS:
+            path = action.format(task=task, schedule="guarded", goal=goal)
+            anonymous = httpx2.post(url + path, json={"reason": "r", "status": "done"})
+            assert anonymous.status_code == 401 and anonymous.json()["reason"] == "actor_unverified", path
+            no_csrf = client.post("/" + path, json={"reason": "r", "status": "done"})
+            assert no_csrf.status_code == 403 and no_csrf.json()["reason"] == "csrf_failed", path
+    assert task_json(ws, task)["revision"] == 1
+    assert run("goal", "show", goal, "--json", cwd=ws).json["state"] == "active"
+    assert not {s["name"]: s for s in httpx2.get(url + "api/schedules").json()}["guarded"]["paused"]
+
+
+def test_runs_usage_and_sessions_show_what_the_coordinator_did(tmp_path: Path) -> None:
+    """Runs done, retrying and failed (with their last log lines), spend by role per day, a session's inputs."""
+    import sys
+
+    ws = new_workspace(tmp_path)
+    good = tmp_path / "good.py"
+    good.write_text('import json\nprint(json.dumps({"usage": {"tokens_in": 1200, "tokens_out": 300, '
+                    '"cost_usd": 0.0125}}))\n')
+    bad = tmp_path / "bad.py"
+    bad.write_text('import sys\nprint("about to crash", flush=True)\nprint("boom on stderr", file=sys.stderr)\n'
+                   'sys.exit(3)\n')
+    append_config(ws, f"""
+[roles.DEV]
+runner = "command"
+argv = [{json.dumps(sys.executable)}, {json.dumps(str(good))}]
+
+[roles.QA]
+runner = "command"
+argv = [{json.dumps(sys.executable)}, {json.dumps(str(bad))}]
+max_attempts = 3
+backoff = 3600
+
+[roles.OPS]
+runner = "command"
+argv = [{json.dumps(sys.executable)}, {json.dumps(str(bad))}]
+max_attempts = 1
+""")
+    built = create(ws, "build it")
+    checked = run("task", "create", "--to", "QA", "--subject", "check it", "--json", cwd=ws).json["task_id"]
+    shipped = run("task", "create", "--to", "OPS", "--subject", "ship it", "--json", cwd=ws).json["task_id"]
+    assert run("up", str(ws), "--once", cwd=ws).code == 0
+    assert run("session", "accept", "notes", "--kind", "message", "--input-id", "n1", "--payload",
+               '{"text": "remember the keys"}', cwd=ws).code == 0
+    with board(ws) as url:
+        runs = httpx2.get(url + "api/runs").json()
+        assert [r["task_id"] for r in runs["retrying"]] == [checked] and runs["retrying"][0]["retry_at"]
+        [failed] = runs["failed"]
+        assert failed["task_id"] == shipped and failed["log_tail"] == ["boom on stderr"]
+        usage = httpx2.get(url + "api/usage", params={"by": "role"}).json()
+        dev = next(r for r in usage["rows"] if r["owner"] == "DEV")
+        assert (dev["tokens_in"], dev["tokens_out"], dev["cost_usd"]) == (1200, 300, 0.0125)
+        assert usage["total"]["units"] == 3 and isinstance(usage["total"]["units"], int)
+        assert {(d["owner"], d["tokens"]) for d in usage["days"]} >= {("DEV", 1500)}
+        assert httpx2.get(url + "api/usage", params={"by": "planet"}).status_code == 400
+        admin = bearer(owner_token(ws))
+        assert "notes" in {s["session"] for s in httpx2.get(url + "api/sessions", headers=admin).json()}
+        [note] = httpx2.get(url + "api/sessions/notes/inputs", headers=admin).json()
+        assert (note["seq"], note["kind"], note["payload"]) == (1, "message", {"text": "remember the keys"})
+        assert httpx2.get(url + "api/sessions").status_code == 401
+        pages = {path: httpx2.get(url + path).text for path in ("runs", "usage?by=role", f"tasks/{built}")}
+        assert "boom on stderr" in pages["runs"] and "<rect" in pages["usage?by=role"]
+        assert "1200 tokens in" in pages[f"tasks/{built}"]
+
+
+def test_the_board_on_postgresql(pg_url: str, tmp_path: Path) -> None:
+    """The same reads, filters, actions and event feed on a PostgreSQL workspace (JSON in SQL on both)."""
+    from tests.coord_support import make_workspace
+
+    ws = make_workspace(tmp_path / "ws", {}, database=pg_url).root
+    admin = issue(ws, "ADMIN", "web-admin")
+    dev = issue(ws, "DEV", "dev-pg")
+    plain = create(ws, "plain")
+    risky = create(ws, "risky on pg", "--risk", "high")
+    to_review(ws, risky, dev)
+    with board(ws) as url:
+        assert [t["task_id"] for t in httpx2.get(url + "api/tasks", params={"risk": "high"}).json()] == [risky]
+        assert httpx2.get(url + f"api/tasks/{plain}").json() == task_json(ws, plain)
+        refused = httpx2.post(url + f"api/tasks/{risky}/approve", json={}, headers=bearer(admin))
+        assert refused.json()["reason"] == "permission_required"
+        front = httpx2.get(url).text
+        assert risky in front and "needs a grant" in front
+        seen: list[dict[str, Any]] = []
+        ready = threading.Event()
+        reader = threading.Thread(target=read_events, args=(url, seen, ready, {}), daemon=True)
+        reader.start()
+        assert ready.wait(30)
+        time.sleep(0.3)
+        created = [create(ws, f"pg live {i}") for i in range(3)]
+        reader.join(30)
+        assert [e["task_id"] for e in seen] == created

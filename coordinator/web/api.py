@@ -28,6 +28,7 @@ from taskkernel.coordinator.web.models import (
     RunRow,
     ScheduleView,
     SessionInput,
+    SessionSummary,
     TaskDocument,
     TaskRow,
     UsageReport,
@@ -183,6 +184,16 @@ async def usage(request: Request, by: str = "root", since: str | None = None) ->
     except ValueError as exc:
         raise Refused(400, ReasonCode.INVALID_COMMAND.value, str(exc)) from None
     return await anyio.to_thread.run_sync(reads.usage_view, board.db, by, since_iso)
+
+
+@router.get("/sessions", response_model=list[SessionSummary])
+async def sessions(request: Request) -> Any:
+    """The session logs the signed-in caller may read (ADMIN: all), as `taskkernel session list`."""
+    board = board_of(request)
+    caller = board.gate.reader(request)
+    if caller is None:
+        raise Refused(401, ReasonCode.ACTOR_UNVERIFIED.value, "a session log is read by its owner or ADMIN: sign in")
+    return await anyio.to_thread.run_sync(board.session_log.sessions, caller.principal)
 
 
 @router.get("/sessions/{session}/inputs", response_model=list[SessionInput])

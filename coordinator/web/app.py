@@ -8,11 +8,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from taskkernel import __version__
@@ -52,10 +54,18 @@ def create_app(board: Board) -> FastAPI:
     @app.exception_handler(Refused)
     async def on_refused(request: Request, exc: Refused) -> Response:
         if not request.url.path.startswith("/api") and exc.status == 401 and request.method == "GET":
-            return RedirectResponse(f"/login?next={request.url.path}", 303)
+            target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+            return RedirectResponse(f"/login?{urlencode({'next': target})}", 303)
         if not request.url.path.startswith("/api"):
             return pages.error_page(request, exc.status, exc.reason, exc.message)
         return api.refusal_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http(request: Request, exc: StarletteHTTPException) -> Response:
+        """An unknown route or method, in the board's envelope (reason ``not_found`` / ``method_not_allowed``)."""
+        reason = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return JSONResponse({"status": "rejected", "reason": reason, "message": str(exc.detail)}, exc.status_code,
+                            headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def on_invalid(request: Request, exc: RequestValidationError) -> Response:

@@ -46,6 +46,18 @@ class HistoryEntry(SQLModel):
     status: str | None = None
 
 
+class Report(SQLModel):
+    """A report as the task document keeps it (the body is in its event: ``/api/tasks/{id}/page`` has it)."""
+
+    report_id: str
+    round: int
+    status: str = Field(description="done, blocked, in_progress or aborted")
+    by: str
+    artifacts: list[str] | None = None
+    diff: dict[str, Any] | None = Field(default=None, description="range, totals, files' stat and the patch file, "
+                                                                  "for a task with its own git worktree")
+
+
 class TaskDocument(TaskRow):
     """A task as `task show` prints it: the stored document and its history."""
 
@@ -54,7 +66,7 @@ class TaskDocument(TaskRow):
     budget: dict[str, Any] | None = None
     cost_tier: str | None = None
     references: list[str] = []
-    reports: list[dict[str, Any]] = []
+    reports: list[Report] = []
     records: list[dict[str, Any]] | None = None
     assignee: str | None = None
     lease: dict[str, Any] | None = None
@@ -153,6 +165,7 @@ class ScheduleView(SQLModel):
     error: str | None = None
     next: list[dict[str, Any]] = []
     outcomes: list[Occurrence] = []
+    manager_role: str | None = Field(default=None, description="the role besides ADMIN that may pause or resume it")
 
 
 class UsageRow(SQLModel):
@@ -179,8 +192,18 @@ class UsageReport(SQLModel):
     by: str
     since: str | None = None
     rows: list[UsageRow]
-    total: dict[str, float]
+    total: dict[str, int | float]
     days: list[UsageDay]
+
+
+class SessionSummary(SQLModel):
+    """A session log the reader may read, as `taskkernel session list` prints it."""
+
+    session: str
+    owner: str
+    last_seq: int | None = None
+    last_consumed_seq: int | None = None
+    turns_completed: int | None = None
 
 
 class SessionInput(SQLModel):

@@ -55,6 +55,9 @@ def may(caller: Caller | None, role: str | None) -> bool:
     return p.is_admin or (p.task_id is None and p.role == role)
 
 
+templates.env.globals["may"] = may
+
+
 @router.get("/", response_class=HTMLResponse)
 async def board_page(request: Request, role: str | None = None, root: str | None = None,
                      risk: str | None = None) -> Response:

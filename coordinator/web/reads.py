@@ -25,6 +25,7 @@ from taskkernel.kernel.store.db import Database
 from taskkernel.kernel.store.schema import usage as usage_table
 from taskkernel.kernel.usage import GROUPINGS, summarize
 from taskkernel.scheduler.admin import Schedules
+from taskkernel.scheduler.authority import creator_role
 from taskkernel.scheduler.ledger import Ledger
 
 COLUMNS = tuple(s.value for s in TaskState)  # inbox, active, review, done, archive: the board's columns
@@ -181,7 +182,8 @@ def schedules_view(db: Database, now: datetime | None = None) -> list[dict[str, 
             upcoming = [] if s.paused or s.error else schedules.upcoming(s, now, 3)
         except Exception:  # noqa: BLE001 - a definition that no longer computes shows without next fires
             upcoming = []
-        out.append({**view, "next": upcoming, "outcomes": schedules.outcomes(s, 10)})
+        out.append({**view, "next": upcoming, "outcomes": schedules.outcomes(s, 10),
+                    "manager_role": creator_role(s.spec)})  # who besides ADMIN may pause and resume it
     return out
 
 
@@ -191,7 +193,7 @@ def usage_view(db: Database, by: str = "root", since: str | None = None) -> dict
 
     install(db)
     rows = summarize(db, by, since)
-    total = {k: float(sum(r[k] for r in rows)) for k in ("units", "wall_ms", "tokens_in", "tokens_out")}
+    total: dict[str, float] = {k: sum(r[k] for r in rows) for k in ("units", "wall_ms", "tokens_in", "tokens_out")}
     total["cost_usd"] = round(sum(r["cost_usd"] for r in rows), 6)
     u = usage_table.c
     col = u[GROUPINGS[by]]

@@ -70,7 +70,7 @@
       hint.textContent = doc.hint;
       box.append(hint);
     }
-    if (doc.reason === "permission_required" && doc.task_id && csrf()) {
+    if (doc.reason === "permission_required" && doc.task_id && csrf() && document.body.dataset.admin) {
       const form = document.createElement("form");
       form.className = "action";
       form.dataset.action = `/api/tasks/${doc.task_id}/grant`;
