@@ -250,6 +250,10 @@ def test_pages_render_and_escape_what_agents_wrote(served: tuple[Path, str, dict
         assert page.status_code == 200, (path, page.text[:300])
         assert "<script>alert" not in page.text or path.endswith("/file"), path
     assert "&lt;script&gt;alert" in httpx2.get(url + f"tasks/{task}").text
+    reviewed = create(ws, "a person decides this one")
+    to_review(ws, reviewed, issue(ws, "DEV", "dev-badges"))
+    card = httpx2.get(url, params={"role": "DEV"}).text.split(f'data-task-id="{reviewed}"', 1)[1].split("</a>")[0]
+    assert "waiting for you" in card and "needs a grant" not in card
     assert httpx2.get(url + "tasks/TASK-20200101-999").status_code == 404
     nowhere = httpx2.get(url + "api/nowhere")
     assert nowhere.status_code == 404 and nowhere.json()["reason"] == "not_found"

@@ -19,9 +19,17 @@ from taskkernel.coordinator.workspace import Workspace
 from taskkernel.kernel.canonical import sha256_hex
 from taskkernel.kernel.model.task import TaskState
 from taskkernel.kernel.permissions import permission_scope
-from taskkernel.kernel.queries import count_tasks, event_reader, page_tasks, task_history, task_show_document
+from taskkernel.kernel.queries import (
+    count_tasks,
+    doc_text,
+    event_reader,
+    page_tasks,
+    task_history,
+    task_show_document,
+)
 from taskkernel.kernel.sessionlog import SessionLog
 from taskkernel.kernel.store.db import Database
+from taskkernel.kernel.store.schema import tasks
 from taskkernel.kernel.store.schema import usage as usage_table
 from taskkernel.kernel.usage import GROUPINGS, summarize
 from taskkernel.scheduler.admin import Schedules
@@ -50,14 +58,20 @@ class Filters:
 
 def board(db: Database, grant_sessions: frozenset[str] | None, filters: Filters,
           per_column: int = CARDS_PER_COLUMN) -> dict[str, Any]:
-    """Each column's count and first cards; a review card whose approval would be refused for want of a human's
-    grant says so (``needs_grant``: the kernel's own guard asked, as `taskkernel inbox` asks it)."""
+    """Each column's count and first cards. A review card says who decides it (``done_authority``: ``ADMIN`` is a
+    person) and whether its approval would be refused for want of a human's grant (``needs_grant``: the kernel's own
+    guard asked, as `taskkernel inbox` asks it)."""
     columns: dict[str, Any] = {}
     for state in COLUMNS:
         page = page_tasks(db, state=state, limit=per_column, **filters.query())
         columns[state] = {"count": count_tasks(db, state=state, **filters.query()), "tasks": page.rows,
                           "next_cursor": page.next_cursor}
-    reviews = [r for r in columns[TaskState.REVIEW.value]["tasks"] if r["risk_level"] in ("high", "irreversible")]
+    in_review = columns[TaskState.REVIEW.value]["tasks"]
+    if in_review:
+        deciders = done_authorities(db, [r["task_id"] for r in in_review])
+        for row in in_review:
+            row["done_authority"] = deciders.get(row["task_id"])
+    reviews = [r for r in in_review if r["risk_level"] in ("high", "irreversible")]
     if reviews:
         from taskkernel.kernel.model.principal import LOCAL_OWNER
 
@@ -65,6 +79,13 @@ def board(db: Database, grant_sessions: frozenset[str] | None, filters: Filters,
             for row in reviews:  # the guard reads risk_level and task_id, which a row has
                 row["needs_grant"] = refusal(row, LOCAL_OWNER) is not None
     return columns
+
+
+def done_authorities(db: Database, task_ids: list[str]) -> dict[str, str | None]:
+    """Who decides each task (its ``authority.done_authority``), read in one query."""
+    decider = doc_text(("authority", "done_authority"), db.is_postgres)
+    with db.read() as conn:
+        return dict(conn.execute(sa.select(tasks.c.task_id, decider).where(tasks.c.task_id.in_(task_ids))).all())
 
 
 def task_page(db: Database, ws: Workspace | None, grant_sessions: frozenset[str] | None, task_id: str
