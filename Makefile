@@ -35,6 +35,7 @@ bench: setup
 	$(BIN)/python bench/mcp.py
 	$(BIN)/python bench/team.py
 	$(BIN)/python bench/worktrees.py
+	$(BIN)/python bench/serve.py
 
 lint: setup
 	$(BIN)/ruff check kernel roles scheduler coordinator taskkernel tests bench examples

@@ -14,9 +14,10 @@ the board asks the approval guard whether each needs a grant). Then the real ser
   hits them alike): ``GET /healthz`` (the baseline: one indexed read, no rendering), ``GET /`` (the board: five
   columns of 50 cards and their counts), ``GET /api/tasks?limit=50`` (the first page), a walk through every page
   of the listing following ``X-Next-Cursor`` (its last pages are as deep as the listing goes; keyset paging should
-  make them cost what the first does), ``GET /api/tasks/{id}`` (random tasks). p50/p99 in ms, the ratio of each
-  p50 to the baseline's, and beside them the same reads called in this process (no HTTP, no rendering): what the
-  server adds to the database's work.
+  make them cost what the first does), ``GET /api/tasks/{id}`` (random tasks). p50/p99 in ms to the last byte,
+  the ratio of each p50 to the baseline's, the p50 to the headers, and beside them the same reads called in this
+  process (no HTTP, no rendering): what the server adds to the database's work. Also the server's start-up, its
+  CPU while idle (the hub's polling) and its peak RSS.
 - **live feed**: ``--clients`` concurrent ``GET /api/events`` streams (asyncio, httpx2); a committer process (the
   kernel on the same database) creates one task every 100-200 ms and notes the moment its commit returned; for
   each event, the time until every client has its ``data:`` line (and until the first has it; the difference is
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -190,9 +192,10 @@ class Server:
         self.proc = subprocess.Popen([*taskkernel_exe(), "--workspace", str(ws), "serve", "--port", "0", "--json"],
                                      stdout=subprocess.PIPE, stderr=self.log, text=True, env=CHILD_ENV,
                                      cwd=ws.parent)
-        assert self.proc.stdout is not None
+        out = self.proc.stdout
+        assert out is not None
         first: list[str] = []
-        reader = threading.Thread(target=lambda: first.append(self.proc.stdout.readline()), daemon=True)
+        reader = threading.Thread(target=lambda: first.append(out.readline()), daemon=True)
         reader.start()
         reader.join(60)
         line = first[0] if first else ""
@@ -205,7 +208,30 @@ class Server:
             raise SystemExit(f"taskkernel serve said {said}")
         self.startup_s = time.perf_counter() - t0
         self.url = said["url"].rstrip("/")
-        threading.Thread(target=self.proc.stdout.read, daemon=True).start()  # never let a full pipe block it
+        threading.Thread(target=out.read, daemon=True).start()  # never let a full pipe block it
+
+    def cpu_s(self) -> float | None:
+        """The server's CPU time so far (Linux: /proc), None elsewhere."""
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def peak_rss_mb(self) -> float | None:
+        try:
+            status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        except OSError:
+            return None
+        found = re.search(r"VmHWM:\s+(\d+) kB", status)
+        return round(int(found.group(1)) / 1024, 1) if found else None
+
+    def idle_cpu_pct(self, seconds: float = 3.0) -> float | None:
+        """The share of one core the server takes while nobody asks it anything (the event hub's polling)."""
+        before = self.cpu_s()
+        time.sleep(seconds)
+        after = self.cpu_s()
+        return None if before is None or after is None else round((after - before) / seconds * 100, 1)
 
     def stop(self) -> int | None:
         self.proc.send_signal(signal.SIGTERM)
@@ -222,19 +248,25 @@ class Server:
 def reads_over_http(url: str, ids: list[str], rounds: int, rng: random.Random, total: int) -> dict[str, Any]:
     """Each route ``rounds`` times, interleaved; the walk goes one page further each round."""
     times: dict[str, list[float]] = {"healthz": [], "board": [], "first_page": [], "walk": [], "task_show": []}
+    heads: dict[str, list[float]] = {name: [] for name in times}
     walk_pages: list[int] = []
     seen: set[str] = set()
     full_walk: int | None = None
     bytes_board = 0
     with httpx2.Client(base_url=url, timeout=30) as client:
 
-        def get(path: str, params: dict[str, Any] | None = None) -> tuple[Any, float]:
+        def get(path: str, params: dict[str, Any] | None = None, name: str | None = None) -> tuple[Any, float]:
+            """The response and its time to the last byte (to the headers in ``heads[name]``)."""
             t0 = time.perf_counter()
-            r = client.get(path, params=params)
-            body = r.content
+            with client.stream("GET", path, params=params) as r:
+                t_head = time.perf_counter()
+                body = r.read()
             elapsed = time.perf_counter() - t0
             if r.status_code != 200:
                 raise SystemExit(f"GET {path} {params or ''}: {r.status_code} {body[:300]!r}")
+            if name is not None:
+                times[name].append(elapsed)
+                heads[name].append(t_head - t0)
             return r, elapsed
 
         for _ in range(5):  # warm: first-call paths, template compilation, the page cache
@@ -247,15 +279,11 @@ def reads_over_http(url: str, ids: list[str], rounds: int, rng: random.Random, t
         cursor: str | None = None
         page_no = 0
         for _ in range(rounds):
-            _, t = get("/healthz")
-            times["healthz"].append(t)
-            r, t = get("/")
-            times["board"].append(t)
+            get("/healthz", name="healthz")
+            r, _ = get("/", name="board")
             bytes_board = len(r.content)
-            _, t = get("/api/tasks", {"limit": PAGE})
-            times["first_page"].append(t)
-            r, t = get("/api/tasks", {"limit": PAGE, **({"cursor": cursor} if cursor else {})})
-            times["walk"].append(t)
+            get("/api/tasks", {"limit": PAGE}, name="first_page")
+            r, _ = get("/api/tasks", {"limit": PAGE, **({"cursor": cursor} if cursor else {})}, name="walk")
             page_no += 1
             walk_pages.append(page_no)
             seen.update(row["task_id"] for row in r.json())
@@ -264,19 +292,21 @@ def reads_over_http(url: str, ids: list[str], rounds: int, rng: random.Random, t
                 if full_walk is None:
                     full_walk = len(seen)
                 cursor, page_no = None, 0
-            _, t = get(f"/api/tasks/{rng.choice(ids)}")
-            times["task_show"].append(t)
+            get(f"/api/tasks/{rng.choice(ids)}", name="task_show")
     deepest = max(walk_pages)
     shallow = [t for t, p in zip(times["walk"], walk_pages, strict=True) if p <= 10]
     deep = [t for t, p in zip(times["walk"], walk_pages, strict=True) if p > deepest - 10]
     base = statistics.median(times["healthz"])
-    out: dict[str, Any] = {name: {**stats_ms(t), "ratio_p50": round(statistics.median(t) / base, 1)}
+    out: dict[str, Any] = {name: {**stats_ms(t), "ratio_p50": round(statistics.median(t) / base, 1),
+                                  "headers_p50_ms": round(statistics.median(heads[name]) * 1000, 2)}
                            for name, t in times.items()}
     out["walk"].update({"deepest_page": deepest, "first10_p50_ms": round(statistics.median(shallow) * 1000, 2),
                         "last10_p50_ms": round(statistics.median(deep) * 1000, 2),
                         "tasks_seen_in_full_walk": full_walk})
     out["board"].update({"bytes": bytes_board, "cards": cards, "counts": counts})
-    out["checks"] = {"board_cards": cards == 5 * PAGE, "board_counts_sum": sum(counts.values()) == total,
+    out["checks"] = {"board_columns": len(counts) == 5,
+                     "board_cards": cards == sum(min(c, PAGE) for c in counts.values()),
+                     "board_counts_sum": sum(counts.values()) == total,
                      "walk_saw_every_task": full_walk in (None, total)}
     return out
 
@@ -313,26 +343,29 @@ async def live_feed(url: str, ws: Path, clients: int, events: int, rng: random.R
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), min(left, 0.5))
-            except TimeoutError:
-                pass
         return True
+
+    def every_client_has(*positions: int) -> Callable[[], bool]:
+        return lambda: all(len(arrivals.get(pos, [])) >= clients for pos in positions)
 
     committer = await asyncio.create_subprocess_exec(
         sys.executable, "-c", COMMITTER, str(ws), str(ROOT), stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE, env=CHILD_ENV, cwd=str(ws.parent))
-    assert committer.stdin is not None and committer.stdout is not None
-    if (await asyncio.wait_for(committer.stdout.readline(), 60)).strip() != b"ready":
+    to_committer, from_committer = committer.stdin, committer.stdout
+    assert to_committer is not None and from_committer is not None
+    if (await asyncio.wait_for(from_committer.readline(), 60)).strip() != b"ready":
         raise SystemExit("the committer did not start")
     serial = 0
 
     async def commit() -> dict[str, Any]:
         nonlocal serial
         serial += 1
-        committer.stdin.write(f"{serial}\n".encode())
-        await committer.stdin.drain()
-        return json.loads(await asyncio.wait_for(committer.stdout.readline(), 30))
+        to_committer.write(f"{serial}\n".encode())
+        await to_committer.drain()
+        answer: dict[str, Any] = json.loads(await asyncio.wait_for(from_committer.readline(), 30))
+        return answer
 
     limits = httpx2.Limits(max_connections=clients + 5, max_keepalive_connections=clients + 5)
     timeout = httpx2.Timeout(30, read=None)
@@ -344,7 +377,7 @@ async def live_feed(url: str, ws: Path, clients: int, events: int, rng: random.R
             # A stream's subscription starts when the server first runs it: commit until every client got one.
             for _ in range(20):
                 warm = await commit()
-                if await wait_for(lambda w=warm: len(arrivals.get(w["pos"], [])) == clients, 3):
+                if await wait_for(every_client_has(int(warm["pos"])), 3):
                     break
             else:
                 raise SystemExit("the clients never all received an event")
@@ -355,12 +388,12 @@ async def live_feed(url: str, ws: Path, clients: int, events: int, rng: random.R
                 await asyncio.sleep(rng.uniform(0.1, 0.2))
                 committed.append(await commit())
             commit_span = time.monotonic() - t_start
-            await wait_for(lambda: all(len(arrivals.get(c["pos"], [])) >= clients for c in committed), 10)
+            await wait_for(every_client_has(*(int(c["pos"]) for c in committed)), 10)
         finally:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-    committer.stdin.close()
+    to_committer.close()
     await committer.wait()
     every, first, spread, missing = [], [], [], 0
     for c in committed:
@@ -414,8 +447,10 @@ def main() -> int:
         local = in_process(ws, ids, min(rounds, 50), rng)
         server = Server(ws, tmp / "serve.log")
         try:
+            idle_cpu = server.idle_cpu_pct()
             http = reads_over_http(server.url, ids, rounds, rng, n)
             feed = asyncio.run(live_feed(server.url, ws, clients, n_events, rng))
+            server_rss = server.peak_rss_mb()
         finally:
             server_exit = server.stop()
     finally:
@@ -429,21 +464,27 @@ def main() -> int:
     checks = {**http.pop("checks"), "server_exit_0": server_exit == 0}
     report: dict[str, Any] = {
         "tasks": n, "cores": os.cpu_count(), "store": store, "server_startup_s": round(server.startup_s, 2),
+        "server_idle_cpu_pct": idle_cpu, "server_peak_rss_mb": server_rss,
         "requests_per_route": rounds, "http": http, "in_process": local, "live_feed": feed, "checks": checks,
         "targets": GOALS, "goals_met": {"sse_p99_s": ok_feed}, "run_s": round(time.perf_counter() - t_run, 1)}
 
     print(f"taskkernel serve, {n} tasks ({', '.join(f'{s} {c}' for s, c in store['columns'].items())}), "
-          f"built in {store['build_s']} s; server up in {server.startup_s:.2f} s; {os.cpu_count()} cores")
-    print(f"{'route':<34}{'p50 ms':>9}{'p99 ms':>9}{'x healthz':>11}{'in-process p50':>16}")
+          f"built in {store['build_s']} s; server up in {server.startup_s:.2f} s, idle {idle_cpu}% CPU, "
+          f"peak RSS {server_rss} MB; {os.cpu_count()} cores")
+    print(f"{'route':<34}{'p50 ms':>9}{'p99 ms':>9}{'x healthz':>11}{'headers p50':>13}{'in-process p50':>16}")
     labels = {"healthz": "GET /healthz (baseline)", "board": "GET / (board, 5 x 50 cards)",
               "first_page": f"GET /api/tasks?limit={PAGE}", "walk": f"  walk, pages 1..{http['walk']['deepest_page']}",
               "task_show": "GET /api/tasks/{id}"}
     for name, label in labels.items():
         row = http[name]
         print(f"{label:<34}{row['p50_ms']:>9.1f}{row['p99_ms']:>9.1f}{row['ratio_p50']:>10.1f}x"
-              f"{local[name]['p50_ms']:>14.1f}ms")
+              f"{row['headers_p50_ms']:>11.1f}ms{local[name]['p50_ms']:>14.1f}ms")
     print(f"  walk: first 10 pages p50 {http['walk']['first10_p50_ms']:.1f} ms, last 10 pages p50 "
           f"{http['walk']['last10_p50_ms']:.1f} ms")
+    lag = http["healthz"]["p50_ms"] - http["healthz"]["headers_p50_ms"]
+    if lag >= 30:  # headers and body written together, the body read ~40 ms later: Nagle vs delayed ACK
+        print(f"  note: a small response's body arrives {lag:.0f} ms after its headers (TCP_NODELAY not set on "
+              "the server's connections?)")
     if "to_every_client" in feed:
         e, f = feed["to_every_client"], feed["to_first_client"]
         print(f"live feed, {clients} clients x {feed['events']} events: commit -> every client p50 "
