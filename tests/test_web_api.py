@@ -169,8 +169,11 @@ def test_high_risk_approval_needs_a_grant_only_admin_gives(served: tuple[Path, s
     archived = httpx2.post(url + f"api/tasks/{task}/archive", json={"reason": "shipped"},
                            headers=bearer(tokens["admin"]))
     assert archived.json()["status"] == "accepted", archived.text
-    page = httpx2.get(url + f"api/tasks/{task}/page").json()
+    page = httpx2.get(url + f"api/tasks/{task}/page", headers=bearer(tokens["admin"])).json()
     assert [g["kind"] for g in page["grants"]] == ["allow"] and page["reports"][0]["body"] == "the work is done"
+    for reader in ({}, bearer(tokens["dev"])):  # the grant sessions are ADMIN's: others learn only that one exists
+        shown = httpx2.get(url + f"api/tasks/{task}/page", headers=reader).json()
+        assert (shown["grants"], shown["grants_held"]) == ([], 1)
     inputs = httpx2.get(url + "api/sessions/admin/inputs", headers=bearer(tokens["admin"]))
     assert f"grant-approve-{task}" in {i["input_id"] for i in inputs.json()}
     assert httpx2.get(url + "api/sessions/admin/inputs").status_code == 401
@@ -189,6 +192,8 @@ def test_schedules_pause_and_resume_as_their_creator_or_admin(served: tuple[Path
     assert paused.status_code == 200 and paused.json()["detail"]["paused"] is True
     view = {s["name"]: s for s in httpx2.get(url + "api/schedules").json()}
     assert view["nightly"]["paused"] is True
+    shown = run("schedule", "show", "nightly", "--json", cwd=ws).json
+    assert set(shown) <= set(view["nightly"]) and view["nightly"]["grace"] == shown["grace"]
     resumed = httpx2.post(url + "api/schedules/nightly/resume", json={}, headers=bearer(tokens["admin"]))
     assert resumed.json()["detail"]["paused"] is False
     assert httpx2.post(url + "api/schedules/nope/pause", json={}, headers=bearer(tokens["admin"])).status_code == 404
@@ -382,7 +387,13 @@ max_attempts = 1
         admin = bearer(owner_token(ws))
         assert "notes" in {s["session"] for s in httpx2.get(url + "api/sessions", headers=admin).json()}
         [note] = httpx2.get(url + "api/sessions/notes/inputs", headers=admin).json()
-        assert (note["seq"], note["kind"], note["payload"]) == (1, "message", {"text": "remember the keys"})
+        exported = run("session", "export", "notes", cwd=ws)
+        assert {k: v for k, v in json.loads(exported.out.splitlines()[0]).items() if k != "sig"} == note
+        assert (note["accept_seq"], note["kind"], note["payload"]) == (1, "message", {"text": "remember the keys"})
+        missing = httpx2.get(url + "api/sessions/nowhere/inputs", headers=admin)
+        assert missing.status_code == 404 and missing.json()["reason"] == "unknown_session"
+        assert httpx2.get(url + "api/usage", params={"since": "garbage"}).status_code == 400
+        assert httpx2.get(url + "api/usage", params={"since": "7d"}).json()["since"]
         assert httpx2.get(url + "api/sessions").status_code == 401
         pages = {path: httpx2.get(url + path).text for path in ("runs", "usage?by=role", f"tasks/{built}")}
         assert "boom on stderr" in pages["runs"] and "<rect" in pages["usage?by=role"]

@@ -8,6 +8,7 @@ verb) with 404 or 409 (coordinator/web/actions.py).
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -36,11 +37,12 @@ from taskkernel.coordinator.web.models import (
 from taskkernel.coordinator.web.state import Board, board_of
 from taskkernel.kernel.queries import DEFAULT_LIMIT, MAX_LIMIT, TaskQueryError, page_tasks, task_show_document
 from taskkernel.kernel.reasons import ReasonCode
-from taskkernel.kernel.sessionlog import SessionLogError
+from taskkernel.kernel.sessionlog import SessionLogError, SessionReason
 from taskkernel.kernel.usage import GROUPINGS, since_utc
 
 router = APIRouter(prefix="/api")
 INBOX_LIMIT = 100
+RECHECK_SECONDS = 2.0  # an open event stream authenticates its credential again at most this long after the last
 RISKS = ("low", "medium", "high", "irreversible")
 REFUSALS: dict[int | str, dict[str, Any]] = {
     401: {"description": "no credential (a change), or one that stands for nobody; reason actor_unverified or "
@@ -106,8 +108,9 @@ async def task_page_data(request: Request, task_id: str) -> Any:
     """Everything the task page shows (timeline, report bodies and patches, children, gate verdicts, grants,
     usage, runs) as JSON, for scripts."""
     board = board_of(request)
-    board.gate.reader(request)
-    found = await anyio.to_thread.run_sync(reads.task_page, board.db, board.ws, board.grant_sessions, task_id)
+    caller = board.gate.reader(request)
+    found = await anyio.to_thread.run_sync(reads.task_page, board.db, board.ws, board.grant_sessions, task_id,
+                                           caller.principal if caller else None)
     if found is None:
         raise Refused(404, ReasonCode.TASK_NOT_FOUND.value, f"{task_id} does not exist")
     return found
@@ -169,7 +172,8 @@ async def schedules(request: Request) -> Any:
     """Every schedule: next fires, watermark, recent outcomes (missed ones with their reasons)."""
     board = board_of(request)
     board.gate.reader(request)
-    return await anyio.to_thread.run_sync(reads.schedules_view, board.db)
+    found = await anyio.to_thread.run_sync(reads.schedules_view, board.db)
+    return JSONResponse(found)  # `schedule show`'s documents whole: the model only documents them
 
 
 @router.get("/usage", response_model=UsageReport, responses={400: {"description": "a bad by or since"}})
@@ -179,10 +183,10 @@ async def usage(request: Request, by: str = "root", since: str | None = None) ->
     board.gate.reader(request)
     if by not in GROUPINGS:
         raise Refused(400, ReasonCode.INVALID_COMMAND.value, f"by must be one of {', '.join(GROUPINGS)}")
-    try:
-        since_iso = since_utc(since) if since else None
-    except ValueError as exc:
-        raise Refused(400, ReasonCode.INVALID_COMMAND.value, str(exc)) from None
+    since_iso = since_utc(since) if since else None
+    if since and since_iso is None:
+        raise Refused(400, ReasonCode.INVALID_COMMAND.value, f"since {since!r} is neither an ISO time nor an age "
+                      "such as 30m, 24h, 7d")
     return await anyio.to_thread.run_sync(reads.usage_view, board.db, by, since_iso)
 
 
@@ -207,7 +211,10 @@ async def session_inputs(request: Request, session: str) -> Any:
         board.session_log.check_read(session, caller.principal)
     except SessionLogError as exc:
         raise Refused(403, exc.reason.value, exc.message) from None
-    return await anyio.to_thread.run_sync(reads.session_inputs, board.session_log, session)
+    found = await anyio.to_thread.run_sync(reads.session_inputs, board.session_log, session)
+    if found is None:
+        raise Refused(404, SessionReason.UNKNOWN_SESSION.value, f"no session {session!r}")
+    return JSONResponse(found)  # exactly `session export`'s records (unsigned): the model only documents them
 
 
 @router.get("/needs-you", response_model=NeedsYou)
@@ -231,7 +238,7 @@ async def needs_you(request: Request, role: str | None = None) -> Any:
 
 
 @router.get("/events", response_class=EventSourceResponse, responses={200: {"model": EventSummary}})
-async def events(request: Request, _: Annotated[Caller | None, Depends(reader)],
+async def events(request: Request, caller: Annotated[Caller | None, Depends(reader)],
                  last_event_id: Annotated[str | None, Header()] = None,
                  after: int | None = None) -> AsyncIterator[ServerSentEvent]:
     """One server-sent event per committed event (``id:`` its global position, ``data:`` an EventSummary, the
@@ -241,9 +248,16 @@ async def events(request: Request, _: Annotated[Caller | None, Depends(reader)],
     last_seen = after
     if last_event_id is not None and last_event_id.isdigit():
         last_seen = int(last_event_id)
+    checked = time.monotonic()
     async for item in board.hub.follow(last_seen):
+        if caller is not None and time.monotonic() - checked > RECHECK_SECONDS:
+            try:  # a credential revoked (or a sign-in ended) while the stream is open ends the stream
+                await anyio.to_thread.run_sync(board.gate.reader, request)
+            except Refused:
+                return
+            checked = time.monotonic()
         if item["type"] == "reset":
-            yield ServerSentEvent(event="reset", data=item)
+            yield ServerSentEvent(id=str(item["global_pos"]), event="reset", data=item)  # a reconnect resumes here
         else:
             yield ServerSentEvent(id=str(item["global_pos"]), data=item)
 

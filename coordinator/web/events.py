@@ -30,6 +30,7 @@ from taskkernel.kernel.store.events import RecordedEvent, log_end
 
 log = get_logger(__name__)
 POLL_SECONDS = 0.1
+FAILING_POLL_SECONDS = 1.0  # while the database cannot be read
 QUEUE_SIZE = 2000  # events a client may lag behind before it is cut off (it then catches up from the log)
 REPLAY_MAX = 5000  # missed events replayed to a reconnecting client; beyond, a reset
 READ_BATCH = 1000
@@ -100,14 +101,20 @@ class EventHub:
         return out
 
     async def _run(self) -> None:
+        failing = False
         while True:
             try:
                 await self._advance()
+                if failing:
+                    log.info("event_feed_recovered", position=self.position)
+                failing = False
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - a database hiccup: say so, try again at the next poll
-                log.warning("event_feed_failed", error=f"{type(exc).__name__}: {exc}")
-            await asyncio.sleep(self.poll_seconds)
+            except Exception as exc:  # noqa: BLE001 - a database outage: said once, retried every second
+                if not failing:
+                    log.warning("event_feed_failed", error=f"{type(exc).__name__}: {exc}")
+                failing = True
+            await asyncio.sleep(FAILING_POLL_SECONDS if failing else self.poll_seconds)
 
     async def _advance(self) -> None:
         end = await anyio.to_thread.run_sync(self._end)
@@ -149,7 +156,11 @@ class EventHub:
                 else:
                     after = last_seen
                     while after < client.start:
-                        missed = await anyio.to_thread.run_sync(self._read, after, client.start)
+                        try:
+                            missed = await anyio.to_thread.run_sync(self._read, after, client.start)
+                        except Exception as exc:  # noqa: BLE001 - the stream ends; the client reconnects from `after`
+                            log.warning("event_replay_failed", error=f"{type(exc).__name__}: {exc}")
+                            return
                         if not missed:
                             break
                         for ev in missed:

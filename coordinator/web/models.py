@@ -166,6 +166,16 @@ class ScheduleView(SQLModel):
     next: list[dict[str, Any]] = []
     outcomes: list[Occurrence] = []
     manager_role: str | None = Field(default=None, description="the role besides ADMIN that may pause or resume it")
+    misfire: str | None = None
+    catchup_window: int | None = Field(default=None, description="seconds")
+    catchup_max: int | None = None
+    grace: int | None = Field(default=None, description="seconds")
+    overlap: str | None = None
+    jitter: int | None = Field(default=None, description="seconds")
+    dst: str | None = None
+    created_by: dict[str, Any] | None = None
+    clock_jumps: list[dict[str, Any]] = []
+    faults: list[dict[str, Any]] = []
 
 
 class UsageRow(SQLModel):
@@ -207,16 +217,19 @@ class SessionSummary(SQLModel):
 
 
 class SessionInput(SQLModel):
-    """One input of a session log, in acceptance order (`session export` fields)."""
+    """One input of a session log, as `taskkernel session export` writes it (without its signature)."""
 
-    seq: int | None
+    session: str
     input_id: str
     kind: str
-    payload: dict[str, Any]
     accepted: bool
+    accept_seq: int | None
+    payload: dict[str, Any]
+    legacy: bool
+    log_last_seq: int | None = None
     received_at: str | None = None
     accepted_by: str | None = None
-    refusal: str | None = None
+    reason: str | None = Field(default=None, description="why a received input was refused")
 
 
 class NeedsYou(SQLModel):

@@ -70,6 +70,9 @@ async def board_page(request: Request, role: str | None = None, root: str | None
                      risk: str | None = None) -> Response:
     board = board_of(request)
     caller = board.gate.reader(request)
+    if risk and risk not in RISKS:
+        raise Refused(400, ReasonCode.INVALID_COMMAND.value, f"{risk!r} is not a risk level; choose one of "
+                      f"{', '.join(RISKS)}")
     filters = reads.Filters(role.upper() if role else None, root or None, risk or None)
     try:
         columns = await anyio.to_thread.run_sync(reads.board, board.db, board.grant_sessions, filters)
@@ -93,7 +96,8 @@ def _team_roles(board: Any) -> list[str]:
 async def task_page(request: Request, task_id: str) -> Response:
     board = board_of(request)
     caller = board.gate.reader(request)
-    found = await anyio.to_thread.run_sync(reads.task_page, board.db, board.ws, board.grant_sessions, task_id)
+    found = await anyio.to_thread.run_sync(reads.task_page, board.db, board.ws, board.grant_sessions, task_id,
+                                           caller.principal if caller else None)
     if found is None:
         raise Refused(404, ReasonCode.TASK_NOT_FOUND.value, f"{task_id} does not exist")
     doc = found["task"]
@@ -198,6 +202,8 @@ async def session_page(request: Request, session: str) -> Response:
     except SessionLogError as exc:
         raise Refused(403, exc.reason.value, exc.message) from None
     inputs = await anyio.to_thread.run_sync(reads.session_inputs, board.session_log, session)
+    if inputs is None:
+        raise Refused(404, "unknown_session", f"no session {session!r}")
     return await page(request, "sessions.html", caller, sessions=None, session=session, inputs=inputs)
 
 

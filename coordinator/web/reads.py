@@ -17,9 +17,11 @@ from taskkernel.coordinator.inbox import approval_refusals
 from taskkernel.coordinator.runners.history import page_runs, run_detail
 from taskkernel.coordinator.workspace import Workspace
 from taskkernel.kernel.canonical import sha256_hex
+from taskkernel.kernel.model.principal import Principal
 from taskkernel.kernel.model.task import TaskState
 from taskkernel.kernel.permissions import permission_scope
 from taskkernel.kernel.queries import (
+    BLOCKED,
     count_tasks,
     doc_text,
     event_reader,
@@ -27,13 +29,15 @@ from taskkernel.kernel.queries import (
     task_history,
     task_show_document,
 )
-from taskkernel.kernel.sessionlog import SessionLog
+from taskkernel.kernel.sessionlog import SessionLog, SessionLogError
+from taskkernel.kernel.sessionlog.interchange import record_json
 from taskkernel.kernel.store.db import Database
 from taskkernel.kernel.store.schema import tasks
 from taskkernel.kernel.store.schema import usage as usage_table
 from taskkernel.kernel.usage import GROUPINGS, summarize
 from taskkernel.scheduler.admin import Schedules
 from taskkernel.scheduler.authority import creator_role
+from taskkernel.scheduler.clockjump import recent_clamps
 from taskkernel.scheduler.ledger import Ledger
 
 COLUMNS = tuple(s.value for s in TaskState)  # inbox, active, review, done, archive: the board's columns
@@ -63,9 +67,12 @@ def board(db: Database, grant_sessions: frozenset[str] | None, filters: Filters,
     guard asked, as `taskkernel inbox` asks it)."""
     columns: dict[str, Any] = {}
     for state in COLUMNS:
+        if state == TaskState.ACTIVE.value:  # the listing's `active` leaves out the blocked: they lead this column
+            columns[state] = _active_column(db, filters, per_column)
+            continue
         page = page_tasks(db, state=state, limit=per_column, **filters.query())
         columns[state] = {"count": count_tasks(db, state=state, **filters.query()), "tasks": page.rows,
-                          "next_cursor": page.next_cursor}
+                          "next_cursor": page.next_cursor, "next_state": state}
     in_review = columns[TaskState.REVIEW.value]["tasks"]
     if in_review:
         deciders = done_authorities(db, [r["task_id"] for r in in_review])
@@ -81,6 +88,17 @@ def board(db: Database, grant_sessions: frozenset[str] | None, filters: Filters,
     return columns
 
 
+def _active_column(db: Database, filters: Filters, per_column: int) -> dict[str, Any]:
+    """The active column: its blocked tasks first (what needs someone), then the others, both in task id order."""
+    blocked = page_tasks(db, state=BLOCKED, limit=per_column, **filters.query())
+    count = count_tasks(db, state=BLOCKED, **filters.query()) + count_tasks(db, state="active", **filters.query())
+    room = per_column - len(blocked.rows)
+    if blocked.next_cursor is not None or room == 0:
+        return {"count": count, "tasks": blocked.rows, "next_cursor": blocked.next_cursor, "next_state": BLOCKED}
+    rest = page_tasks(db, state="active", limit=room, **filters.query())
+    return {"count": count, "tasks": blocked.rows + rest.rows, "next_cursor": rest.next_cursor, "next_state": "active"}
+
+
 def done_authorities(db: Database, task_ids: list[str]) -> dict[str, str | None]:
     """Who decides each task (its ``authority.done_authority``), read in one query."""
     decider = doc_text(("authority", "done_authority"), db.is_postgres)
@@ -88,10 +106,11 @@ def done_authorities(db: Database, task_ids: list[str]) -> dict[str, str | None]
         return dict(conn.execute(sa.select(tasks.c.task_id, decider).where(tasks.c.task_id.in_(task_ids))).all())
 
 
-def task_page(db: Database, ws: Workspace | None, grant_sessions: frozenset[str] | None, task_id: str
-              ) -> dict[str, Any] | None:
+def task_page(db: Database, ws: Workspace | None, grant_sessions: frozenset[str] | None, task_id: str,
+              reader: Principal | None = None) -> dict[str, Any] | None:
     """Everything the task page shows: the `task show` document, the timeline with each event's actor, the
-    reports with their bodies and diffs, the children as a tree, gate verdicts, grants consulted, usage, runs."""
+    reports with their bodies and diffs, the children as a tree, gate verdicts, usage, runs, and the grants the
+    kernel's guard consults: those ``reader`` may read in full, how many there are in ``grants_held``."""
     doc = task_show_document(db, task_id)
     if doc is None:
         return None
@@ -103,8 +122,11 @@ def task_page(db: Database, ws: Workspace | None, grant_sessions: frozenset[str]
     timeline = [{"global_pos": ev.global_pos, "revision": ev.stream_version, "type": ev.type, "at": ev.recorded_at,
                  "by": ev.data.get("by") or ev.meta.get("actor"), "reason": ev.data.get("reason"),
                  "status": ev.data.get("status"), "round": ev.data.get("round")} for ev in events]
+    grants = grants_for(db, grant_sessions, task_id)
+    log = SessionLog(db, grant_sessions) if grant_sessions is not None else SessionLog(db)
     return {"task": doc, "timeline": timeline, "reports": reports, "children": children_tree(db, task_id),
-            "gate": gate_verdicts(db, task_id), "grants": grants_for(db, grant_sessions, task_id),
+            "gate": gate_verdicts(db, task_id), "grants": readable_grants(log, reader, grants),
+            "grants_held": len(grants),
             "usage": task_usage(db, task_id), "runs": page_runs(db, task_id=task_id, limit=20).rows}
 
 
@@ -152,6 +174,25 @@ def grants_for(db: Database, grant_sessions: frozenset[str] | None, task_id: str
                               "permission": r.payload.get("permission"), "accepted_by": r.accepted_by,
                               "received_at": r.received_at, "accepted": r.accepted})
     return found
+
+
+def readable_grants(log: SessionLog, reader: Principal | None, grants: list[dict[str, Any]]
+                    ) -> list[dict[str, Any]]:
+    """The grants whose session ``reader`` may read (the grant sessions are ADMIN's): a page shows others only
+    that the task has some, not who gave them."""
+    readable: dict[str, bool] = {}
+    for g in grants:
+        if g["session"] not in readable:
+            readable[g["session"]] = reader is not None and _may_read(log, g["session"], reader)
+    return [g for g in grants if readable[g["session"]]]
+
+
+def _may_read(log: SessionLog, session: str, reader: Principal) -> bool:
+    try:
+        log.check_read(session, reader)
+    except SessionLogError:
+        return False
+    return True
 
 
 def task_usage(db: Database, task_id: str) -> dict[str, Any]:
@@ -204,6 +245,7 @@ def schedules_view(db: Database, now: datetime | None = None) -> list[dict[str, 
         except Exception:  # noqa: BLE001 - a definition that no longer computes shows without next fires
             upcoming = []
         out.append({**view, "next": upcoming, "outcomes": schedules.outcomes(s, 10),
+                    "clock_jumps": recent_clamps(schedules.ledger, s.id, 10), "faults": schedules.faults(s, 10),
                     "manager_role": creator_role(s.spec)})  # who besides ADMIN may pause and resume it
     return out
 
@@ -228,13 +270,15 @@ def usage_view(db: Database, by: str = "root", since: str | None = None) -> dict
     return {"by": by, "since": since, "rows": rows, "total": total, "days": days}
 
 
-def session_inputs(log: SessionLog, session: str) -> list[dict[str, Any]]:
-    """A session's inputs in acceptance order (refused and unsequenced inputs last, in storage order)."""
+def session_inputs(log: SessionLog, session: str) -> list[dict[str, Any]] | None:
+    """A session's inputs in acceptance order (refused and unsequenced inputs last, in storage order), each as
+    `session export` writes it; None: no such session."""
     records = log.records(session)
+    if not records and not log.exists(session):
+        return None
     ordered = sorted((r for r in records if r.seq is not None), key=lambda r: r.seq or 0)
     ordered += [r for r in records if r.seq is None]
-    return [{"seq": r.seq, "input_id": r.input_id, "kind": r.kind, "payload": r.payload, "accepted": r.accepted,
-             "received_at": r.received_at, "accepted_by": r.accepted_by, "refusal": r.refusal} for r in ordered]
+    return [record_json(session, r) for r in ordered]
 
 
 def log_position(db: Database) -> int:

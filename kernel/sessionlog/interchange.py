@@ -121,7 +121,8 @@ def read_file(path: str | Path, *, provenance_key: bytes | None = None,
     return parse_lines(text.splitlines(), provenance_key=provenance_key, check_provenance=check_provenance)
 
 
-def to_line(session: str, r: Rec, key: bytes | None = None) -> str:
+def record_json(session: str, r: Rec) -> dict[str, Any]:
+    """One record as `session export` writes it (before its signature): the interchange fields."""
     obj: dict[str, Any] = {
         "session": session,
         "input_id": r.input_id,
@@ -137,6 +138,11 @@ def to_line(session: str, r: Rec, key: bytes | None = None) -> str:
         obj["accepted_by"] = r.accepted_by
     if not r.accepted:
         obj["reason"] = r.refusal
+    return obj
+
+
+def to_line(session: str, r: Rec, key: bytes | None = None) -> str:
+    obj = record_json(session, r)
     if key is not None:
         obj["sig"] = _signature(key, obj)
     return json.dumps(obj, ensure_ascii=False, sort_keys=False)
