@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test soak bench lint typecheck clean
+.PHONY: setup demo test soak bench lint typecheck screenshots clean
 
 $(BIN)/.installed: pyproject.toml examples/taskkernel-role-reviewer/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,9 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest -q -n auto
+
+screenshots: setup  # the board's pictures in docs/img, taken by its browser tests
+	TASKKERNEL_SCREENSHOTS=docs $(BIN)/python -m pytest -q tests/test_web_browser.py
 
 soak: setup
 	$(BIN)/python -m pytest -q -m soak

@@ -216,11 +216,13 @@ def test_a_goal_is_cancelled_by_its_roots_authority_once(served: tuple[Path, str
     assert httpx2.post(url + "api/goals/nope/cancel", json={}, headers=bearer(tokens["admin"])).status_code == 404
 
 
-def read_events(url: str, into: list[dict[str, Any]], ready: threading.Event, headers: dict[str, str]) -> None:
-    with httpx2.stream("GET", url + "api/events", headers=headers, timeout=30) as stream:
+def read_events(url: str, into: list[dict[str, Any]], ready: threading.Event, headers: dict[str, str],
+                query: str = "") -> None:
+    """The first three events of the log that ``GET /api/events{query}`` sends (state_changed left out)."""
+    with httpx2.stream("GET", url + "api/events" + query, headers=headers, timeout=30) as stream:
         ready.set()
         for line in stream.iter_lines():
-            if line.startswith("data:"):
+            if line.startswith("data:") and json.loads(line[5:])["global_pos"] is not None:  # events of the log
                 into.append(json.loads(line[5:]))
                 if len(into) >= 3:
                     return
@@ -426,3 +428,48 @@ def test_the_board_on_postgresql(pg_url: str, tmp_path: Path) -> None:
         created = [create(ws, f"pg live {i}") for i in range(3)]
         reader.join(30)
         assert [e["task_id"] for e in seen] == created
+
+
+def test_a_page_names_the_log_position_its_feed_starts_after(served: tuple[Path, str, dict[str, str]]) -> None:
+    """Review finding: a commit between a page's render and its event stream's connection was never shown. A page
+    carries the position it was read at; the feed from there replays what came in between."""
+    ws, url, _ = served
+    html = httpx2.get(url).text
+    position = int(html.split('data-log-position="', 1)[1].split('"', 1)[0])
+    between = [create(ws, f"between {i}") for i in range(3)]  # after the render, before any stream connects
+    seen: list[dict[str, Any]] = []
+    read_events(url, seen, threading.Event(), {}, f"?after={position}")  # what board.js asks for
+    assert [e["task_id"] for e in seen] == between
+
+
+def test_tables_outside_the_event_log_reach_open_pages(served: tuple[Path, str, dict[str, str]]) -> None:
+    """Review finding: a schedule paused or a grant given from the CLI commits no event, so open pages never
+    followed it. The hub sends state_changed for the session log, schedules, runs and usage."""
+    ws, url, tokens = served
+    assert run("schedule", "add", "watched", "--every", "1h", "--action", "accept_input", "--session", "notes",
+               "--kind", "message", "--payload", '{"text": "hi"}', cwd=ws).code == 0
+    changed: list[dict[str, Any]] = []
+    ready = threading.Event()
+
+    def follow() -> None:
+        with httpx2.stream("GET", url + "api/events", timeout=30) as stream:
+            ready.set()
+            event = None
+            for line in stream.iter_lines():
+                if line.startswith("event:"):
+                    event = line[6:].strip()
+                elif line.startswith("data:") and event == "state_changed":
+                    changed.append(json.loads(line[5:]))
+                    if {c["stream"] for c in changed} >= {"schedules", "sessions"}:
+                        return
+
+    reader = threading.Thread(target=follow, daemon=True)
+    reader.start()
+    assert ready.wait(30)
+    time.sleep(0.8)
+    assert run("schedule", "pause", "watched", cwd=ws).code == 0
+    assert run("session", "accept", "notes", "--kind", "message", "--input-id", "watched-1", "--payload",
+               '{"text": "noted"}', cwd=ws).code == 0
+    reader.join(30)
+    assert {c["stream"] for c in changed} >= {"schedules", "sessions"}
+    assert all(c["global_pos"] is None for c in changed)

@@ -1,7 +1,9 @@
 """The web board in a real headless Chromium (Debian's `chromium`, driven by Playwright; no browser is downloaded):
-a card moves columns when the CLI acts in another process, without a reload; a signed-in ADMIN approves a high-risk
-task, is refused with the grant hint, grants from the page and approves; the task page shows the report's body and
-its diff. The screenshots in docs/img/ are taken here."""
+a card moves columns when the CLI acts in another process, without a reload, and a blocked one leads the active
+column; a signed-in ADMIN approves a high-risk task, is refused with the grant hint, grants from the page (the page
+shows the grant live) and approves; the task page shows the report's body and its diff; a rejection typed on the
+page is followed by the page. The screenshots in docs/img/ are taken here (`make screenshots` writes them there;
+`make test` keeps them in the test's folder, so a test run leaves the repository as it found it)."""
 
 from __future__ import annotations
 
@@ -25,8 +27,14 @@ if CHROMIUM is None and not os.environ.get("TASKKERNEL_REQUIRE_BROWSER"):
     pytest.skip("no chromium on this machine (.ci/run installs Debian's; TASKKERNEL_REQUIRE_BROWSER=1 makes this a "
                 "failure)", allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api")
-IMAGES = ROOT / "docs" / "img"
+DOCS_IMAGES = ROOT / "docs" / "img"
 WAIT_MS = 10_000
+
+
+@pytest.fixture
+def images(tmp_path: Path) -> Path:
+    """Where screenshots go: docs/img under `make screenshots` (TASKKERNEL_SCREENSHOTS=docs), else the test's folder."""
+    return DOCS_IMAGES if os.environ.get("TASKKERNEL_SCREENSHOTS") == "docs" else tmp_path
 
 
 @pytest.fixture
@@ -52,7 +60,7 @@ def repository_workspace(tmp_path: Path) -> Path:
     return root
 
 
-def test_a_card_moves_columns_live_when_the_cli_acts(tmp_path: Path, browser: object) -> None:
+def test_a_card_moves_columns_live_when_the_cli_acts(tmp_path: Path, browser: object, images: Path) -> None:
     ws = repository_workspace(tmp_path)
     dev = issue(ws, "DEV", "dev-live")
     for i in range(3):
@@ -69,12 +77,22 @@ def test_a_card_moves_columns_live_when_the_cli_acts(tmp_path: Path, browser: ob
         assert run("--token", dev, "task", "claim", task, cwd=ws).code == 0
         page.wait_for_selector(f'#col-active [data-task-id="{task}"]', timeout=WAIT_MS)
         assert page.query_selector(card) is None
+        blocked = create(ws, "Waiting on a vendor key")
+        assert run("--token", dev, "task", "claim", blocked, cwd=ws).code == 0
+        assert run("--token", dev, "task", "report", blocked, "--status", "blocked", "--body", "the vendor has not "
+                   "sent the key", cwd=ws).code == 0
+        page.wait_for_function(  # blocked cards lead the active column
+            f"document.querySelector('#col-active .card').dataset.taskId === '{blocked}'", timeout=WAIT_MS)
+        assert "blocked" in page.inner_text(f'#col-active [data-task-id="{blocked}"] .badges')
+        assert page.inner_text('[data-count="active"]') == "2"
         assert page.evaluate("window.notReloaded") is True  # moved in place: the page was never reloaded
-        IMAGES.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(IMAGES / "board.png"))
+        images.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(images / "board.png"))
+        assert (images / "board.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_approve_is_refused_with_the_grant_hint_then_granted_from_the_page(tmp_path: Path, browser: object) -> None:
+def test_approve_is_refused_with_the_grant_hint_then_granted_from_the_page(tmp_path: Path, browser: object,
+                                                                          images: Path) -> None:
     ws = repository_workspace(tmp_path)
     dev = issue(ws, "DEV", "dev-risky")
     task = create(ws, "Rotate the production keys", "--risk", "high")
@@ -101,7 +119,28 @@ def test_approve_is_refused_with_the_grant_hint_then_granted_from_the_page(tmp_p
         page.click("#action-result .grant-from-hint")
         page.wait_for_function("document.querySelector('#action-result .outcome').innerText.includes('accepted')",
                                timeout=WAIT_MS)
-        page.wait_for_selector("#approve", timeout=WAIT_MS).click()  # the page re-rendered live: a fresh button
+        # a grant commits no event of the log: the session log's change reaches the page as state_changed
+        page.wait_for_selector("tr.k-allow", timeout=WAIT_MS)
+        page.click("#approve")
         page.wait_for_function("document.querySelector('#task-state').innerText === 'done'", timeout=WAIT_MS)
         assert run("task", "show", task, "--json", cwd=ws).json["state"] == "done"
-        page.screenshot(path=str(IMAGES / "task.png"), full_page=True)
+        images.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(images / "task.png"), full_page=True)
+
+
+def test_a_rejection_typed_on_the_page_is_followed_live(tmp_path: Path, browser: object) -> None:
+    """Review finding: a reason left in the form kept its region from ever refreshing again."""
+    ws = repository_workspace(tmp_path)
+    task = create(ws, "Needs another pass")
+    to_review(ws, task, issue(ws, "DEV", "dev-reject"))
+    with board(ws) as url:
+        page = browser.new_page()  # type: ignore[attr-defined]
+        page.goto(url + f"login?next=/tasks/{task}")
+        page.fill("#token", owner_token(ws))
+        page.click("#sign-in-button")
+        page.wait_for_selector("#reject", timeout=WAIT_MS)
+        page.fill("input[name=reason]", "add the missing tests")
+        page.click("#reject")
+        page.wait_for_function("document.querySelector('#task-state').innerText === 'active'", timeout=WAIT_MS)
+        assert "accepted" in page.inner_text("#action-result .outcome")  # the outcome outlives the refresh
+        assert page.query_selector("#reject") is None

@@ -258,6 +258,8 @@ async def events(request: Request, caller: Annotated[Caller | None, Depends(read
             checked = time.monotonic()
         if item["type"] == "reset":
             yield ServerSentEvent(id=str(item["global_pos"]), event="reset", data=item)  # a reconnect resumes here
+        elif item["type"] == "state_changed":  # no event of the log: no id, so a reconnect's position stays
+            yield ServerSentEvent(event="state_changed", data=item)
         else:
             yield ServerSentEvent(id=str(item["global_pos"]), data=item)
 

@@ -6,6 +6,11 @@ every position up to the end has committed: none is skipped or sent twice). Each
 queue as a small summary (EventSummary). Clients never poll: a page re-renders its live regions when an event
 concerns it (static/board.js).
 
+Some of what the board shows lives in tables that commit no event: the session log (grants, revocations), the
+schedules, the run ledger and the usage ledger. Every MARKER_EVERY polls the hub reads a cheap marker of each (a
+count and a sum or a maximum that any change moves) and, when one moved, sends ``{"type": "state_changed",
+"stream": "sessions" | "schedules" | "runs" | "usage"}`` (no id: it is no event of the log).
+
 A client that reconnects with ``Last-Event-ID`` (the browser does it by itself) first gets the events it missed,
 read from the log, then the live ones. A client too slow to keep up (its queue full) is disconnected; it
 reconnects with its last id and catches up from the log, so nothing is lost, only delayed. More than
@@ -21,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio.to_thread
+import sqlalchemy as sa
 
 from taskkernel.kernel.logging import get_logger
 from taskkernel.kernel.model.task import TARGET_STATE_OF_EVENT, TaskState
@@ -31,6 +37,7 @@ from taskkernel.kernel.store.events import RecordedEvent, log_end
 log = get_logger(__name__)
 POLL_SECONDS = 0.1
 FAILING_POLL_SECONDS = 1.0  # while the database cannot be read
+MARKER_EVERY = 5  # polls between two reads of the markers below (every half second)
 QUEUE_SIZE = 2000  # events a client may lag behind before it is cut off (it then catches up from the log)
 REPLAY_MAX = 5000  # missed events replayed to a reconnecting client; beyond, a reset
 READ_BATCH = 1000
@@ -48,6 +55,23 @@ def summary(ev: RecordedEvent) -> dict[str, Any]:
             state = target.value
     return {"global_pos": ev.global_pos, "stream": ev.stream_id, "type": ev.type, "task_id": task_id,
             "state": state, "by": ev.data.get("by") or ev.meta.get("actor"), "at": ev.recorded_at}
+
+
+def _markers() -> dict[str, sa.Select[Any]]:
+    """What moves when the state of a table outside the event log changes."""
+    from taskkernel.coordinator.tables import runs
+    from taskkernel.kernel.sessionlog.tables import session_counter
+    from taskkernel.kernel.store.schema import usage
+    from taskkernel.scheduler.tables import schedule
+
+    return {
+        "sessions": sa.select(sa.func.count(), sa.func.sum(session_counter.c.last_seq)),
+        "schedules": sa.select(sa.func.count(), sa.func.sum(schedule.c.revision), sa.func.max(schedule.c.watermark_utc),
+                               sa.func.sum(schedule.c.paused)),
+        "runs": sa.select(sa.func.count(), sa.func.sum(runs.c.attempt), sa.func.max(runs.c.ended_at),
+                          sa.func.max(runs.c.not_before), sa.func.count().filter(runs.c.state == "running")),
+        "usage": sa.select(sa.func.count()).select_from(usage),
+    }
 
 
 @dataclass(eq=False)
@@ -69,9 +93,12 @@ class EventHub:
         self.position = 0
         self.clients: set[Subscription] = set()
         self._task: asyncio.Task[None] | None = None
+        self._marks: dict[str, Any] = {}
+        self._ticks = 0
 
     async def start(self) -> None:
         self.position = await anyio.to_thread.run_sync(self._end)
+        self._marks = await anyio.to_thread.run_sync(self._read_marks)
         self._task = asyncio.create_task(self._run(), name="taskkernel-event-hub")
 
     async def stop(self) -> None:
@@ -116,7 +143,26 @@ class EventHub:
                 failing = True
             await asyncio.sleep(FAILING_POLL_SECONDS if failing else self.poll_seconds)
 
+    def _read_marks(self) -> dict[str, Any]:
+        """Each marker's value now (None: its table does not exist yet, or cannot be read)."""
+        found: dict[str, Any] = {}
+        for name, query in _markers().items():
+            try:  # one read each: on PostgreSQL a missing table aborts the transaction it is read in
+                with self.db.read() as conn:
+                    found[name] = tuple(conn.execute(query).one())
+            except sa.exc.SQLAlchemyError:
+                found[name] = None
+        return found
+
     async def _advance(self) -> None:
+        self._ticks += 1
+        if self._ticks % MARKER_EVERY == 0:
+            marks = await anyio.to_thread.run_sync(self._read_marks)
+            for name, value in marks.items():
+                if value != self._marks.get(name):
+                    self._publish({"type": "state_changed", "stream": name, "global_pos": None, "task_id": None,
+                                   "state": None, "by": None, "at": None})
+            self._marks = marks
         end = await anyio.to_thread.run_sync(self._end)
         while end > self.position:
             events = await anyio.to_thread.run_sync(self._read, self.position, end)

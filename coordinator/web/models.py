@@ -100,13 +100,14 @@ class ActionOutcome(SQLModel):
 class EventSummary(SQLModel):
     """One committed event as ``GET /api/events`` sends it (``id:`` is its global position)."""
 
-    global_pos: int
+    global_pos: int | None = Field(description="the event's global position (null for state_changed)")
     stream: str
-    type: str
+    type: str = Field(description="the event's type; state_changed: a table outside the event log changed "
+                                  "(stream: sessions, schedules, runs or usage)")
     task_id: str | None = None
     state: str | None = Field(default=None, description="the task's lifecycle state after a task event")
     by: str | None = None
-    at: str
+    at: str | None = None
 
 
 class RunRow(SQLModel):

@@ -23,7 +23,7 @@ from taskkernel.coordinator.inbox import waiting
 from taskkernel.coordinator.web import reads
 from taskkernel.coordinator.web.api import RISKS
 from taskkernel.coordinator.web.auth import COOKIE, Caller, Refused, check_same_origin
-from taskkernel.coordinator.web.state import board_of
+from taskkernel.coordinator.web.state import Board, board_of
 from taskkernel.kernel.goals import GoalService
 from taskkernel.kernel.model.commands import CommandType
 from taskkernel.kernel.model.principal import LOCAL_OWNER
@@ -40,6 +40,7 @@ NEEDS_LIMIT = 100
 def render(request: Request, name: str, caller: Caller | None, status: int = 200, **context: Any) -> HTMLResponse:
     return templates.TemplateResponse(request, name, {
         "caller": caller, "csrf": caller.csrf if caller else None, "version": __version__,
+        "log_position": getattr(request.state, "log_position", None),
         "signed_in": caller is not None and caller.via == "cookie", **context}, status_code=status)
 
 
@@ -48,6 +49,15 @@ async def page(request: Request, name: str, caller: Caller | None, status: int =
     """``render`` in a worker thread: a board of 250 cards takes ~10 ms to render, which the event loop (and every
     open event stream) would otherwise wait for."""
     return await anyio.to_thread.run_sync(lambda: render(request, name, caller, status, **context))
+
+
+async def reading(request: Request) -> tuple[Board, Caller | None]:
+    """The board and the reader of a page, and the log's position before the page reads anything: the page's live
+    feed starts right after it (``data-log-position``), so nothing committed meanwhile is missed."""
+    board = board_of(request)
+    caller = board.gate.reader(request)
+    request.state.log_position = await anyio.to_thread.run_sync(reads.log_position, board.db)
+    return board, caller
 
 
 def error_page(request: Request, status: int, reason: str, message: str) -> HTMLResponse:
@@ -68,8 +78,7 @@ templates.env.globals["may"] = may
 @router.get("/", response_class=HTMLResponse)
 async def board_page(request: Request, role: str | None = None, root: str | None = None,
                      risk: str | None = None) -> Response:
-    board = board_of(request)
-    caller = board.gate.reader(request)
+    board, caller = await reading(request)
     if risk and risk not in RISKS:
         raise Refused(400, ReasonCode.INVALID_COMMAND.value, f"{risk!r} is not a risk level; choose one of "
                       f"{', '.join(RISKS)}")
@@ -94,8 +103,7 @@ def _team_roles(board: Any) -> list[str]:
 
 @router.get("/tasks/{task_id}", response_class=HTMLResponse)
 async def task_page(request: Request, task_id: str) -> Response:
-    board = board_of(request)
-    caller = board.gate.reader(request)
+    board, caller = await reading(request)
     found = await anyio.to_thread.run_sync(reads.task_page, board.db, board.ws, board.grant_sessions, task_id,
                                            caller.principal if caller else None)
     if found is None:
@@ -132,24 +140,21 @@ async def task_file(request: Request, task_id: str) -> Response:
 
 @router.get("/runs", response_class=HTMLResponse)
 async def runs_page(request: Request) -> Response:
-    board = board_of(request)
-    caller = board.gate.reader(request)
+    board, caller = await reading(request)
     view = await anyio.to_thread.run_sync(reads.runs_view, board.db, board.ws)
     return await page(request, "runs.html", caller, runs=view)
 
 
 @router.get("/schedules", response_class=HTMLResponse)
 async def schedules_page(request: Request) -> Response:
-    board = board_of(request)
-    caller = board.gate.reader(request)
+    board, caller = await reading(request)
     view = await anyio.to_thread.run_sync(reads.schedules_view, board.db)
     return await page(request, "schedules.html", caller, schedules=view)
 
 
 @router.get("/usage", response_class=HTMLResponse)
 async def usage_page(request: Request, by: str = "root") -> Response:
-    board = board_of(request)
-    caller = board.gate.reader(request)
+    board, caller = await reading(request)
     if by not in GROUPINGS:
         raise Refused(400, ReasonCode.INVALID_COMMAND.value, f"by must be one of {', '.join(GROUPINGS)}")
     view = await anyio.to_thread.run_sync(reads.usage_view, board.db, by, None)
@@ -183,16 +188,14 @@ def chart(view: dict[str, Any], width: int = 640, height: int = 160) -> dict[str
 
 @router.get("/sessions", response_class=HTMLResponse)
 async def sessions_page(request: Request) -> Response:
-    board = board_of(request)
-    caller = board.gate.reader(request)
+    board, caller = await reading(request)
     listed = [] if caller is None else await anyio.to_thread.run_sync(board.session_log.sessions, caller.principal)
     return await page(request, "sessions.html", caller, sessions=listed, session=None, inputs=[])
 
 
 @router.get("/sessions/{session}", response_class=HTMLResponse)
 async def session_page(request: Request, session: str) -> Response:
-    board = board_of(request)
-    caller = board.gate.reader(request)
+    board, caller = await reading(request)
     if caller is None:
         raise Refused(401, ReasonCode.ACTOR_UNVERIFIED.value, "a session log is read by its owner or ADMIN")
     from taskkernel.kernel.sessionlog import SessionLogError
@@ -209,8 +212,7 @@ async def session_page(request: Request, session: str) -> Response:
 
 @router.get("/needs-you", response_class=HTMLResponse)
 async def needs_page(request: Request) -> Response:
-    board = board_of(request)
-    caller = board.gate.reader(request)
+    board, caller = await reading(request)
     principal = caller.principal if caller else LOCAL_OWNER
     role = None if principal.is_admin else principal.role
     found = await anyio.to_thread.run_sync(waiting, board.db, board.grant_sessions, role, principal, NEEDS_LIMIT)

@@ -3,59 +3,73 @@
   "use strict";
   const csrf = () => (document.querySelector('meta[name="csrf-token"]') || {}).content || "";
   const status = document.getElementById("live-status");
-  let pending = null;
+  // The log position the page was read at (before its reads): the feed starts right after it, so nothing that
+  // commits between the render and the connection is missed.
+  let lastSeen = document.body.dataset.logPosition || null;
+  let source = null;
+  let timer = null;
+  let inFlight = false;
+  let again = false;
 
   // A region marked data-live is re-rendered from the server when an event concerns it: the page is fetched again
-  // and the region swapped in place (no reload). A region the user is typing in waits until they are done.
-  function busy(region) {
-    return Array.from(region.querySelectorAll("input:not([type=hidden]), textarea")).some(
-      (el) => el === document.activeElement || el.value !== "");
-  }
+  // and the region swapped in place (no reload). A region with the focus in it waits until the focus leaves.
+  const busy = (region) => region.contains(document.activeElement) && document.activeElement !== document.body;
 
   async function refresh() {
-    pending = null;
-    const regions = document.querySelectorAll("[data-live]");
-    if (!regions.length) return;
-    const response = await fetch(location.href, { headers: { Accept: "text/html" }, credentials: "same-origin" });
-    if (!response.ok) return;
-    const fresh = new DOMParser().parseFromString(await response.text(), "text/html");
-    regions.forEach((region) => {
-      const next = fresh.querySelector(`[data-live="${region.dataset.live}"]`);
-      if (!next) return;
-      if (busy(region)) { region.dataset.stale = "1"; return; }
-      region.innerHTML = next.innerHTML;
-      delete region.dataset.stale;
-      bindActions(region);
-    });
-    document.body.dataset.refreshed = String(Date.now());
+    timer = null;
+    if (inFlight) { again = true; return; }  // one fetch at a time, then one more: the newest state wins
+    inFlight = true;
+    try {
+      const regions = document.querySelectorAll("[data-live]");
+      if (!regions.length) return;
+      const response = await fetch(location.href, { headers: { Accept: "text/html" }, credentials: "same-origin" });
+      if (!response.ok) return;
+      const fresh = new DOMParser().parseFromString(await response.text(), "text/html");
+      regions.forEach((region) => {
+        const next = fresh.querySelector(`[data-live="${region.dataset.live}"]`);
+        if (!next) return;
+        if (busy(region)) { region.dataset.stale = "1"; return; }
+        region.innerHTML = next.innerHTML;
+        delete region.dataset.stale;
+        bindActions(region);
+      });
+      document.body.dataset.refreshed = String(Date.now());
+    } finally {
+      inFlight = false;
+      if (again) { again = false; schedule({ type: "again" }); }
+    }
   }
 
   function concerns(event) {
-    const page = document.body.dataset.page;
-    if (page === "task") {
-      const id = document.querySelector("[data-live=task]").dataset.taskId;
-      return event.task_id === id || event.stream === `gate:${id}` || event.type === "reset" ||
-        (event.task_id && document.querySelector(`a[href="/tasks/${event.task_id}"]`) !== null);
-    }
-    return true;
+    if (document.body.dataset.page !== "task" || !event.task_id || event.type === "task_created") return true;
+    const id = document.querySelector("[data-live=task]").dataset.taskId;
+    return event.task_id === id || document.querySelector(`a[href="/tasks/${event.task_id}"]`) !== null;
   }
 
   function schedule(event) {
     if (!concerns(event)) return;
-    if (pending === null) pending = setTimeout(refresh, 150);
+    if (timer === null) timer = setTimeout(refresh, 150);
   }
 
   function connect() {
-    if (!window.EventSource || !document.querySelector("[data-live]")) { status.textContent = ""; return; }
-    const source = new EventSource("/api/events");
+    if (!window.EventSource || !document.querySelector("[data-live]") || source) return;
+    source = new EventSource("/api/events" + (lastSeen !== null ? `?after=${lastSeen}` : ""));
     source.onopen = () => { status.textContent = "● live"; status.className = "live on"; };
     source.onerror = () => { status.textContent = "○ reconnecting"; status.className = "live off"; };
-    source.onmessage = (m) => schedule(JSON.parse(m.data));  // one per committed event
-    source.addEventListener("reset", () => schedule({ type: "reset" }));  // more missed than replayed
-    window.taskkernelEvents = source;
+    source.onmessage = (m) => { if (m.lastEventId) lastSeen = m.lastEventId; schedule(JSON.parse(m.data)); };
+    source.addEventListener("reset", (m) => { lastSeen = m.lastEventId || lastSeen; schedule({ type: "reset" }); });
+    source.addEventListener("state_changed", (m) => schedule(JSON.parse(m.data)));
   }
 
-  function show(box, doc) {
+  // A hidden tab gives its connection back (a browser opens at most six to one server over HTTP/1.1); shown again,
+  // it reconnects after the last event it saw, and what it missed arrives first.
+  document.addEventListener("visibilitychange", () => {
+    if (document.hidden && source) { source.close(); source = null; status.textContent = "○ paused"; }
+    else if (!document.hidden) { connect(); schedule({ type: "visible" }); }
+  });
+
+  function show(doc) {
+    const box = document.getElementById("action-result");
     box.className = "result " + (doc.status === "rejected" || doc.status === "error" ? "refused" : "accepted");
     box.replaceChildren();
     const head = document.createElement("p");
@@ -82,8 +96,6 @@
 
   async function act(form, event) {
     event.preventDefault();
-    const box = form.parentElement.querySelector(".result") || form.querySelector(".result") ||
-      document.getElementById("action-result");
     const body = {};
     new FormData(form).forEach((value, key) => { if (key !== "csrf_token" && value !== "") body[key] = value; });
     const button = form.querySelector("button");
@@ -93,9 +105,10 @@
         method: "POST", credentials: "same-origin",
         headers: { "Content-Type": "application/json", "X-CSRF-Token": csrf() }, body: JSON.stringify(body) });
       const doc = await response.json();
-      if (box) show(box, doc);
+      show(doc);
+      if (response.ok) { form.reset(); if (document.activeElement) document.activeElement.blur(); schedule({}); }
     } catch (err) {
-      if (box) show(box, { status: "error", message: String(err) });
+      show({ status: "error", message: String(err) });
     } finally {
       if (button) button.disabled = false;
     }
@@ -110,7 +123,7 @@
   }
 
   document.addEventListener("focusout", () => {
-    if (document.querySelector("[data-live][data-stale]")) schedule({ type: "reset" });
+    setTimeout(() => { if (document.querySelector("[data-live][data-stale]")) schedule({ type: "focus" }); }, 0);
   });
   bindActions(document);
   connect();
