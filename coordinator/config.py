@@ -363,6 +363,10 @@ class ServeTable(_Table):
     # Every page and API route needs a signed-in credential (else 401 / the sign-in page). Required before the
     # board may listen beyond loopback (--host other than 127.0.0.1/::1/localhost).
     require_login: bool = False
+    # Host names the board answers besides the address it listens on (and, on loopback, 127.0.0.1, localhost and
+    # ::1): the public name a TLS proxy in front passes on. Any other Host is refused (DNS rebinding).
+    hosts: list[Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9.:\[\]-]+$")]] = Field(
+        default_factory=list)
 
 
 class TaskkernelConfig(_Table):

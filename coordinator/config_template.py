@@ -121,6 +121,7 @@ require_token = true
 # The web board, `taskkernel serve` (docs/web.md).
 # [serve]
 # require_login = false                     # true: every page needs a sign-in; required for a --host beyond loopback
+# hosts = ["board.example.com"]             # Host names a TLS proxy in front passes on (others are refused)
 """
 TEAM_EXAMPLE = """
 # The team, when the FCoP folder has no fcop.json (which takes precedence).

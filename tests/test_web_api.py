@@ -276,8 +276,13 @@ def test_require_login_closes_reads_and_a_remote_host_needs_it(tmp_path: Path) -
                             capture_output=True, text=True, timeout=60)
     assert remote.returncode == 64 and json.loads(remote.stdout.strip().splitlines()[-1])["code"] == \
         "login_required", (remote.stdout, remote.stderr)
-    append_config(ws, "\n[serve]\nrequire_login = true\n")
+    append_config(ws, '\n[serve]\nrequire_login = true\nhosts = ["board.example.com"]\n')
     with board(ws) as url:
+        proxied = {"host": "board.example.com", "origin": "https://board.example.com"}  # a TLS proxy's request
+        assert httpx2.get(url + "api/tasks", headers={**bearer(owner_token(ws)), **proxied}).status_code == 200
+        assert httpx2.post(url + "login", data={"token": owner_token(ws)}, headers=proxied).status_code == 303
+        assert httpx2.get(url + "api/tasks", headers={**bearer(owner_token(ws)), "host": "other.example"}
+                          ).status_code == 400
         assert httpx2.get(url + "api/tasks").status_code == 401
         redirected = httpx2.get(url + "usage?by=role")
         assert redirected.status_code == 303 and redirected.headers["location"] == "/login?next=%2Fusage%3Fby%3Drole"
@@ -428,6 +433,11 @@ def test_the_board_on_postgresql(pg_url: str, tmp_path: Path) -> None:
         created = [create(ws, f"pg live {i}") for i in range(3)]
         reader.join(30)
         assert [e["task_id"] for e in seen] == created
+        page = httpx2.get(url + f"api/tasks/{risky}/page", headers=bearer(admin)).json()
+        assert page["reports"][0]["body"] == "the work is done" and page["usage"]["units"] == 0
+        for path in ("api/usage?by=role&since=7d", "api/runs", "api/schedules", "api/needs-you", f"tasks/{risky}",
+                     "usage", "runs", "schedules", "needs-you"):
+            assert httpx2.get(url + path, headers=bearer(admin)).status_code == 200, path
 
 
 def test_a_page_names_the_log_position_its_feed_starts_after(served: tuple[Path, str, dict[str, str]]) -> None:

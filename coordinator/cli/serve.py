@@ -46,7 +46,8 @@ def serve(ctx: typer.Context,
         warn(f"taskkernel serve: warning: listening on {url}, beyond this machine; sign-in is required")
     # On loopback, only this machine's names: a web page whose DNS name was rebound to 127.0.0.1 is refused
     # (400) instead of reading the board. Beyond loopback the sign-in guards every page.
-    hosts = [host.strip("[]"), "127.0.0.1", "localhost", "::1", "[::1]"] if is_loopback(host) else ["*"]
+    named = list(ws.config.serve.hosts) if ws is not None else []
+    hosts = [host.strip("[]"), "127.0.0.1", "localhost", "::1", "[::1]", *named] if is_loopback(host) else ["*"]
     board = Board(db, ws, kernel, require_login=require_login, hosts=hosts)
     app = create_app(board)
     emit({"status": "listening", "url": url, "require_login": require_login}, generic=False)
