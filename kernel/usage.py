@@ -96,14 +96,15 @@ _UNIT = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"
 def since_utc(text: str, now: datetime | None = None) -> str | None:
     """A ``since`` bound as the ledger writes timestamps (UTC, microseconds, Z), so rows compare by time and
     not by spelling: ISO 8601 (a naive time is UTC) or an age (``90s``, ``30m``, ``24h``, ``7d``, ``2w`` before
-    now). None when the text is neither."""
+    now). None when the text is neither, or names a time out of the calendar's range (year 1 in a zone east of
+    UTC, an age longer than the era)."""
     ago = _AGO.match(text.strip().lower())
-    if ago:
-        when = (now or datetime.now(UTC)) - timedelta(**{_UNIT[ago.group(2)]: int(ago.group(1))})
-    else:
-        try:
+    try:
+        if ago:
+            when = (now or datetime.now(UTC)) - timedelta(**{_UNIT[ago.group(2)]: int(ago.group(1))})
+        else:
             when = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-        except ValueError:
-            return None
-    when = when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
+        when = when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
+    except (ValueError, OverflowError):
+        return None
     return when.isoformat(timespec="microseconds")[:-6] + "Z"

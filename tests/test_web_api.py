@@ -399,7 +399,8 @@ max_attempts = 1
         assert (note["accept_seq"], note["kind"], note["payload"]) == (1, "message", {"text": "remember the keys"})
         missing = httpx2.get(url + "api/sessions/nowhere/inputs", headers=admin)
         assert missing.status_code == 404 and missing.json()["reason"] == "unknown_session"
-        assert httpx2.get(url + "api/usage", params={"since": "garbage"}).status_code == 400
+        for since in ("garbage", "0001-01-01T00:00:00+05:00", "999999w"):
+            assert httpx2.get(url + "api/usage", params={"since": since}).status_code == 400, since
         assert httpx2.get(url + "api/usage", params={"since": "7d"}).json()["since"]
         assert httpx2.get(url + "api/sessions").status_code == 401
         pages = {path: httpx2.get(url + path).text for path in ("runs", "usage?by=role", f"tasks/{built}")}
@@ -483,3 +484,93 @@ def test_tables_outside_the_event_log_reach_open_pages(served: tuple[Path, str, 
     reader.join(30)
     assert {c["stream"] for c in changed} >= {"schedules", "sessions"}
     assert all(c["global_pos"] is None for c in changed)
+
+
+def test_the_active_column_leads_with_blocked_tasks_and_links_to_the_rest(tmp_path: Path) -> None:
+    """Review finding: blocked tasks were in no column (the listing's `active` leaves them out); once they fill the
+    column, its next-page link must still reach the others."""
+    from taskkernel.coordinator.web.reads import Filters
+    from taskkernel.coordinator.web.reads import board as board_columns
+    from tests.coord_support import workspace_database
+
+    ws = new_workspace(tmp_path)
+    dev = issue(ws, "DEV", "dev-column")
+    tasks = [create(ws, f"t{i}") for i in range(5)]
+    for task in tasks:
+        assert run("--token", dev, "task", "claim", task, cwd=ws).code == 0
+    for task in tasks[:3]:
+        assert run("--token", dev, "task", "report", task, "--status", "blocked", "--body", "stuck", cwd=ws).code == 0
+    from taskkernel.coordinator.workspace import Workspace
+
+    db = workspace_database(Workspace.load(ws))
+    wide = board_columns(db, None, Filters(), per_column=50)["active"]
+    assert [t["task_id"] for t in wide["tasks"]] == tasks[:3] + tasks[3:] and wide["count"] == 5
+    assert [bool(t["blocked"]) for t in wide["tasks"]] == [True, True, True, False, False]
+    full = board_columns(db, None, Filters(), per_column=3)["active"]
+    assert (full["next_state"], full["next_cursor"], full["count"]) == ("active", None, 5)
+    narrow = board_columns(db, None, Filters(), per_column=2)["active"]
+    assert narrow["next_state"] == "blocked" and narrow["next_cursor"]
+    mixed = board_columns(db, None, Filters(), per_column=4)["active"]
+    assert mixed["next_state"] == "active" and mixed["next_cursor"]
+
+
+def test_an_idle_stream_ends_when_its_credential_is_revoked(tmp_path: Path) -> None:
+    """Review finding: an open event stream outlived its credential, and was re-checked only when an event came."""
+    ws = new_workspace(tmp_path)
+    token = issue(ws, "QA", "qa-stream")
+    ident = next(t["id"] for t in run("token", "list", "--json", cwd=ws).json if t.get("agent") == "qa-stream")
+    with board(ws) as url:
+        ended = threading.Event()
+
+        def follow() -> None:
+            with httpx2.stream("GET", url + "api/events", headers=bearer(token), timeout=60) as stream:
+                for _ in stream.iter_lines():
+                    pass
+            ended.set()
+
+        threading.Thread(target=follow, daemon=True).start()
+        time.sleep(1)
+        assert not ended.is_set()
+        assert run("token", "revoke", ident, cwd=ws).code == 0
+        assert ended.wait(15), "the stream of a revoked credential stayed open with nothing committed"
+
+
+def test_quiet_pages_send_no_state_changed_and_runs_do(tmp_path: Path) -> None:
+    """Markers move with what pages show, not with reads (no refresh storm); a run and its usage move theirs."""
+    import sys
+
+    ws = new_workspace(tmp_path)
+    agent = tmp_path / "agent.py"
+    agent.write_text('import json\nprint(json.dumps({"usage": {"tokens_in": 10, "tokens_out": 5}}))\n')
+    append_config(ws, f"""
+[roles.DEV]
+runner = "command"
+argv = [{json.dumps(sys.executable)}, {json.dumps(str(agent))}]
+""")
+    create(ws, "run me")
+    with board(ws) as url:
+        changed: list[str] = []
+        stop = threading.Event()
+
+        def follow() -> None:
+            with httpx2.stream("GET", url + "api/events", timeout=60) as stream:
+                event = None
+                for line in stream.iter_lines():
+                    if line.startswith("event:"):
+                        event = line[6:].strip()
+                    elif line.startswith("data:") and event == "state_changed":
+                        changed.append(json.loads(line[5:])["stream"])
+                    if stop.is_set():
+                        return
+
+        threading.Thread(target=follow, daemon=True).start()
+        for path in ("", "runs", "schedules", "usage", "needs-you", "api/runs", "api/usage", "api/needs-you"):
+            assert httpx2.get(url + path).status_code == 200
+        time.sleep(1.5)
+        assert changed == [], changed
+        assert run("up", str(ws), "--once", cwd=ws).code == 0
+        deadline = time.monotonic() + 10
+        while not {"runs", "usage"} <= set(changed) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        stop.set()
+        assert {"runs", "usage"} <= set(changed), changed

@@ -7,10 +7,12 @@ page is followed by the page. The screenshots in docs/img/ are taken here (`make
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -67,8 +69,12 @@ def test_a_card_moves_columns_live_when_the_cli_acts(tmp_path: Path, browser: ob
         create(ws, f"groundwork {i}")
     with board(ws) as url:
         page = browser.new_page(viewport={"width": 1400, "height": 800})  # type: ignore[attr-defined]
+        feeds: list[str] = []
+        page.on("request", lambda r: feeds.append(r.url) if "/api/events" in r.url else None)
         page.goto(url)
         page.wait_for_selector("#live-status.on", timeout=WAIT_MS)
+        position = page.evaluate("document.body.dataset.logPosition")
+        assert feeds == [f"{url}api/events?after={position}"]  # the feed starts where the page was read
         page.evaluate("window.notReloaded = true")
         task = create(ws, "Live card from the CLI")  # another process
         card = f'#col-inbox [data-task-id="{task}"]'
@@ -88,6 +94,13 @@ def test_a_card_moves_columns_live_when_the_cli_acts(tmp_path: Path, browser: ob
         assert page.evaluate("window.notReloaded") is True  # moved in place: the page was never reloaded
         images.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(images / "board.png"))
+        hidden = browser.new_page()  # type: ignore[attr-defined]  # a tab opened in the background
+        hidden.add_init_script("Object.defineProperty(document, 'hidden', {get: () => true})")
+        hidden_feeds: list[str] = []
+        hidden.on("request", lambda r: hidden_feeds.append(r.url) if "/api/events" in r.url else None)
+        hidden.goto(url)
+        hidden.wait_for_timeout(500)
+        assert hidden_feeds == []  # it holds no connection until it is shown
         assert (images / "board.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -119,7 +132,6 @@ def test_approve_is_refused_with_the_grant_hint_then_granted_from_the_page(tmp_p
         page.click("#action-result .grant-from-hint")
         page.wait_for_function("document.querySelector('#action-result .outcome').innerText.includes('accepted')",
                                timeout=WAIT_MS)
-        # a grant commits no event of the log: the session log's change reaches the page as state_changed
         page.wait_for_selector("tr.k-allow", timeout=WAIT_MS)
         page.click("#approve")
         page.wait_for_function("document.querySelector('#task-state').innerText === 'done'", timeout=WAIT_MS)
@@ -128,18 +140,40 @@ def test_approve_is_refused_with_the_grant_hint_then_granted_from_the_page(tmp_p
         page.screenshot(path=str(images / "task.png"), full_page=True)
 
 
-def test_a_rejection_typed_on_the_page_is_followed_live(tmp_path: Path, browser: object) -> None:
-    """Review finding: a reason left in the form kept its region from ever refreshing again."""
+def task_page_in_review(tmp_path: Path, browser: object, subject: str, *options: str
+                        ) -> Iterator[tuple[Path, str, Any]]:
+    """A task in review in a fresh workspace, and its page open in the browser, signed in as the owner."""
     ws = repository_workspace(tmp_path)
-    task = create(ws, "Needs another pass")
-    to_review(ws, task, issue(ws, "DEV", "dev-reject"))
+    task = create(ws, subject, *options)
+    to_review(ws, task, issue(ws, "DEV", "dev-page"))
     with board(ws) as url:
         page = browser.new_page()  # type: ignore[attr-defined]
         page.goto(url + f"login?next=/tasks/{task}")
         page.fill("#token", owner_token(ws))
         page.click("#sign-in-button")
-        page.wait_for_selector("#reject", timeout=WAIT_MS)
+        page.wait_for_selector("#live-status.on", timeout=WAIT_MS)
+        yield ws, task, page
+
+
+def test_a_grant_from_the_cli_reaches_an_open_task_page(tmp_path: Path, browser: object) -> None:
+    """A grant commits no event of the log: the session log's change reaches the page as state_changed."""
+    for ws, task, page in task_page_in_review(tmp_path, browser, "Rotate the staging keys", "--risk", "high"):
+        assert page.query_selector("tr.k-allow") is None
+        granted = run("session", "accept", "admin", "--kind", "allow", "--input-id", f"grant-approve-{task}",
+                      "--payload", json.dumps({"permission": "approve", "scope": f"task:{task}"}), cwd=ws)
+        assert granted.code == 0, granted.err
+        page.wait_for_selector("tr.k-allow", timeout=WAIT_MS)
+
+
+def test_a_rejection_typed_on_the_page_is_followed_live(tmp_path: Path, browser: object) -> None:
+    """Review finding: a reason left in the form kept its region from ever refreshing again; text typed and left
+    must survive a refresh."""
+    for ws, task, page in task_page_in_review(tmp_path, browser, "Needs another pass"):
         page.fill("input[name=reason]", "add the missing tests")
+        page.click("h1")  # the focus moves away, the reason stays typed
+        assert run("task", "amend", task, "--priority", "P1", cwd=ws).code == 0  # another process moves the task
+        page.wait_for_function("document.querySelector('.meta').innerText.includes('P1')", timeout=WAIT_MS)
+        assert page.input_value("input[name=reason]") == "add the missing tests"  # it survived the refresh
         page.click("#reject")
         page.wait_for_function("document.querySelector('#task-state').innerText === 'active'", timeout=WAIT_MS)
         assert "accepted" in page.inner_text("#action-result .outcome")  # the outcome outlives the refresh

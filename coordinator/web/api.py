@@ -249,13 +249,15 @@ async def events(request: Request, caller: Annotated[Caller | None, Depends(read
     if last_event_id is not None and last_event_id.isdigit():
         last_seen = int(last_event_id)
     checked = time.monotonic()
-    async for item in board.hub.follow(last_seen):
-        if caller is not None and time.monotonic() - checked > RECHECK_SECONDS:
+    async for item in board.hub.follow(last_seen, RECHECK_SECONDS):
+        if caller is not None and time.monotonic() - checked >= RECHECK_SECONDS:
             try:  # a credential revoked (or a sign-in ended) while the stream is open ends the stream
-                await anyio.to_thread.run_sync(board.gate.reader, request)
+                await anyio.to_thread.run_sync(lambda: board.gate.reader(request, heartbeat=False))
             except Refused:
                 return
             checked = time.monotonic()
+        if item["type"] == "idle":
+            continue
         if item["type"] == "reset":
             yield ServerSentEvent(id=str(item["global_pos"]), event="reset", data=item)  # a reconnect resumes here
         elif item["type"] == "state_changed":  # no event of the log: no id, so a reconnect's position stays

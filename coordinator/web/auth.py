@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 from fastapi import Request
 
 from taskkernel.coordinator.runners.ledger import authenticate_agent
+from taskkernel.kernel.credentials import authenticate
 from taskkernel.kernel.model.principal import Principal
 from taskkernel.kernel.reasons import KernelError, ReasonCode
 from taskkernel.kernel.store.db import Database
@@ -98,27 +99,28 @@ class Gatekeeper:
         self.sign_ins = sign_ins
         self.require_login = require_login
 
-    def caller(self, request: Request) -> Caller | None:
-        """The caller, None without a credential; a credential that stands for nobody is refused (401)."""
+    def caller(self, request: Request, heartbeat: bool = True) -> Caller | None:
+        """The caller, None without a credential; a credential that stands for nobody is refused (401).
+        ``heartbeat``: a run's token counts as its agent being alive (not when an open stream re-checks it)."""
         header = request.headers.get("authorization")
         if header is not None:
             scheme, _, token = header.partition(" ")
             if scheme.lower() != "bearer" or not token.strip():
                 raise Refused(401, ReasonCode.ACTOR_UNVERIFIED.value, "Authorization must be 'Bearer <token>'")
-            return Caller(self.authenticate(token.strip()), "bearer")
+            return Caller(self.authenticate(token.strip(), heartbeat), "bearer")
         sid = request.cookies.get(COOKIE)
         entry = self.sign_ins.get(sid)
         if entry is None:
             return None
         try:
-            return Caller(self.authenticate(entry.token), "cookie", entry.csrf)
+            return Caller(self.authenticate(entry.token, heartbeat), "cookie", entry.csrf)
         except Refused:
             self.sign_ins.drop(sid)  # revoked since sign-in: signed out
             raise
 
-    def reader(self, request: Request) -> Caller | None:
+    def reader(self, request: Request, heartbeat: bool = True) -> Caller | None:
         """The caller of a read: anyone, unless the server requires a sign-in."""
-        found = self.caller(request)
+        found = self.caller(request, heartbeat)
         if found is None and self.require_login:
             raise Refused(401, ReasonCode.ACTOR_UNVERIFIED.value, "this board requires signing in ([serve] "
                           "require_login): sign in at /login or send Authorization: Bearer <token>")
@@ -139,9 +141,9 @@ class Gatekeeper:
                               f"the {CSRF_FIELD} form field) of this sign-in")
         return found
 
-    def authenticate(self, token: str) -> Principal:
+    def authenticate(self, token: str, heartbeat: bool = True) -> Principal:
         try:
-            return authenticate_agent(self.db, token)
+            return authenticate_agent(self.db, token) if heartbeat else authenticate(self.db, token)
         except KernelError as exc:
             raise Refused(401, exc.reason.value, exc.message) from None
 

@@ -42,6 +42,7 @@ QUEUE_SIZE = 2000  # events a client may lag behind before it is cut off (it the
 REPLAY_MAX = 5000  # missed events replayed to a reconnecting client; beyond, a reset
 READ_BATCH = 1000
 TASK_PREFIX = "task:"
+IDLE: dict[str, Any] = {"type": "idle"}
 
 
 def summary(ev: RecordedEvent) -> dict[str, Any]:
@@ -60,17 +61,22 @@ def summary(ev: RecordedEvent) -> dict[str, Any]:
 def _markers() -> dict[str, sa.Select[Any]]:
     """What moves when the state of a table outside the event log changes."""
     from taskkernel.coordinator.tables import runs
-    from taskkernel.kernel.sessionlog.tables import session_counter
+    from taskkernel.kernel.sessionlog.tables import session_counter as sc
     from taskkernel.kernel.store.schema import usage
-    from taskkernel.scheduler.tables import schedule
+    from taskkernel.scheduler.tables import occurrence, occurrence_conflict, schedule
 
-    return {
-        "sessions": sa.select(sa.func.count(), sa.func.sum(session_counter.c.last_seq)),
-        "schedules": sa.select(sa.func.count(), sa.func.sum(schedule.c.revision), sa.func.max(schedule.c.watermark_utc),
-                               sa.func.sum(schedule.c.paused)),
-        "runs": sa.select(sa.func.count(), sa.func.sum(runs.c.attempt), sa.func.max(runs.c.ended_at),
-                          sa.func.max(runs.c.not_before), sa.func.count().filter(runs.c.state == "running")),
-        "usage": sa.select(sa.func.count()).select_from(usage),
+    f = sa.func
+    return {  # heartbeats and lease renewals are left out on purpose: they move all the time and show nowhere
+        "sessions": sa.select(f.count(), f.sum(sc.c.last_seq), f.sum(sc.c.last_record), f.sum(sc.c.last_consumed_seq),
+                              f.sum(sc.c.turns_completed)),
+        "schedules": sa.select(f.count(), f.sum(schedule.c.revision), f.max(schedule.c.watermark_utc),
+                               f.sum(schedule.c.paused),
+                               *(sa.select(agg).scalar_subquery() for agg in (
+                                   f.count(occurrence.c.occurrence_key), f.max(occurrence.c.recorded_utc),
+                                   f.max(occurrence.c.finished_utc), f.count(occurrence_conflict.c.occurrence_key)))),
+        "runs": sa.select(f.count(), f.sum(runs.c.attempt), f.max(runs.c.ended_at), f.max(runs.c.not_before),
+                          f.sum(sa.case((runs.c.state == "running", 1), else_=0))),
+        "usage": sa.select(f.count()).select_from(usage),
     }
 
 
@@ -94,6 +100,7 @@ class EventHub:
         self.clients: set[Subscription] = set()
         self._task: asyncio.Task[None] | None = None
         self._marks: dict[str, Any] = {}
+        self._unreadable: set[str] = set()
         self._ticks = 0
 
     async def start(self) -> None:
@@ -144,14 +151,19 @@ class EventHub:
             await asyncio.sleep(FAILING_POLL_SECONDS if failing else self.poll_seconds)
 
     def _read_marks(self) -> dict[str, Any]:
-        """Each marker's value now (None: its table does not exist yet, or cannot be read)."""
+        """Each marker's value now. One that cannot be read (its table not created yet, a busy database) keeps its
+        last value, so a failure sends nothing; it is logged once until it reads again."""
         found: dict[str, Any] = {}
         for name, query in _markers().items():
             try:  # one read each: on PostgreSQL a missing table aborts the transaction it is read in
                 with self.db.read() as conn:
                     found[name] = tuple(conn.execute(query).one())
-            except sa.exc.SQLAlchemyError:
-                found[name] = None
+                self._unreadable.discard(name)
+            except sa.exc.SQLAlchemyError as exc:
+                found[name] = self._marks.get(name)
+                if name not in self._unreadable:
+                    self._unreadable.add(name)
+                    log.info("event_marker_unreadable", marker=name, error=f"{type(exc).__name__}: {exc}"[:300])
         return found
 
     async def _advance(self) -> None:
@@ -189,9 +201,11 @@ class EventHub:
             client.queue.get_nowait()
         client.queue.put_nowait(None)
 
-    async def follow(self, last_seen: int | None) -> AsyncIterator[dict[str, Any]]:
+    async def follow(self, last_seen: int | None, idle_seconds: float | None = None
+                     ) -> AsyncIterator[dict[str, Any]]:
         """The events after ``last_seen`` (None: only those committed from now on), then each as it commits;
-        a ``{"type": "reset"}`` item when too many were missed to replay."""
+        a ``{"type": "reset"}`` item when too many were missed to replay; ``{"type": "idle"}`` after
+        ``idle_seconds`` without one (for the caller's own checks: it is not sent to a client)."""
         # subscribe first: nothing falls between the replay and the live feed
         client = Subscription(self.position, asyncio.Queue(self.queue_size))
         self.clients.add(client)
@@ -213,7 +227,11 @@ class EventHub:
                             yield summary(ev)
                         after = missed[-1].global_pos
             while True:
-                item = await client.queue.get()
+                try:
+                    item = await asyncio.wait_for(client.queue.get(), idle_seconds)
+                except TimeoutError:
+                    yield IDLE
+                    continue
                 if item is None:
                     return
                 yield item

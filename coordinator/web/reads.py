@@ -93,8 +93,10 @@ def _active_column(db: Database, filters: Filters, per_column: int) -> dict[str,
     blocked = page_tasks(db, state=BLOCKED, limit=per_column, **filters.query())
     count = count_tasks(db, state=BLOCKED, **filters.query()) + count_tasks(db, state="active", **filters.query())
     room = per_column - len(blocked.rows)
-    if blocked.next_cursor is not None or room == 0:
+    if blocked.next_cursor is not None:  # blocked tasks fill the column and more follow: their next page
         return {"count": count, "tasks": blocked.rows, "next_cursor": blocked.next_cursor, "next_state": BLOCKED}
+    if room == 0:  # exactly a column of blocked tasks: the others from their first page
+        return {"count": count, "tasks": blocked.rows, "next_cursor": None, "next_state": "active"}
     rest = page_tasks(db, state="active", limit=room, **filters.query())
     return {"count": count, "tasks": blocked.rows + rest.rows, "next_cursor": rest.next_cursor, "next_state": "active"}
 

@@ -12,8 +12,25 @@
   let again = false;
 
   // A region marked data-live is re-rendered from the server when an event concerns it: the page is fetched again
-  // and the region swapped in place (no reload). A region with the focus in it waits until the focus leaves.
-  const busy = (region) => region.contains(document.activeElement) && document.activeElement !== document.body;
+  // and the region swapped in place (no reload). A region whose text field has the focus waits until it leaves;
+  // text typed into a field that has lost the focus is carried over into the fresh region.
+  const TEXT = "input:not([type=hidden]):not([type=submit]):not([type=button]), textarea";
+  const busy = (region) => region.contains(document.activeElement) && document.activeElement.matches(TEXT);
+
+  function typed(region) {
+    const values = new Map();
+    region.querySelectorAll("form").forEach((form) => form.querySelectorAll(TEXT).forEach((field) => {
+      if (field.value !== "" && field.name) values.set(`${form.dataset.action || form.action}|${field.name}`, field.value);
+    }));
+    return values;
+  }
+
+  function restore(region, values) {
+    region.querySelectorAll("form").forEach((form) => form.querySelectorAll(TEXT).forEach((field) => {
+      const value = values.get(`${form.dataset.action || form.action}|${field.name}`);
+      if (value !== undefined) field.value = value;
+    }));
+  }
 
   async function refresh() {
     timer = null;
@@ -29,7 +46,9 @@
         const next = fresh.querySelector(`[data-live="${region.dataset.live}"]`);
         if (!next) return;
         if (busy(region)) { region.dataset.stale = "1"; return; }
+        const values = typed(region);
         region.innerHTML = next.innerHTML;
+        restore(region, values);
         delete region.dataset.stale;
         bindActions(region);
       });
@@ -40,7 +59,11 @@
     }
   }
 
+  // The tables outside the event log this page shows (data-streams): only their state_changed refresh it.
+  const streams = (document.body.dataset.streams || "").split(" ");
+
   function concerns(event) {
+    if (event.type === "state_changed") return streams.includes(event.stream);
     if (document.body.dataset.page !== "task" || !event.task_id || event.type === "task_created") return true;
     const id = document.querySelector("[data-live=task]").dataset.taskId;
     return event.task_id === id || document.querySelector(`a[href="/tasks/${event.task_id}"]`) !== null;
@@ -54,7 +77,9 @@
   function connect() {
     if (!window.EventSource || !document.querySelector("[data-live]") || source) return;
     source = new EventSource("/api/events" + (lastSeen !== null ? `?after=${lastSeen}` : ""));
-    source.onopen = () => { status.textContent = "● live"; status.className = "live on"; };
+    // Once open, the page is read again: a table outside the event log may have changed before the stream
+    // opened (state_changed has no position to replay from).
+    source.onopen = () => { status.textContent = "● live"; status.className = "live on"; schedule({ type: "open" }); };
     source.onerror = () => { status.textContent = "○ reconnecting"; status.className = "live off"; };
     source.onmessage = (m) => { if (m.lastEventId) lastSeen = m.lastEventId; schedule(JSON.parse(m.data)); };
     source.addEventListener("reset", (m) => { lastSeen = m.lastEventId || lastSeen; schedule({ type: "reset" }); });
@@ -126,5 +151,5 @@
     setTimeout(() => { if (document.querySelector("[data-live][data-stale]")) schedule({ type: "focus" }); }, 0);
   });
   bindActions(document);
-  connect();
+  if (!document.hidden) connect();  // a tab opened in the background connects when it is first shown
 })();
