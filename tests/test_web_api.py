@@ -574,3 +574,37 @@ argv = [{json.dumps(sys.executable)}, {json.dumps(str(agent))}]
             time.sleep(0.2)
         stop.set()
         assert {"runs", "usage"} <= set(changed), changed
+
+
+async def test_a_store_error_while_rechecking_a_credential_keeps_the_stream(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review finding: a database hiccup during an open stream's periodic credential check crashed the stream (and
+    the browser's reconnect got a 500, which ends EventSource's retries): only a refusal ends it now. The check
+    runs on its own clock, idle or not."""
+    from types import SimpleNamespace
+
+    import sqlalchemy as sa
+
+    from taskkernel.coordinator.web import api
+    from taskkernel.coordinator.web.events import EventHub
+    from taskkernel.kernel.store.db import Database
+
+    db = Database(f"sqlite:///{tmp_path / 'k.db'}")
+    db.create_schema()
+    checks: list[bool] = []
+
+    def failing_reader(request: object, heartbeat: bool = True) -> None:
+        checks.append(heartbeat)
+        raise sa.exc.OperationalError("SELECT 1", {}, Exception("database is locked"))
+
+    board = SimpleNamespace(hub=EventHub(db), gate=SimpleNamespace(reader=failing_reader))
+    monkeypatch.setattr(api, "RECHECK_SECONDS", 0.05)
+    monkeypatch.setattr(api, "board_of", lambda request: board)
+    stream = api.events(SimpleNamespace(), object(), None, None)  # a signed-in caller's stream
+    first = asyncio.ensure_future(stream.__anext__())
+    await asyncio.sleep(0.4)  # idle: re-checked several times, each failing
+    board.hub._publish({"global_pos": 7, "stream": "task:T", "type": "task_created", "task_id": "T",
+                        "state": "inbox", "by": "ADMIN:x", "at": "now"})
+    sent = await asyncio.wait_for(first, 5)
+    assert sent.id == "7" and len(checks) >= 2 and not any(checks)  # never an agent's heartbeat
+    await stream.aclose()

@@ -35,11 +35,13 @@ from taskkernel.coordinator.web.models import (
     UsageReport,
 )
 from taskkernel.coordinator.web.state import Board, board_of
+from taskkernel.kernel.logging import get_logger
 from taskkernel.kernel.queries import DEFAULT_LIMIT, MAX_LIMIT, TaskQueryError, page_tasks, task_show_document
 from taskkernel.kernel.reasons import ReasonCode
 from taskkernel.kernel.sessionlog import SessionLogError, SessionReason
 from taskkernel.kernel.usage import GROUPINGS, since_utc
 
+log = get_logger(__name__)
 router = APIRouter(prefix="/api")
 INBOX_LIMIT = 100
 RECHECK_SECONDS = 2.0  # an open event stream authenticates its credential again at most this long after the last
@@ -253,9 +255,11 @@ async def events(request: Request, caller: Annotated[Caller | None, Depends(read
         if caller is not None and time.monotonic() - checked >= RECHECK_SECONDS:
             try:  # a credential revoked (or a sign-in ended) while the stream is open ends the stream
                 await anyio.to_thread.run_sync(lambda: board.gate.reader(request, heartbeat=False))
+                checked = time.monotonic()
             except Refused:
                 return
-            checked = time.monotonic()
+            except Exception as exc:  # noqa: BLE001 - the store, not the credential, failed: keep the stream
+                log.warning("event_stream_recheck_failed", error=f"{type(exc).__name__}: {exc}"[:300])
         if item["type"] == "idle":
             continue
         if item["type"] == "reset":

@@ -71,9 +71,11 @@ def _markers() -> dict[str, sa.Select[Any]]:
                               f.sum(sc.c.turns_completed)),
         "schedules": sa.select(f.count(), f.sum(schedule.c.revision), f.max(schedule.c.watermark_utc),
                                f.sum(schedule.c.paused),
-                               *(sa.select(agg).scalar_subquery() for agg in (
-                                   f.count(occurrence.c.occurrence_key), f.max(occurrence.c.recorded_utc),
-                                   f.max(occurrence.c.finished_utc), f.count(occurrence_conflict.c.occurrence_key)))),
+                               # occurrences being run (the partial index ix_occurrence_live: no scan of the
+                               # history); one claimed moves the watermark, one finished leaves this count
+                               sa.select(f.count()).select_from(occurrence)
+                               .where(sa.text("state IN ('running','claimed')")).scalar_subquery(),
+                               sa.select(f.count()).select_from(occurrence_conflict).scalar_subquery()),
         "runs": sa.select(f.count(), f.sum(runs.c.attempt), f.max(runs.c.ended_at), f.max(runs.c.not_before),
                           f.sum(sa.case((runs.c.state == "running", 1), else_=0))),
         "usage": sa.select(f.count()).select_from(usage),
@@ -204,11 +206,13 @@ class EventHub:
     async def follow(self, last_seen: int | None, idle_seconds: float | None = None
                      ) -> AsyncIterator[dict[str, Any]]:
         """The events after ``last_seen`` (None: only those committed from now on), then each as it commits;
-        a ``{"type": "reset"}`` item when too many were missed to replay; ``{"type": "idle"}`` after
-        ``idle_seconds`` without one (for the caller's own checks: it is not sent to a client)."""
+        a ``{"type": "reset"}`` item when too many were missed to replay; ``{"type": "idle"}`` every
+        ``idle_seconds`` (for the caller's own checks: it is not sent to a client)."""
         # subscribe first: nothing falls between the replay and the live feed
         client = Subscription(self.position, asyncio.Queue(self.queue_size))
         self.clients.add(client)
+        loop = asyncio.get_running_loop()
+        next_idle = None if idle_seconds is None else loop.time() + idle_seconds
         try:
             if last_seen is not None and last_seen < client.start:
                 if client.start - last_seen > REPLAY_MAX:
@@ -227,9 +231,11 @@ class EventHub:
                             yield summary(ev)
                         after = missed[-1].global_pos
             while True:
-                try:
-                    item = await asyncio.wait_for(client.queue.get(), idle_seconds)
+                try:  # the idle tick comes every idle_seconds, however many items come between
+                    item = await asyncio.wait_for(client.queue.get(),
+                                                  None if next_idle is None else max(0.0, next_idle - loop.time()))
                 except TimeoutError:
+                    next_idle = loop.time() + (idle_seconds or 0.0)
                     yield IDLE
                     continue
                 if item is None:

@@ -14,20 +14,22 @@
   // A region marked data-live is re-rendered from the server when an event concerns it: the page is fetched again
   // and the region swapped in place (no reload). A region whose text field has the focus waits until it leaves;
   // text typed into a field that has lost the focus is carried over into the fresh region.
-  const TEXT = "input:not([type=hidden]):not([type=submit]):not([type=button]), textarea";
+  const TEXT = "input:not([type]), input[type=text], input[type=search], input[type=password], input[type=number], " +
+    "textarea";
   const busy = (region) => region.contains(document.activeElement) && document.activeElement.matches(TEXT);
 
-  function typed(region) {
+  function typed(region) {  // what was typed and not sent yet (a form being sent is cleared when it is accepted)
     const values = new Map();
-    region.querySelectorAll("form").forEach((form) => form.querySelectorAll(TEXT).forEach((field) => {
-      if (field.value !== "" && field.name) values.set(`${form.dataset.action || form.action}|${field.name}`, field.value);
-    }));
+    region.querySelectorAll("form.action:not([data-pending])").forEach((form) =>
+      form.querySelectorAll(TEXT).forEach((field) => {
+        if (field.name && field.value !== field.defaultValue) values.set(`${form.dataset.action}|${field.name}`, field.value);
+      }));
     return values;
   }
 
   function restore(region, values) {
-    region.querySelectorAll("form").forEach((form) => form.querySelectorAll(TEXT).forEach((field) => {
-      const value = values.get(`${form.dataset.action || form.action}|${field.name}`);
+    region.querySelectorAll("form.action").forEach((form) => form.querySelectorAll(TEXT).forEach((field) => {
+      const value = values.get(`${form.dataset.action}|${field.name}`);
       if (value !== undefined) field.value = value;
     }));
   }
@@ -80,7 +82,13 @@
     // Once open, the page is read again: a table outside the event log may have changed before the stream
     // opened (state_changed has no position to replay from).
     source.onopen = () => { status.textContent = "● live"; status.className = "live on"; schedule({ type: "open" }); };
-    source.onerror = () => { status.textContent = "○ reconnecting"; status.className = "live off"; };
+    source.onerror = () => {
+      status.textContent = "○ reconnecting"; status.className = "live off";
+      if (source && source.readyState === EventSource.CLOSED) {  // the server answered other than 200: try later
+        source = null;
+        setTimeout(() => { if (!document.hidden) connect(); }, 5000);
+      }
+    };
     source.onmessage = (m) => { if (m.lastEventId) lastSeen = m.lastEventId; schedule(JSON.parse(m.data)); };
     source.addEventListener("reset", (m) => { lastSeen = m.lastEventId || lastSeen; schedule({ type: "reset" }); });
     source.addEventListener("state_changed", (m) => schedule(JSON.parse(m.data)));
@@ -90,7 +98,7 @@
   // it reconnects after the last event it saw, and what it missed arrives first.
   document.addEventListener("visibilitychange", () => {
     if (document.hidden && source) { source.close(); source = null; status.textContent = "○ paused"; }
-    else if (!document.hidden) { connect(); schedule({ type: "visible" }); }
+    else if (!document.hidden) connect();  // the stream's opening reads the page again
   });
 
   function show(doc) {
@@ -125,17 +133,24 @@
     new FormData(form).forEach((value, key) => { if (key !== "csrf_token" && value !== "") body[key] = value; });
     const button = form.querySelector("button");
     if (button) button.disabled = true;
+    form.dataset.pending = "1";
     try {
       const response = await fetch(form.dataset.action, {
         method: "POST", credentials: "same-origin",
         headers: { "Content-Type": "application/json", "X-CSRF-Token": csrf() }, body: JSON.stringify(body) });
       const doc = await response.json();
       show(doc);
-      if (response.ok) { form.reset(); if (document.activeElement) document.activeElement.blur(); schedule({}); }
+      if (response.ok) {  // clear the form, and its fresh copy if a refresh replaced it meanwhile
+        document.querySelectorAll("form.action").forEach((f) => { if (f.dataset.action === form.dataset.action) f.reset(); });
+        form.reset();
+        if (document.activeElement) document.activeElement.blur();
+        schedule({});
+      }
     } catch (err) {
       show({ status: "error", message: String(err) });
     } finally {
       if (button) button.disabled = false;
+      delete form.dataset.pending;
     }
   }
 
