@@ -6,12 +6,13 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 
 from taskkernel.coordinator.fcop import read_envelope
-from taskkernel.kernel.model.principal import LOCAL_OWNER
+from taskkernel.kernel.model.principal import LOCAL_OWNER, Principal
 from taskkernel.kernel.store.schema import events
-from tests.coord_support import coordinator, make_workspace
+from tests.coord_support import admin_task, coordinator, make_workspace
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "fcop"
 SCRIPTED = {"runner": "scripted"}
@@ -275,3 +276,36 @@ def test_an_fcop_named_review_approves_without_moving_the_wrong_file(tmp_path: P
     assert (ws.root / "fcop" / "_lifecycle" / "done" / "TASK-20261130-001-ADMIN-to-PM.md").is_file()
     assert review.is_file(), "the REVIEW stays in reviews/"
     assert taskkernel("verify", cwd=ws.root).returncode == 0
+
+
+def test_a_task_file_moved_while_the_projection_moves_it_is_found_again(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seen in CI (two coordinators on one PostgreSQL workspace): the task's file moved between the projection's
+    look for it and its move, the move failed with source_missing and `up --once` ended degraded. The projection
+    looks again at once and moves the file from where it is now."""
+    from taskkernel.coordinator.fcop import safeio
+    from taskkernel.coordinator.folders import projection
+
+    ws = make_workspace(tmp_path / "ws", {})
+    c = coordinator(ws)
+    task = admin_task(c, subject="moved meanwhile", recipient="DEV")
+    c.run_once()
+    assert c.folders is not None
+    placed = c.folders.projection.find(task)
+    assert placed is not None and placed.parent.name == "inbox"
+    assert c.kernel.submit({"type": "claim", "task_id": task, "expected_revision": 1, "round": 0,
+                            "idempotency_key": "claim-moved"}, Principal(role="DEV", agent="dev")).status == "accepted"
+    real_move = safeio.move_no_overwrite
+    calls: list[Path] = []
+
+    def elsewhere_first(src: Path, dst: Path) -> Path:
+        calls.append(src)
+        if len(calls) == 1:  # someone else moves the file away just before this move
+            shutil.move(src, src.parent.parent / "active" / src.name)
+            return real_move(src, dst)  # source_missing
+        return real_move(src, dst)
+
+    monkeypatch.setattr(projection, "move_no_overwrite", elsewhere_first)
+    where = c.folders.projection.place(task)
+    assert where is not None and where.parent.name == "active" and where.is_file()
+    assert len(calls) >= 1

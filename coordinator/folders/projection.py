@@ -158,10 +158,17 @@ class Projection:
         or has no file to write in a G2 workspace).
 
         A refusal (a symlinked stage or lock folder, a changed file, a name another file holds) is logged and
-        raised: the effect is retried later and the file stays where it is."""
+        raised: the effect is retried later and the file stays where it is. A file that moved between the look
+        for it and the move (``source_missing``: another coordinator sharing the workspace, or a person) is looked
+        for once more at once, where it is now."""
         self.dirty = True  # the ledger follows the read model, whether or not the file could move
         try:
-            return self._place(task_id)
+            try:
+                return self._place(task_id)
+            except FcopError as exc:
+                if exc.reason is not FcopReason.SOURCE_MISSING:
+                    raise
+                return self._place(task_id)
         except FcopError as exc:
             report(exc, "project", task_id=task_id)
             raise
