@@ -45,11 +45,11 @@ def refused(reason: str, message: str, **detail: Any) -> Answer:
 
 
 class Actions:
-    def __init__(self, kernel: TaskCommandKernel, grant_sessions: frozenset[str] | None) -> None:
+    def __init__(self, kernel: TaskCommandKernel, log: SessionLog) -> None:
         self.kernel = kernel
         self.db = kernel.db
         self.verbs = TaskVerbs(kernel, grant_session=DEFAULT_SESSION)
-        self.log = SessionLog(self.db, grant_sessions) if grant_sessions is not None else SessionLog(self.db)
+        self.log = log
 
     def task_verb(self, principal: Principal, task_id: str, verb: str, body: dict[str, Any]) -> Answer:
         """``POST /api/tasks/{id}/{verb}``: the body is the verb's fields (a reject's ``reason``, a report's

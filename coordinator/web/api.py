@@ -17,6 +17,7 @@ from fastapi import APIRouter, Body, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
+from taskkernel import __version__
 from taskkernel.coordinator.inbox import waiting
 from taskkernel.coordinator.web import reads
 from taskkernel.coordinator.web.auth import CSRF_FIELD, Caller, Refused
@@ -36,6 +37,7 @@ from taskkernel.coordinator.web.models import (
 )
 from taskkernel.coordinator.web.state import Board, board_of
 from taskkernel.kernel.logging import get_logger
+from taskkernel.kernel.model.principal import LOCAL_OWNER
 from taskkernel.kernel.queries import DEFAULT_LIMIT, MAX_LIMIT, TaskQueryError, page_tasks, task_show_document
 from taskkernel.kernel.reasons import ReasonCode
 from taskkernel.kernel.sessionlog import SessionLogError, SessionReason
@@ -111,7 +113,7 @@ async def task_page_data(request: Request, task_id: str) -> Any:
     usage, runs) as JSON, for scripts."""
     board = board_of(request)
     caller = board.gate.reader(request)
-    found = await anyio.to_thread.run_sync(reads.task_page, board.db, board.ws, board.grant_sessions, task_id,
+    found = await anyio.to_thread.run_sync(reads.task_page, board.db, board.ws, board.session_log, task_id,
                                            caller.principal if caller else None)
     if found is None:
         raise Refused(404, ReasonCode.TASK_NOT_FOUND.value, f"{task_id} does not exist")
@@ -206,7 +208,13 @@ async def sessions(request: Request) -> Any:
 async def session_inputs(request: Request, session: str) -> Any:
     """A session's inputs in acceptance order; readable by its owner or ADMIN (signed in)."""
     board = board_of(request)
-    caller = board.gate.reader(request)
+    found = await session_inputs_for(board, board.gate.reader(request), session)
+    return JSONResponse(found)  # exactly `session export`'s records (unsigned): the model only documents them
+
+
+async def session_inputs_for(board: Board, caller: Caller | None, session: str) -> list[dict[str, Any]]:
+    """A session's inputs for a reader who may read them (its owner or ADMIN, signed in): else 401, 403, or 404
+    ``unknown_session``."""
     if caller is None:
         raise Refused(401, ReasonCode.ACTOR_UNVERIFIED.value, "a session log is read by its owner or ADMIN: sign in")
     try:
@@ -216,7 +224,7 @@ async def session_inputs(request: Request, session: str) -> Any:
     found = await anyio.to_thread.run_sync(reads.session_inputs, board.session_log, session)
     if found is None:
         raise Refused(404, SessionReason.UNKNOWN_SESSION.value, f"no session {session!r}")
-    return JSONResponse(found)  # exactly `session export`'s records (unsigned): the model only documents them
+    return found
 
 
 @router.get("/needs-you", response_model=NeedsYou)
@@ -232,8 +240,6 @@ async def needs_you(request: Request, role: str | None = None) -> Any:
             raise Refused(403, ReasonCode.ROLE_NOT_AUTHORIZED.value, "only an unscoped ADMIN may look at another "
                           f"role's inbox (caller: {principal.id}, asked for {who})")
         who = principal.role
-    from taskkernel.kernel.model.principal import LOCAL_OWNER
-
     found = await anyio.to_thread.run_sync(waiting, board.db, board.grant_sessions, who, principal or LOCAL_OWNER,
                                            INBOX_LIMIT)
     return {"status": "ok", "role": who, **found}
@@ -270,14 +276,7 @@ async def events(request: Request, caller: Annotated[Caller | None, Depends(read
             yield ServerSentEvent(id=str(item["global_pos"]), data=item)
 
 
-@router.get("/health", include_in_schema=False)
-async def api_health(request: Request) -> Any:
-    return await health(request)
-
-
 async def health(request: Request) -> Health:
     board: Board = board_of(request)
     position = await anyio.to_thread.run_sync(reads.log_position, board.db)
-    from taskkernel import __version__
-
     return Health(status="ok", version=__version__, database=board.db.dialect, log_position=position)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +59,7 @@ def summary(ev: RecordedEvent) -> dict[str, Any]:
             "state": state, "by": ev.data.get("by") or ev.meta.get("actor"), "at": ev.recorded_at}
 
 
+@functools.cache
 def _markers() -> dict[str, sa.Select[Any]]:
     """What moves when the state of a table outside the event log changes."""
     from taskkernel.coordinator.tables import runs

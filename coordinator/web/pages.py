@@ -21,7 +21,7 @@ from fastapi.templating import Jinja2Templates
 from taskkernel import __version__
 from taskkernel.coordinator.inbox import waiting
 from taskkernel.coordinator.web import reads
-from taskkernel.coordinator.web.api import RISKS
+from taskkernel.coordinator.web.api import RISKS, session_inputs_for
 from taskkernel.coordinator.web.auth import COOKIE, Caller, Refused, check_same_origin
 from taskkernel.coordinator.web.state import Board, board_of
 from taskkernel.kernel.goals import GoalService
@@ -104,7 +104,7 @@ def _team_roles(board: Any) -> list[str]:
 @router.get("/tasks/{task_id}", response_class=HTMLResponse)
 async def task_page(request: Request, task_id: str) -> Response:
     board, caller = await reading(request)
-    found = await anyio.to_thread.run_sync(reads.task_page, board.db, board.ws, board.grant_sessions, task_id,
+    found = await anyio.to_thread.run_sync(reads.task_page, board.db, board.ws, board.session_log, task_id,
                                            caller.principal if caller else None)
     if found is None:
         raise Refused(404, ReasonCode.TASK_NOT_FOUND.value, f"{task_id} does not exist")
@@ -196,17 +196,7 @@ async def sessions_page(request: Request) -> Response:
 @router.get("/sessions/{session}", response_class=HTMLResponse)
 async def session_page(request: Request, session: str) -> Response:
     board, caller = await reading(request)
-    if caller is None:
-        raise Refused(401, ReasonCode.ACTOR_UNVERIFIED.value, "a session log is read by its owner or ADMIN")
-    from taskkernel.kernel.sessionlog import SessionLogError
-
-    try:
-        board.session_log.check_read(session, caller.principal)
-    except SessionLogError as exc:
-        raise Refused(403, exc.reason.value, exc.message) from None
-    inputs = await anyio.to_thread.run_sync(reads.session_inputs, board.session_log, session)
-    if inputs is None:
-        raise Refused(404, "unknown_session", f"no session {session!r}")
+    inputs = await session_inputs_for(board, caller, session)
     return await page(request, "sessions.html", caller, sessions=None, session=session, inputs=inputs)
 
 

@@ -17,7 +17,7 @@ from taskkernel.coordinator.inbox import approval_refusals
 from taskkernel.coordinator.runners.history import page_runs, run_detail
 from taskkernel.coordinator.workspace import Workspace
 from taskkernel.kernel.canonical import sha256_hex
-from taskkernel.kernel.model.principal import Principal
+from taskkernel.kernel.model.principal import LOCAL_OWNER, Principal
 from taskkernel.kernel.model.task import TaskState
 from taskkernel.kernel.permissions import permission_scope
 from taskkernel.kernel.queries import (
@@ -80,8 +80,6 @@ def board(db: Database, grant_sessions: frozenset[str] | None, filters: Filters,
             row["done_authority"] = deciders.get(row["task_id"])
     reviews = [r for r in in_review if r["risk_level"] in ("high", "irreversible")]
     if reviews:
-        from taskkernel.kernel.model.principal import LOCAL_OWNER
-
         with approval_refusals(db, grant_sessions) as refusal:
             for row in reviews:  # the guard reads risk_level and task_id, which a row has
                 row["needs_grant"] = refusal(row, LOCAL_OWNER) is not None
@@ -108,7 +106,7 @@ def done_authorities(db: Database, task_ids: list[str]) -> dict[str, str | None]
         return dict(conn.execute(sa.select(tasks.c.task_id, decider).where(tasks.c.task_id.in_(task_ids))).all())
 
 
-def task_page(db: Database, ws: Workspace | None, grant_sessions: frozenset[str] | None, task_id: str,
+def task_page(db: Database, ws: Workspace | None, log: SessionLog, task_id: str,
               reader: Principal | None = None) -> dict[str, Any] | None:
     """Everything the task page shows: the `task show` document, the timeline with each event's actor, the
     reports with their bodies and diffs, the children as a tree, gate verdicts, usage, runs, and the grants the
@@ -124,8 +122,7 @@ def task_page(db: Database, ws: Workspace | None, grant_sessions: frozenset[str]
     timeline = [{"global_pos": ev.global_pos, "revision": ev.stream_version, "type": ev.type, "at": ev.recorded_at,
                  "by": ev.data.get("by") or ev.meta.get("actor"), "reason": ev.data.get("reason"),
                  "status": ev.data.get("status"), "round": ev.data.get("round")} for ev in events]
-    grants = grants_for(db, grant_sessions, task_id)
-    log = SessionLog(db, grant_sessions) if grant_sessions is not None else SessionLog(db)
+    grants = grants_for(log, task_id)
     return {"task": doc, "timeline": timeline, "reports": reports, "children": children_tree(db, task_id),
             "gate": gate_verdicts(db, task_id), "grants": readable_grants(log, reader, grants),
             "grants_held": len(grants),
@@ -164,9 +161,8 @@ def gate_verdicts(db: Database, task_id: str) -> list[dict[str, Any]]:
                 for ev in event_reader().read_stream(conn, f"gate:{task_id}")]
 
 
-def grants_for(db: Database, grant_sessions: frozenset[str] | None, task_id: str) -> list[dict[str, Any]]:
+def grants_for(log: SessionLog, task_id: str) -> list[dict[str, Any]]:
     """The grants and revocations scoped to the task in the grant sessions: what the kernel's guard consults."""
-    log = SessionLog(db, grant_sessions) if grant_sessions is not None else SessionLog(db)
     scope = permission_scope(task_id)
     found = []
     for session in sorted(log.admin_sessions):

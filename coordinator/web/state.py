@@ -21,17 +21,17 @@ class Board:
     ws: Workspace | None
     kernel: TaskCommandKernel
     require_login: bool = False
-    poll_seconds: float | None = None
     hosts: list[str] = field(default_factory=lambda: ["*"])  # the Host names requests may carry (DNS rebinding)
     sign_ins: SignIns = field(default_factory=SignIns)
 
     def __post_init__(self) -> None:
         self.grant_sessions = self.ws.grant_sessions if self.ws is not None else None
         self.gate = Gatekeeper(self.db, self.sign_ins, self.require_login)
-        self.hub = EventHub(self.db) if self.poll_seconds is None else EventHub(self.db, self.poll_seconds)
-        self.actions = Actions(self.kernel, self.grant_sessions)
+        self.hub = EventHub(self.db)
+        # the session log as coordinator/compose.py gives it to the kernel: the workspace's grant sessions
         self.session_log = (SessionLog(self.db, self.grant_sessions) if self.grant_sessions is not None
                             else SessionLog(self.db))
+        self.actions = Actions(self.kernel, self.session_log)
 
 
 def board_of(request: Request) -> Board:
