@@ -44,6 +44,21 @@ class Run:
         return json.loads(self.out.strip().splitlines()[-1])
 
 
+def stop_server(proc: subprocess.Popen[str]) -> str:
+    """SIGTERM to a server the CLI started (`mcp --transport http`, `serve`): a graceful stop exits 0 with no
+    traceback; its stderr."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    errors = proc.stderr.read() if proc.stderr else ""
+    assert "Traceback" not in errors, errors
+    assert proc.returncode == 0, (proc.returncode, errors)
+    return errors
+
+
 def run(*args: str, cwd: Path, stdin: str | None = None) -> Run:
     proc = taskkernel(*args, cwd=cwd, stdin=stdin)
     return Run(proc.returncode, proc.stdout, proc.stderr)

@@ -22,7 +22,7 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from tests.cli_support import CLI, cli_env, new_workspace, run
+from tests.cli_support import CLI, cli_env, new_workspace, run, stop_server
 from tests.test_mcp import Client, Owner, check_schemas, issue
 
 PROTOCOL = "2025-11-25"
@@ -43,20 +43,6 @@ def start(ws: Path, *options: str) -> tuple[subprocess.Popen[str], dict[str, Any
     return proc, listening
 
 
-def stop(proc: subprocess.Popen[str]) -> str:
-    """SIGTERM: a graceful stop exits 0 (docs/cli.md), with no traceback; its stderr."""
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    errors = proc.stderr.read() if proc.stderr else ""
-    assert "Traceback" not in errors, errors
-    assert proc.returncode == 0, (proc.returncode, errors)
-    return errors
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str, dict[str, str]]]:
     """A workspace, its HTTP server's URL (the server started with no credential at all) and agents' tokens."""
@@ -66,7 +52,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str
     try:
         yield ws, listening["url"], tokens
     finally:
-        stop(proc)
+        stop_server(proc)
 
 
 def post(url: str, message: dict[str, Any], token: str | None = None, host: str | None = None) -> tuple[int, Any]:
@@ -196,5 +182,5 @@ def test_a_host_beyond_loopback_needs_allow_remote_and_keeps_the_host_checks(
         assert post(url, WHOAMI, tokens["dev"], host=f"evil.example:{port}")[0] in (400, 403, 421)
         assert post(url, WHOAMI, tokens["dev"])[0] in (400, 403, 421)  # 127.0.0.1 is not the address given
     finally:
-        errors = stop(proc)
+        errors = stop_server(proc)
     assert "clear text" in errors, errors

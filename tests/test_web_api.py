@@ -228,17 +228,23 @@ def read_events(url: str, into: list[dict[str, Any]], ready: threading.Event, he
                     return
 
 
-def test_events_stream_one_per_commit_and_replay_after_the_last_id(served: tuple[Path, str, dict[str, str]]) -> None:
-    ws, url, _ = served
-    start = httpx2.get(url + "healthz").json()["log_position"]
+def events_of_three_creates(ws: Path, url: str, subject: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """What an open `GET /api/events` receives while the CLI creates three tasks, and their ids."""
     seen: list[dict[str, Any]] = []
     ready = threading.Event()
     reader = threading.Thread(target=read_events, args=(url, seen, ready, {}), daemon=True)
     reader.start()
     assert ready.wait(30)
     time.sleep(0.3)
-    created = [create(ws, f"live {i}") for i in range(3)]
+    created = [create(ws, f"{subject} {i}") for i in range(3)]
     reader.join(30)
+    return seen, created
+
+
+def test_events_stream_one_per_commit_and_replay_after_the_last_id(served: tuple[Path, str, dict[str, str]]) -> None:
+    ws, url, _ = served
+    start = httpx2.get(url + "healthz").json()["log_position"]
+    seen, created = events_of_three_creates(ws, url, "live")
     assert [e["task_id"] for e in seen] == created and {e["state"] for e in seen} == {"inbox"}
     assert [e["global_pos"] for e in seen] == sorted(e["global_pos"] for e in seen)
     assert all(e["type"] == "task_created" and e["by"] for e in seen)
@@ -425,14 +431,7 @@ def test_the_board_on_postgresql(pg_url: str, tmp_path: Path) -> None:
         assert refused.json()["reason"] == "permission_required"
         front = httpx2.get(url).text
         assert risky in front and "needs a grant" in front
-        seen: list[dict[str, Any]] = []
-        ready = threading.Event()
-        reader = threading.Thread(target=read_events, args=(url, seen, ready, {}), daemon=True)
-        reader.start()
-        assert ready.wait(30)
-        time.sleep(0.3)
-        created = [create(ws, f"pg live {i}") for i in range(3)]
-        reader.join(30)
+        seen, created = events_of_three_creates(ws, url, "pg live")
         assert [e["task_id"] for e in seen] == created
         page = httpx2.get(url + f"api/tasks/{risky}/page", headers=bearer(admin)).json()
         assert page["reports"][0]["body"] == "the work is done" and page["usage"]["units"] == 0

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx2
 
-from tests.cli_support import CLI, cli_env, run
+from tests.cli_support import CLI, cli_env, run, stop_server
 
 
 def start(ws: Path, *options: str) -> tuple[subprocess.Popen[str], str]:
@@ -31,27 +31,13 @@ def start(ws: Path, *options: str) -> tuple[subprocess.Popen[str], str]:
     return proc, listening["url"]
 
 
-def stop(proc: subprocess.Popen[str]) -> str:
-    """SIGTERM: the board stops with exit 0 and no traceback; its stderr."""
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    errors = proc.stderr.read() if proc.stderr else ""
-    assert "Traceback" not in errors, errors
-    assert proc.returncode == 0, (proc.returncode, errors)
-    return errors
-
-
 @contextmanager
 def board(ws: Path, *options: str) -> Iterator[str]:
     proc, url = start(ws, *options)
     try:
         yield url
     finally:
-        stop(proc)
+        stop_server(proc)
 
 
 def owner_token(ws: Path) -> str:
