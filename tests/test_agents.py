@@ -7,93 +7,15 @@ JSON output."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.cli_support import run_tty, taskkernel
+from tests.agents_support import Team, git, role
+from tests.cli_support import run_tty
 
-STANDIN = Path(__file__).parent / "procs" / "agent_cli.py"
-GIT_ID = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid", "GIT_COMMITTER_NAME": "t",
-          "GIT_COMMITTER_EMAIL": "t@example.invalid"}
 SECRETS = {"PGPASSWORD": "secret-pg-password", "AWS_SECRET_ACCESS_KEY": "secret-aws", "GITHUB_TOKEN": "secret-gh"}
-
-
-def git(where: Path, *args: str) -> str:
-    done = subprocess.run(["git", "-C", str(where), *args], capture_output=True, text=True,
-                          env={**os.environ, **GIT_ID}, check=False)
-    assert done.returncode == 0, (args, done.stderr)
-    return done.stdout.strip()
-
-
-class Team:
-    """A git repository with a taskkernel workspace at its root, and the stand-in CLIs first on PATH."""
-
-    def __init__(self, tmp: Path, roles: str) -> None:
-        self.tmp, self.root, self.records = tmp, tmp / "repo", tmp / "records"
-        self.bin = tmp / "bin"
-        for d in (self.root, self.records, self.bin):
-            d.mkdir()
-        for cli in ("claude", "codex", "gemini"):
-            wrapper = self.bin / cli
-            wrapper.write_text(f"#!/bin/sh\nSTANDIN_RECORDS={self.records} exec {sys.executable} {STANDIN} {cli} "
-                               '"$@"\n')
-            wrapper.chmod(0o755)
-        git(self.root, "init", "-q", "-b", "main")
-        (self.root / "README.md").write_text("project\n")
-        (self.root / "shared.txt").write_text("base\n")
-        init = self.cli("init", ".")
-        assert init.returncode == 0, init.stderr
-        with open(self.root / "taskkernel.toml", "a", encoding="utf-8") as fh:
-            fh.write(roles)
-        git(self.root, "add", "-A")
-        git(self.root, "commit", "-q", "-m", "start")
-
-    def env(self, **extra: str) -> dict[str, str]:
-        return {"PATH": f"{self.bin}{os.pathsep}{os.environ['PATH']}", **extra}
-
-    def cli(self, *args: str, env: dict[str, str] | None = None, timeout: float = 180
-            ) -> subprocess.CompletedProcess[str]:
-        return taskkernel(*args, cwd=self.root, env=self.env(**(env or {})), timeout=timeout)
-
-    def ok(self, *args: str, env: dict[str, str] | None = None) -> Any:
-        done = self.cli(*args, "--json", env=env) if "--json" not in args else self.cli(*args, env=env)
-        assert done.returncode == 0, (args, done.stdout, done.stderr)
-        return json.loads(done.stdout)
-
-    def task(self, recipient: str, subject: str, body: str) -> str:
-        made = self.ok("task", "create", "--to", recipient, "--subject", subject, "--body", body)
-        return str(made["task_id"])
-
-    def up(self, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        done = self.cli("up", "--once", "--once-wait", "20", env=env, timeout=300)
-        assert done.returncode == 0, (done.stdout, done.stderr)
-        return done
-
-    def show(self, task_id: str) -> dict[str, Any]:
-        return dict(self.ok("task", "show", task_id))
-
-    def runs_of(self, task_id: str) -> list[dict[str, Any]]:
-        """The stand-in's starts for the task, in start order, each with its end time (None: it crashed)."""
-        found = []
-        for path in self.records.glob(f"{task_id}-*.json"):
-            end = path.with_suffix(".end")
-            found.append({**json.loads(path.read_text()),
-                          "ended": float(end.read_text()) if end.exists() else None})
-        return sorted(found, key=lambda r: r["started"])
-
-    def worktree(self, task_id: str) -> Path:
-        return self.root / ".taskkernel" / "worktrees" / task_id
-
-
-def role(runner: str, **keys: Any) -> str:
-    table = {"max_attempts": 2, "backoff": 0, "timeout": 120, **keys}
-    lines = "".join(f"{k} = {json.dumps(v)}\n" for k, v in table.items())
-    return f'runner = "{runner}"\n{lines}'
 
 
 def test_each_preset_runs_its_cli_headless_with_the_kernel_mcp_server_and_records_usage_and_the_diff(
@@ -374,23 +296,3 @@ def test_what_a_diff_records_stands_and_a_merge_needs_a_recorded_diff(tmp_path: 
     assert reopened and reopened[-1]["reason"].startswith("merge_failed: the approved report recorded no diff"), doc
     assert "late.txt" not in git(team.root, "ls-tree", "--name-only", "main")
     assert doc["state"] == "review" and "late.txt" in {f["path"] for f in doc["reports"][-1]["diff"]["files"]}
-
-
-def test_a_repository_whose_config_names_filter_programs_is_refused_not_run(tmp_path: Path) -> None:
-    """Git would run a filter program the repository's own config names on files an agent wrote (at checkout,
-    add or merge): the coordinator refuses such a repository instead, and the program never runs."""
-    team = Team(tmp_path, f"\n[roles.DEV]\n{role('claude-code', on_approve='merge', max_attempts=1)}")
-    done = team.task("DEV", "Before", "write a.txt one")
-    team.up()
-    ran = tmp_path / "filter-ran"
-    git(team.root, "config", "filter.evil.clean", f"sh -c 'touch {ran}; cat'")
-    git(team.root, "config", "filter.evil.smudge", f"sh -c 'touch {ran}; cat'")
-    (team.worktree(done) / ".gitattributes").write_text("* filter=evil\n")
-    (team.root / ".gitattributes").write_text("* filter=evil\n")
-    team.ok("task", "approve", done)
-    later = team.task("DEV", "After", "write c.txt three")
-    up = team.cli("up", "--once", "--once-wait", "0", timeout=120)
-    assert not ran.exists(), "the filter program never ran"
-    assert "names programs git would run" in up.stderr, up.stderr
-    blocked = team.show(later)["blocked"]
-    assert blocked is not None and "names programs git would run" in blocked["reason"], team.show(later)

@@ -5,24 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from taskkernel.coordinator import schema
-from taskkernel.coordinator.workspace import Workspace, init_workspace
-from taskkernel.coordinator.worktrees.manager import Worktrees
-from taskkernel.kernel.store.db import Database
-from tests.test_agents import git
+from tests.agents_support import git, worktrees_in_repository
 
 
 def test_an_archive_cut_short_while_removing_files_commits_no_deletions(tmp_path: Path) -> None:
-    root = tmp_path / "repo"
-    root.mkdir()
-    git(root, "init", "-q", "-b", "main")
-    (root / "README.md").write_text("project\n")
-    init_workspace(root)
-    git(root, "add", "-A")
-    git(root, "commit", "-q", "-m", "start")
-    db = Database(Workspace.load(root).database_url, "process")
-    schema.ensure(db)
-    trees = Worktrees(db, root)
+    trees, root = worktrees_in_repository(tmp_path)
     wt = trees.ensure("TASK-20261201-001", None)
     (wt.path / "work.txt").write_text("left uncommitted\n")
     trees._commit_pending(wt, "leftovers", "taskkernel")  # the archive, cut short: its first step done

@@ -22,7 +22,7 @@ import contextlib
 import fcntl
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,16 +30,14 @@ from typing import Any
 import sqlalchemy as sa
 
 from taskkernel.coordinator.tables import worktrees
-from taskkernel.coordinator.worktrees.git import GitError, Ran, git, run_git, toplevel
+from taskkernel.coordinator.worktrees.git import GitError, Ran, RepoGit, git, toplevel
+from taskkernel.coordinator.worktrees.protected import IGNORE_RULES, ProtectedPaths
 from taskkernel.kernel.canonical import sha256_hex, utc_now_iso
 from taskkernel.kernel.private import private_dir
 from taskkernel.kernel.store.db import Database
 
 BRANCH_PREFIX = "task/"
 FILES_LISTED = 50  # a report's diffstat names at most this many files (the patch file has them all)
-# Config keys whose values are programs git runs on a work tree's files (filters on add and checkout, merge and
-# diff drivers): never from a repository's own config (see Worktrees._refuse_programs).
-_PROGRAM_KEYS = r"^(filter\..+\.(clean|smudge|process)|merge\..+\.driver|diff\..+\.(command|textconv))$"
 TASKKERNEL_ID = {"GIT_COMMITTER_NAME": "taskkernel", "GIT_COMMITTER_EMAIL": "taskkernel@taskkernel.invalid"}
 
 
@@ -73,6 +71,7 @@ class Worktrees:
         self.home = self.root / ".taskkernel" / "worktrees"
         self._repo: Path | None | bool = False  # False: not looked up yet
         self._common: Path | None = None
+        self._git: RepoGit | None = None
 
     @property
     def repo(self) -> Path | None:
@@ -89,6 +88,19 @@ class Worktrees:
             found = Path(git(self.repo, "rev-parse", "--git-common-dir"))
             self._common = (found if found.is_absolute() else self.repo / found).resolve()
         return self._common
+
+    @property
+    def git(self) -> RepoGit:
+        """git on this repository, its named drivers disarmed (worktrees/git.py)."""
+        if self._git is None:
+            self._git = RepoGit(self.common_dir)
+        return self._git
+
+    def protected(self) -> ProtectedPaths:
+        """The workspace's own files, as paths in the repository (looked up again each time: the FCoP layout
+        can change)."""
+        assert self.repo is not None
+        return ProtectedPaths.of(self.repo, self.root)
 
     def get(self, task_id: str, conn: sa.Connection | None = None) -> Worktree | None:
         """The task's worktree record (read in ``conn``, a transaction in progress, when given)."""
@@ -123,20 +135,19 @@ class Worktrees:
                 self._restore_dotgit(known)  # whatever the agent checked out (detached, mid-rebase): its work stays
                 return self._reused(known)
             if listed is not None and listed[1]:  # locked: `worktree add` was cut short
-                run_git(repo, "worktree", "unlock", str(path), ok=(0, 128))
+                self.git.run(repo, "worktree", "unlock", str(path), ok=(0, 128))
             if path.exists() or path.is_symlink():  # never reuse what no finished creation left here
                 path.rename(path.with_name(f"{task_id}.stale-{utc_now_iso().replace(':', '')}"))
-            git(repo, "worktree", "prune")
+            self.git.out(repo, "worktree", "prune")
             private_dir(self.home)
-            self._refuse_programs()  # a checkout runs smudge filters
-            if run_git(repo, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", ok=(0, 1)).code == 0:
-                git(repo, "worktree", "add", "--quiet", str(path), branch)
+            if self.git.run(repo, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", ok=(0, 1)).code == 0:
+                self.git.out(repo, "worktree", "add", "--quiet", str(path), branch)
                 base = base_branch or (known.base_branch if known else None) or self._current_branch(repo)
                 commit = known.base_commit if known else self._commit_of(repo, base)
             else:
                 base = base_branch or (known.base_branch if known else None) or self._current_branch(repo)
                 commit = self._commit_of(repo, base)
-                git(repo, "worktree", "add", "--quiet", "-b", branch, str(path), commit)
+                self.git.out(repo, "worktree", "add", "--quiet", "-b", branch, str(path), commit)
             return self._record(task_id, path, branch, self._git_dir_of(path), base, commit)
 
     def _reused(self, wt: Worktree) -> Worktree:
@@ -182,67 +193,95 @@ class Worktrees:
 
     # -- evidence ------------------------------------------------------------------------------
     def evidence(self, wt: Worktree, round_: int, author: str) -> dict[str, Any]:
-        """The diff a done report records, after committing what the agent left uncommitted. A failure is
+        """The diff a done report records, after committing what the agent left uncommitted, with the
+        coordinator's own files left out (``protected``: each path and why; worktrees/protected.py). A failure is
         recorded as ``{"error": ...}``: the report stands, the reviewer sees why."""
         task_id = wt.task_id
         if self.repo is None:
             return {"error": f"{self.root} is no longer inside a git repository"}
         try:
-            self._refuse_programs(wt)
+            protected = self.protected()
+            left_out = self._uncommitted_protected(wt, protected)
             self._commit_pending(wt, f"{task_id} round {round_}: the work of the done report", author)
             head = self.head(wt)
             base = self._merge_base(wt, head)
+            head, kept_out = self._keep_out(wt, base, head, protected, round_)
+            left_out |= kept_out
             files, added, removed = self._numstat(wt, base, head)
             patch = self._in(wt, "diff", "--binary", "--no-ext-diff", "--no-textconv", base, head).raw
             where = self._write_patch(task_id, round_, patch)
             commits = int(self._in(wt, "rev-list", "--count", f"{base}..{head}").out.strip())
         except (GitError, OSError, ValueError) as exc:
             return {"error": str(exc)[:500]}
+        shown = [{"path": path, "reason": why} for path, why in sorted(left_out.items())]
         return {"base": wt.base_branch, "base_commit": base, "head": head, "branch": wt.branch,
                 "range": f"{base[:12]}..{head[:12]}", "commits": commits, "files_changed": len(files),
                 "insertions": added, "deletions": removed, "files": files[:FILES_LISTED],
-                "patch": str(where.relative_to(self.root)), "patch_sha256": sha256_hex(patch)}
+                "patch": str(where.relative_to(self.root)), "patch_sha256": sha256_hex(patch),
+                **({"protected": shown[:FILES_LISTED], "protected_count": len(shown)} if shown else {})}
 
     def head(self, wt: Worktree) -> str:
         """The commit the worktree is at."""
         return self._in(wt, "rev-parse", "HEAD").out.strip()
 
-    def _in(self, wt: Worktree, *args: str, ok: tuple[int, ...] = (0,), env: dict[str, str] | None = None) -> Ran:
+    def _in(self, wt: Worktree, *args: str, ok: tuple[int, ...] = (0,), env: dict[str, str] | None = None,
+            stdin: bytes | None = None) -> Ran:
         """A git command on the worktree through the folders recorded for it, whatever its .git file says."""
         if not wt.path.is_dir() or wt.path.is_symlink():
             raise GitError("git_failed", f"the worktree {wt.path} is missing")
         pinned = {"GIT_COMMON_DIR": str(self.common_dir), **(env or {})}  # never the admin folder's `commondir`
-        return run_git(wt.path, f"--git-dir={wt.git_dir}", f"--work-tree={wt.path}", *args, ok=ok, env=pinned)
-
-    def _refuse_programs(self, wt: Worktree | None = None) -> None:
-        """Git runs filter, merge and diff driver programs the repository's own config names, on files an agent
-        wrote: the coordinator refuses such a repository (``unsafe_config``) rather than run them. Drivers in the
-        user's global config (git-lfs installed per user) are the user's choice and stay."""
-        files = [self.common_dir / "config"] + ([Path(wt.git_dir) / "config.worktree"] if wt else [])
-        for config in files:
-            if not config.is_file():
-                continue
-            ran = run_git(self.root, "config", "--file", str(config), "--includes", "--name-only", "--get-regexp",
-                          _PROGRAM_KEYS, ok=(0, 1))
-            if ran.code == 0 and ran.out.strip():
-                names = ", ".join(ran.out.split()[:5])
-                raise GitError("unsafe_config", f"{config} names programs git would run on agents' files ({names}): "
-                               "taskkernel does not run them; remove them or set the role's isolation = \"shared\"")
+        return self.git.run(wt.path, f"--git-dir={wt.git_dir}", f"--work-tree={wt.path}", *args, ok=ok, env=pinned,
+                            stdin=stdin)
 
     def _commit_pending(self, wt: Worktree, message: str, author: str) -> bool:
-        self._in(wt, "add", "-A")
-        if self._in(wt, "diff", "--cached", "--quiet", ok=(0, 1)).code == 0:
+        """Commit what the agent left (the coordinator's own paths never added, whatever .gitignore says)."""
+        self._in(wt, "add", "-A", "--", ":/", *self.protected().excludes())
+        if self._in(wt, "diff", "--cached", "--quiet", "--no-ext-diff", ok=(0, 1)).code == 0:
             return False
         who = {"GIT_AUTHOR_NAME": author, "GIT_AUTHOR_EMAIL": f"{author}@taskkernel.invalid", **TASKKERNEL_ID}
         self._in(wt, "commit", "--quiet", "--no-verify", "-m", message, env=who)
         return True
+
+    def _uncommitted_protected(self, wt: Worktree, protected: ProtectedPaths) -> dict[str, str]:
+        """The protected paths a plain ``git add -A`` would have taken from the worktree (what the agent wrote
+        there and did not hide): listed in the report, never committed."""
+        out = self._in(wt, "status", "--porcelain=v1", "-z", "--untracked-files=all", "--no-renames", "--",
+                       *protected.includes()).out
+        paths = [entry[3:] for entry in out.split("\0") if len(entry) > 3]
+        return {p: why for p in paths if (why := protected.reason(p))}
+
+    def _keep_out(self, wt: Worktree, base: str, head: str, protected: ProtectedPaths,
+                  round_: int) -> tuple[str, dict[str, str]]:
+        """``head``, or a commit on top of it that puts every protected path the range touches back as the base
+        has it (the agent's files stay in its worktree, untracked): what a merge of the report can take."""
+        hits = touched(lambda *a: self._in(wt, *a), base, head, protected)
+        if not hits:
+            return head, {}
+        index = self.home / f".index-{wt.task_id}-{os.getpid()}-{threading.get_ident()}"
+        scratch = {"GIT_INDEX_FILE": str(index), "GIT_LITERAL_PATHSPECS": "1"}
+        try:
+            self._in(wt, "read-tree", head, env=scratch)
+            self._in(wt, "restore", "--staged", f"--source={base}", "--pathspec-from-file=-", "--pathspec-file-nul",
+                     env=scratch, stdin="\0".join(hits).encode())
+            tree = self._in(wt, "write-tree", env=scratch).out.strip()
+        finally:
+            index.unlink(missing_ok=True)
+        message = (f"{wt.task_id} round {round_}: the coordinator's own files left out of the change\n\n"
+                   + "\n".join(f"{path} ({why})" for path, why in sorted(hits.items())[:FILES_LISTED]))
+        new = self._in(wt, "commit-tree", tree, "-p", head, "-m", message,
+                       env={"GIT_AUTHOR_NAME": "taskkernel", "GIT_AUTHOR_EMAIL": TASKKERNEL_ID["GIT_COMMITTER_EMAIL"],
+                            **TASKKERNEL_ID}).out.strip()
+        self._in(wt, "update-ref", "-m", "taskkernel: protected paths left out", "HEAD", new, head)
+        self._in(wt, "reset", "--quiet")  # the index follows HEAD; the agent's files stay as they are
+        return new, hits
 
     def _merge_base(self, wt: Worktree, head: str) -> str:
         ran = self._in(wt, "merge-base", f"refs/heads/{wt.base_branch}", head, ok=(0, 1, 128))
         return ran.out.strip() if ran.code == 0 and ran.out.strip() else wt.base_commit  # a deleted base
 
     def _numstat(self, wt: Worktree, base: str, head: str) -> tuple[list[dict[str, Any]], int, int]:
-        out = self._in(wt, "diff", "--numstat", "-z", "--no-ext-diff", "--no-renames", base, head).out
+        out = self._in(wt, "diff", "--numstat", "-z", "--no-ext-diff", "--no-textconv", "--no-renames", base,
+                       head).out
         files, added, removed = [], 0, 0
         for entry in filter(None, out.split("\0")):
             ins, dels, name = entry.split("\t", 2)
@@ -277,7 +316,6 @@ class Worktrees:
         if wt is None or repo is None:
             return Merged(True, message="no worktree")
         with self._locked():
-            self._refuse_programs()
             tip = self._commit_of(repo, wt.branch)
             if not self._is_ancestor(repo, head, tip):
                 return Merged(False, message=f"the reviewed commit {head[:12]} is not on {wt.branch}",
@@ -288,32 +326,52 @@ class Worktrees:
             if self._is_ancestor(repo, base_head, head):
                 new, how = head, "fast-forward"
             else:
-                ran = run_git(repo, "merge-tree", "--write-tree", "--name-only", "--no-messages", base_head, head,
-                              ok=(0, 1))
+                ran = self.git.run(repo, "merge-tree", "--write-tree", "--name-only", "--no-messages", base_head,
+                                   head, ok=(0, 1))
                 lines = ran.out.splitlines()
                 if ran.code == 1:
                     return Merged(False, message=f"{wt.branch} does not merge cleanly into {wt.base_branch}",
                                   conflicts=tuple(line for line in lines[1:] if line), conflicted=True)
-                new = git(repo, "commit-tree", lines[0], "-p", base_head, "-p", head, "-m",
-                          f"Merge {wt.branch} into {wt.base_branch}\n\n{task_id}: {subject}",
-                          env={"GIT_AUTHOR_NAME": "taskkernel", "GIT_AUTHOR_EMAIL": "taskkernel@taskkernel.invalid",
-                               **TASKKERNEL_ID})
+                new = self.git.out(repo, "commit-tree", lines[0], "-p", base_head, "-p", head, "-m",
+                                   f"Merge {wt.branch} into {wt.base_branch}\n\n{task_id}: {subject}",
+                                   env={"GIT_AUTHOR_NAME": "taskkernel",
+                                        "GIT_AUTHOR_EMAIL": TASKKERNEL_ID["GIT_COMMITTER_EMAIL"], **TASKKERNEL_ID})
                 how = "merge commit"
+            hits = touched(lambda *a: self.git.run(repo, *a), base_head, new, self.protected())
+            if hits:  # the evidence left them out; a report recorded before that did not: never merged
+                return Merged(False, message=f"the change touches the coordinator's own files ("
+                              f"{', '.join(sorted(hits)[:10])}): nothing was merged; report done again",
+                              conflicts=tuple(sorted(hits)), conflicted=True)
             holder = self._checked_out(repo, wt.base_branch)
             if holder is not None and holder.is_relative_to(self.home.resolve()):
                 return Merged(False, message=f"{wt.base_branch} is checked out in the task worktree {holder}, whose "
                               "files are an agent's: check it out elsewhere (or nowhere) to merge into it")
             if holder is not None:  # the base is someone's checkout: move it with its files, or not at all
-                ran = run_git(holder, "merge", "--ff-only", "--quiet", new, ok=(0, 1, 128))
+                if in_the_way := self._in_the_way(holder, base_head, new):
+                    return Merged(False, message=f"the checkout of {wt.base_branch} at {holder} has files the merge "
+                                  f"would overwrite, untracked or ignored: {', '.join(in_the_way[:10])}")
+                ran = self.git.run(holder, "merge", "--ff-only", "--quiet", new, ok=(0, 1, 128))
                 if ran.code != 0:
                     why = (ran.err or ran.out).strip().replace("\n", " ")[:300]
                     return Merged(False, message=f"the checkout of {wt.base_branch} at {holder} could not take the "
                                   f"merge: {why}")
             else:
-                git(repo, "update-ref", f"refs/heads/{wt.base_branch}", new, base_head)
+                self.git.out(repo, "update-ref", f"refs/heads/{wt.base_branch}", new, base_head)
             if self._commit_of(repo, wt.base_branch) != new:
                 raise GitError("git_failed", f"{wt.base_branch} did not move to the merge {new[:12]}")
             return self._merged(task_id, new, how)
+
+    def _in_the_way(self, holder: Path, old: str, new: str) -> list[str]:
+        """Files of a checkout that moving it from ``old`` to ``new`` would overwrite without a word: git refuses to
+        overwrite an untracked file but overwrites an ignored one (the coordinator's private files are ignored)."""
+        added = self.git.run(holder, "diff", "--name-only", "-z", "--no-renames", "--diff-filter=A", old, new).out
+        found = []
+        for path in filter(None, added.split("\0")):
+            parts = Path(path).parts
+            steps = [holder.joinpath(*parts[:i]) for i in range(1, len(parts))]
+            if os.path.lexists(holder / path) or any(s.is_symlink() or (s.exists() and not s.is_dir()) for s in steps):
+                found.append(path)
+        return found
 
     def _merged(self, task_id: str, commit: str, how: str) -> Merged:
         self._set_state(task_id, "merged", merged_commit=commit)
@@ -326,12 +384,11 @@ class Worktrees:
             return False
         with self._locked():
             if wt.state != "archiving" and wt.path.is_dir() and not wt.path.is_symlink():
-                self._refuse_programs(wt)
                 self._commit_pending(wt, f"{task_id}: work left in the worktree at archive", "taskkernel")
                 self._set_state(task_id, "archiving")  # a removal cut short is never committed as deletions
             if wt.path.is_dir() and not wt.path.is_symlink():
-                git(repo, "worktree", "remove", "--force", str(wt.path))
-            git(repo, "worktree", "prune")
+                self.git.out(repo, "worktree", "remove", "--force", str(wt.path))
+            self.git.out(repo, "worktree", "prune")
             self._set_state(task_id, "archived")
         return True
 
@@ -341,12 +398,11 @@ class Worktrees:
                 state=state, updated_at=utc_now_iso(), **columns))
 
     # -- git reads -----------------------------------------------------------------------------
-    @staticmethod
-    def _listed(repo: Path) -> dict[Path, tuple[str | None, bool]]:
+    def _listed(self, repo: Path) -> dict[Path, tuple[str | None, bool]]:
         """Worktrees git knows: path -> (branch, or None when detached; locked)."""
         found: dict[Path, tuple[str | None, bool]] = {}
         path: Path | None = None
-        for line in git(repo, "worktree", "list", "--porcelain").splitlines():
+        for line in self.git.out(repo, "worktree", "list", "--porcelain").splitlines():
             if line.startswith("worktree "):
                 path = Path(line[len("worktree "):]).resolve()
                 found[path] = (None, False)
@@ -359,23 +415,21 @@ class Worktrees:
     def _checked_out(self, repo: Path, branch: str) -> Path | None:
         return next((p for p, (b, _) in self._listed(repo).items() if b == branch), None)
 
-    @staticmethod
-    def _current_branch(repo: Path) -> str:
-        ran = run_git(repo, "symbolic-ref", "--quiet", "--short", "HEAD", ok=(0, 1, 128))
+    def _current_branch(self, repo: Path) -> str:
+        ran = self.git.run(repo, "symbolic-ref", "--quiet", "--short", "HEAD", ok=(0, 1, 128))
         if ran.code != 0 or not ran.out.strip():
             raise GitError("base_unknown", f"{repo} has a detached HEAD: set base_branch for the role")
         return ran.out.strip()
 
-    @staticmethod
-    def _commit_of(repo: Path, branch: str) -> str:
-        ran = run_git(repo, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}^{{commit}}", ok=(0, 1, 128))
+    def _commit_of(self, repo: Path, branch: str) -> str:
+        ran = self.git.run(repo, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}^{{commit}}",
+                           ok=(0, 1, 128))
         if ran.code != 0:
             raise GitError("base_unknown", f"branch {branch!r} has no commit in {repo}")
         return ran.out.strip()
 
-    @staticmethod
-    def _is_ancestor(repo: Path, older: str, newer: str) -> bool:
-        return run_git(repo, "merge-base", "--is-ancestor", older, newer, ok=(0, 1)).code == 0
+    def _is_ancestor(self, repo: Path, older: str, newer: str) -> bool:
+        return self.git.run(repo, "merge-base", "--is-ancestor", older, newer, ok=(0, 1)).code == 0
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -386,3 +440,15 @@ class Worktrees:
             yield
         finally:
             os.close(fd)
+
+
+def touched(run: Callable[..., Ran], base: str, head: str, protected: ProtectedPaths) -> dict[str, str]:
+    """The protected paths the range ``base..head`` changes, with why: the coordinator's folders and files, and an
+    ignore file whose change weakens the rules that hide them. ``run`` is a git command in the right place."""
+    changed = [p for p in run("diff", "--name-only", "-z", "--no-renames", base, head).out.split("\0") if p]
+    hits = {p: why for p in changed if (why := protected.reason(p))}
+    for ignore in set(protected.ignore_files) & set(changed):
+        patch = run("diff", "--no-ext-diff", "--no-textconv", base, head, "--", f":(top,literal){ignore}").out
+        if protected.weakens_rules(patch.splitlines()):
+            hits[ignore] = IGNORE_RULES
+    return hits

@@ -25,6 +25,7 @@ import asyncio
 import json
 import os
 import re
+import subprocess
 import sys
 import time
 import tomllib
@@ -79,10 +80,13 @@ def check_flags(cli: str, argv: list[str]) -> None:
 
 def follow(line: str, round_: str) -> None:
     words = line.split(" ", 2)
-    if words[0] == "write" and len(words) == 3:
+    if words[0] == "write" and len(words) == 3:  # `\n` in the text is a line break
         target = Path(words[1])
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(words[2] + "\n", encoding="utf-8")
+        target.write_text(words[2].replace("\\n", "\n") + "\n", encoding="utf-8")
+    elif words[0] == "git":  # the agent's own git, in its worktree (e.g. committing what it planted)
+        subprocess.run(["git", "-c", "user.name=agent", "-c", "user.email=agent@example.invalid",
+                        *line.split(" ")[1:]], check=True, capture_output=True, env={**os.environ, "AGENT_GIT": "1"})
     elif words[0] == "stamp" and len(words) == 2:
         Path(words[1]).write_text(f"round {round_}\n", encoding="utf-8")
     elif words[0] == "latin1" and len(words) == 2:

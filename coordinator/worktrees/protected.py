@@ -1,0 +1,100 @@
+"""The coordinator's own files in a workspace, which no task's change may touch (docs/security.md).
+
+An agent edits its worktree, a checkout of the whole repository: what it writes there is committed as its work
+and, on approval, merged into the base checkout the coordinator runs in. Were its change to hold
+``.taskkernel/owner.token``, ``chain.key``, a TASK file under the FCoP root or ``taskkernel.toml``, one
+approval would hand the agent the owner's credential or let it speak as ADMIN through a file. So these paths are
+never part of a task's change, whatever the agent's ``.gitignore`` says: the evidence step leaves them out and
+says so in the report (``Worktrees.evidence``), and the merge refuses a range that touches them
+(``Worktrees.merge``). The ignore rules that hide the private folder are the coordinator's too: a change to a
+``.gitignore`` between the repository's root and the workspace that removes a line naming one of these paths, or
+adds a negation (``!…``, which can re-include them), is left out as a whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from taskkernel.coordinator.fcop.detect import CONFIG_NAME as FCOP_CONFIG
+from taskkernel.coordinator.fcop.detect import G2_MARKERS, LIFECYCLE_DIR, FcopError, find_workspace_root
+
+STATE_DIR = ".taskkernel"
+CONFIG_FILE = "taskkernel.toml"
+IGNORE_FILE = ".gitignore"
+
+# Why a path is the coordinator's (the ``reason`` a report lists with each path left out).
+PRIVATE_STATE = "private_state"  # .taskkernel/: database, owner token, chain key, run logs, worktrees
+FCOP_FILES = "fcop_files"  # the FCoP root: a file there acts as the role it names
+WORKSPACE_CONFIG = "workspace_config"  # taskkernel.toml: database URL, runners, gate
+IGNORE_RULES = "ignore_rules"  # a .gitignore change that could stop hiding the above
+
+
+@dataclass(frozen=True)
+class ProtectedPaths:
+    """Repository-relative (``/``-separated) folders and files of one workspace, and the ignore files whose rules
+    can hide them."""
+
+    folders: dict[str, str]  # folder -> reason
+    files: dict[str, str]  # file -> reason
+    ignore_files: tuple[str, ...]
+    names: tuple[str, ...]  # what an ignore rule naming one of them mentions
+
+    @classmethod
+    def of(cls, repo: Path, workspace: Path) -> ProtectedPaths:
+        rel = PurePosixPath(workspace.resolve().relative_to(repo.resolve()).as_posix())
+        fcop_files: set[str] = set()
+        try:
+            fcop = find_workspace_root(workspace)
+        except FcopError:  # both fcop/ and docs/agents/ are there: both are protected
+            fcop_folders = {"fcop", "docs/agents"}
+        else:
+            if fcop.resolve() == workspace.resolve():  # FCoP folders directly in the workspace (a G2 layout)
+                fcop_folders, fcop_files = {"fcop", LIFECYCLE_DIR, *G2_MARKERS}, {FCOP_CONFIG}
+            else:
+                fcop_folders = {"fcop", fcop.relative_to(workspace).as_posix()}
+
+        def at(name: str) -> str:
+            return (rel / name).as_posix().removeprefix("./")
+
+        folders = {at(STATE_DIR): PRIVATE_STATE, **{at(f): FCOP_FILES for f in sorted(fcop_folders)}}
+        files = {at(CONFIG_FILE): WORKSPACE_CONFIG, **{at(f): FCOP_FILES for f in fcop_files}}
+        chain = [PurePosixPath(*rel.parts[:i]) for i in range(len(rel.parts) + 1)]
+        ignore_files = tuple((d / IGNORE_FILE).as_posix().removeprefix("./") for d in chain)
+        names = (STATE_DIR, CONFIG_FILE, *(PurePosixPath(f).name for f in fcop_folders))
+        return cls(folders, files, ignore_files, names)
+
+    def reason(self, path: str) -> str | None:
+        """Why ``path`` (repository-relative) is the coordinator's, or None."""
+        if path in self.files:
+            return self.files[path]
+        # Inside a protected folder, or a file or link standing where one of them (or its parent) must be.
+        return next((why for folder, why in {**self.folders, **self.files}.items()
+                     if path == folder or path.startswith(folder + "/") or folder.startswith(path + "/")), None)
+
+    def excludes(self) -> list[str]:
+        """Pathspecs that leave the protected paths out of a ``git add`` (literal: no name is a pattern)."""
+        return [f":(top,exclude,literal){p}" for p in (*self.folders, *self.files)]
+
+    def includes(self) -> list[str]:
+        return [f":(top,literal){p}" for p in (*self.folders, *self.files)]
+
+    def weakens_rules(self, patch_lines: Iterable[str]) -> bool:
+        """Whether a ``.gitignore``'s unified diff removes a rule naming a protected path or adds a negation."""
+        for line in patch_lines:
+            if line.startswith(("+++", "---")):
+                continue
+            rule = line[1:].strip()
+            if line.startswith("+") and rule.startswith("!"):
+                return True
+            if line.startswith("-") and self._names(rule):
+                return True
+        return False
+
+    def _names(self, rule: str) -> bool:
+        """Whether an ignore rule names a protected path (``/.taskkernel/``, ``sub/.taskkernel/**``, …)."""
+        core = rule.lstrip("!").removeprefix("/").removeprefix("**/")
+        for suffix in ("/**", "/*", "/"):
+            core = core.removesuffix(suffix)
+        return any(core == name or core.endswith("/" + name) for name in self.names)
