@@ -1,13 +1,47 @@
 """Serving HTTP for `taskkernel mcp --transport http` and `taskkernel serve`: which addresses are this machine only,
-the listening socket, and uvicorn run to a graceful exit 0 on SIGINT/SIGTERM. uvicorn is imported only to serve."""
+the listening socket, what every response carries and the most a request may send (``Hardened``), and uvicorn run
+to a graceful exit 0 on SIGINT/SIGTERM. uvicorn is imported only to serve."""
 
 from __future__ import annotations
 
 import contextlib
 import ipaddress
+import json
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from typing import Any
+
+from taskkernel.kernel.reasons import ReasonCode
+
+# The most a request may send: the largest action (a report's 512 KiB body, kernel/model/limits.py, JSON-escaped at
+# up to 6 bytes a byte, and its other fields) fits. The MCP SDK's own limit for streamable HTTP is the same 4 MiB.
+MAX_REQUEST_BYTES = 4 * 2**20
+# On every response: no page of either server may be framed (clickjacking: a frame on another port of 127.0.0.1 is
+# the same site, so it would get the SameSite=Strict cookie), scripts and styles come only from the server itself,
+# nothing is sniffed into another type, and no address goes to another site in a Referer. A response that sets one
+# of these itself keeps its own (the board's /api/docs, whose Swagger UI comes from a CDN).
+CSP_DIRECTIVES = {"default-src": "'self'", "script-src": "'self'", "style-src": "'self'", "img-src": "'self' data:",
+                  "connect-src": "'self'", "base-uri": "'none'", "form-action": "'self'", "object-src": "'none'",
+                  "frame-ancestors": "'none'"}
+
+
+def content_security_policy(more: dict[str, str] | None = None) -> str:
+    """The policy, with ``more`` sources added to the directives it names (``{"script-src": "https://…"}``)."""
+    more = more or {}
+    return "; ".join(f"{name} {sources}{' ' + more[name] if name in more else ''}"
+                     for name, sources in CSP_DIRECTIVES.items())
+
+
+SECURITY_HEADERS = ((b"content-security-policy", content_security_policy().encode()),
+                    (b"x-frame-options", b"DENY"),
+                    (b"x-content-type-options", b"nosniff"),
+                    (b"referrer-policy", b"same-origin"))  # not no-referrer: a POST would say Origin: null
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 def is_loopback(host: str) -> bool:
@@ -50,7 +84,7 @@ async def serve(app: Any, sock: socket.socket, graceful_seconds: int | None = No
     the stop begins, to end the streams that would otherwise never finish (server-sent events)."""
     import uvicorn
 
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
+    config = uvicorn.Config(Hardened(app), log_level="warning", access_log=False, lifespan="on",
                             timeout_graceful_shutdown=graceful_seconds)
 
     class GracefulServer(uvicorn.Server):
@@ -68,3 +102,90 @@ async def serve(app: Any, sock: socket.socket, graceful_seconds: int | None = No
             await super().shutdown(sockets)
 
     await GracefulServer(config).serve(sockets=[sock])
+
+
+class Hardened:
+    """ASGI middleware around everything ``serve`` serves: the security headers on every response (its own 413
+    included), and a request body of at most ``limit`` bytes.
+
+    A ``Content-Length`` over the limit is answered 413 ``payload_too_large`` before the application sees the
+    request; a body without one (chunked) is counted as the application reads it, and the chunk that passes the
+    limit is answered 413 at once and read as a disconnect by the application, so no more of it is taken. Nothing
+    here reads a body on its own: an application that refuses a request without reading its body (a change
+    without a credential, 401) does not read it at all. A response that starts before its request's body was read
+    whole says ``Connection: close``: the server drops the connection instead of draining what the client still
+    sends."""
+
+    def __init__(self, app: ASGIApp, limit: int = MAX_REQUEST_BYTES) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        exchange = Exchange(self.limit, receive, send, *body_framing(scope))
+        if exchange.declared is not None and exchange.declared > self.limit:
+            await exchange.too_large()
+            return
+        await self.app(scope, exchange.receive, exchange.send)
+
+
+class Exchange:
+    """One request and its response as ``Hardened`` sees them: the body's bytes read so far, whether the response
+    started, whether this middleware answered it (413) itself."""
+
+    def __init__(self, limit: int, receive: Receive, send: Send, declared: int | None, chunked: bool) -> None:
+        self.limit, self._receive, self._send = limit, receive, send
+        self.declared = declared
+        self.read = 0
+        self.body_done = not chunked and not declared
+        self.started = self.cut = self.answered = False
+
+    async def send(self, message: Message) -> None:
+        if self.answered:
+            return  # answered 413 here: the application's own answer goes nowhere
+        if message["type"] == "http.response.start":
+            self.started = True
+            headers = list(message.get("headers", ()))
+            present = {name.lower() for name, _ in headers}
+            headers += [(name, value) for name, value in SECURITY_HEADERS if name not in present]
+            if not self.body_done and b"connection" not in present:
+                headers.append((b"connection", b"close"))
+            message = {**message, "headers": headers}
+        await self._send(message)
+
+    async def receive(self) -> Message:
+        if self.cut:
+            return {"type": "http.disconnect"}
+        message = await self._receive()
+        if message["type"] == "http.request":
+            self.read += len(message.get("body", b""))
+            self.body_done = not message.get("more_body", False)
+            if self.read > self.limit:
+                self.cut = True
+                if not self.started:
+                    await self.too_large()
+                return {"type": "http.disconnect"}
+        return message
+
+    async def too_large(self) -> None:
+        body = json.dumps({"status": "rejected", "reason": ReasonCode.PAYLOAD_TOO_LARGE.value,
+                           "message": f"a request body may be at most {self.limit} bytes"}).encode()
+        await self.send({"type": "http.response.start", "status": 413, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await self.send({"type": "http.response.body", "body": body})
+        self.answered = True
+
+
+def body_framing(scope: Scope) -> tuple[int | None, bool]:
+    """The request body's declared length (None without a valid one) and whether it is chunked."""
+    declared, chunked = None, False
+    for name, value in scope.get("headers", ()):
+        name = name.lower()
+        if name == b"content-length":
+            with contextlib.suppress(ValueError):
+                declared = int(value)
+        elif name == b"transfer-encoding":
+            chunked = b"chunked" in value.lower()
+    return declared, chunked

@@ -42,7 +42,7 @@ from taskkernel.coordinator.mcp.results import Outcome, refusal
 from taskkernel.coordinator.mcp.schemas import input_schema, output_schema
 from taskkernel.coordinator.mcp.tools import TOOLS, TaskTools
 from taskkernel.coordinator.runners.ledger import authenticate_agent
-from taskkernel.coordinator.serving import is_loopback, serve
+from taskkernel.coordinator.serving import MAX_REQUEST_BYTES, is_loopback, serve
 from taskkernel.kernel.logging import get_logger
 from taskkernel.kernel.model.principal import Principal
 from taskkernel.kernel.reasons import KernelError, ReasonCode
@@ -51,8 +51,8 @@ log = get_logger(__name__)
 RESOURCE_NOT_FOUND = -32002  # the MCP specification's code for a resource that does not exist
 HTTP_PATH = "/mcp"
 # The most one JSON-RPC message may take: a line over stdio (answered -32600 beyond), a request body over HTTP
-# (answered 413). A command carries at most a 512 KiB body: 3 MiB as JSON even with every byte escaped (\u0001).
-MAX_MESSAGE_BYTES = 4 * 2**20
+# (answered 413): the one limit of every server here (serving.py).
+MAX_MESSAGE_BYTES = MAX_REQUEST_BYTES
 PRINCIPAL_KEY = "taskkernel.principal"  # where the bearer gate leaves the request's principal (ASGI scope)
 INSTRUCTIONS = (
     "taskkernel coordinates a team of agents through tasks. whoami says who you are. Work: list_tasks "

@@ -8,12 +8,13 @@ verb) with 404 or 409 (coordinator/web/actions.py).
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 import anyio.to_thread
-from fastapi import APIRouter, Body, Depends, Header, Query, Request
+from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
@@ -52,12 +53,36 @@ REFUSALS: dict[int | str, dict[str, Any]] = {
     401: {"description": "no credential (a change), or one that stands for nobody; reason actor_unverified or "
                          "the credential's own code"},
     403: {"description": "a signed-in change without this sign-in's CSRF token: reason csrf_failed"},
+    413: {"description": "a body over 4 MiB: reason payload_too_large"},
 }
+# A change's body is read by the route, after its credential (``acting``): declared here for the schema only.
+JSON_BODY = {"requestBody": {"required": False, "content": {"application/json": {"schema": {
+    "type": "object", "additionalProperties": True}}}}}
 
 
 def reader(request: Request) -> Caller | None:
     """The caller of a read, checked before a response starts (a dependency: the event stream's too)."""
     return board_of(request).gate.reader(request)
+
+
+async def acting(request: Request) -> tuple[Board, Caller, dict[str, Any]]:
+    """The board, the caller of a change and the change's JSON body, in that order: a request without a live
+    credential is refused (401) before a byte of its body is read, then the body (a JSON object, empty for none)
+    and, for a sign-in's cookie, its CSRF token (header or the body's ``csrf_token``, which is taken out)."""
+    board = board_of(request)
+    caller = board.gate.actor(request)
+    raw = await request.body()
+    try:
+        fields = json.loads(raw) if raw.strip() else {}
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError; RecursionError: nested too deep
+        raise Refused(400, ReasonCode.INVALID_COMMAND.value, "the body is not JSON") from None
+    if fields is None:
+        fields = {}
+    if not isinstance(fields, dict):
+        raise Refused(400, ReasonCode.INVALID_COMMAND.value, "the body must be a JSON object")
+    csrf = fields.pop(CSRF_FIELD, None)
+    board.gate.check_csrf(request, caller, csrf if isinstance(csrf, str) else None)
+    return board, caller, fields
 
 
 def refusal_response(exc: Refused) -> JSONResponse:
@@ -120,45 +145,39 @@ async def task_page_data(request: Request, task_id: str) -> Any:
     return found
 
 
-@router.post("/tasks/{task_id}/grant", response_model=ActionOutcome, responses=REFUSALS)
-async def grant(request: Request, task_id: str, body: Annotated[dict[str, Any] | None, Body()] = None) -> Any:
+@router.post("/tasks/{task_id}/grant", response_model=ActionOutcome, responses=REFUSALS, openapi_extra=JSON_BODY)
+async def grant(request: Request, task_id: str) -> Any:
     """Grant a permission on the task (``{"permission": "approve"}``) into the grant session, as the refusal's hint
     says: `taskkernel session accept admin --kind allow …`. ADMIN only (the session log's rule)."""
-    board = board_of(request)
-    caller = board.gate.actor(request, (body or {}).get(CSRF_FIELD))
-    permission = (body or {}).get("permission", "approve")
+    board, caller, body = await acting(request)
+    permission = body.get("permission", "approve")
     status, doc = await anyio.to_thread.run_sync(board.actions.grant, caller.principal, task_id, str(permission))
     return answer(status, doc)
 
 
 @router.post("/tasks/{task_id}/{verb}", response_model=CommandOutcome, responses=REFUSALS | {
-    404: {"description": "no such task"}, 409: {"description": "refused by the kernel: reason says why"}})
-async def task_verb(request: Request, task_id: str, verb: str,
-                    body: Annotated[dict[str, Any] | None, Body()] = None) -> Any:
+    404: {"description": "no such task"}, 409: {"description": "refused by the kernel: reason says why"}},
+    openapi_extra=JSON_BODY)
+async def task_verb(request: Request, task_id: str, verb: str) -> Any:
     """A task verb (claim, report, submit, approve, reject, reopen, archive, amend) with the verb's fields as the
     JSON body (``{"reason": "…"}`` for reject), answered like `taskkernel submit`."""
-    board = board_of(request)
-    fields = dict(body or {})
-    caller = board.gate.actor(request, fields.pop(CSRF_FIELD, None))
+    board, caller, fields = await acting(request)
     status, doc = await anyio.to_thread.run_sync(board.actions.task_verb, caller.principal, task_id, verb, fields)
     return answer(status, doc)
 
 
-@router.post("/schedules/{name}/{verb}", response_model=ActionOutcome, responses=REFUSALS)
-async def schedule_action(request: Request, name: str, verb: str,
-                          body: Annotated[dict[str, Any] | None, Body()] = None) -> Any:
+@router.post("/schedules/{name}/{verb}", response_model=ActionOutcome, responses=REFUSALS, openapi_extra=JSON_BODY)
+async def schedule_action(request: Request, name: str, verb: str) -> Any:
     """Pause or resume a schedule (its creator, or ADMIN)."""
-    board = board_of(request)
-    caller = board.gate.actor(request, (body or {}).get(CSRF_FIELD))
+    board, caller, _ = await acting(request)
     status, doc = await anyio.to_thread.run_sync(board.actions.schedule, caller.principal, name, verb)
     return answer(status, doc)
 
 
-@router.post("/goals/{goal_id}/cancel", response_model=ActionOutcome, responses=REFUSALS)
-async def cancel_goal(request: Request, goal_id: str, body: Annotated[dict[str, Any] | None, Body()] = None) -> Any:
+@router.post("/goals/{goal_id}/cancel", response_model=ActionOutcome, responses=REFUSALS, openapi_extra=JSON_BODY)
+async def cancel_goal(request: Request, goal_id: str) -> Any:
     """Cancel an active goal (the root task's authority)."""
-    board = board_of(request)
-    caller = board.gate.actor(request, (body or {}).get(CSRF_FIELD))
+    board, caller, _ = await acting(request)
     status, doc = await anyio.to_thread.run_sync(board.actions.cancel_goal, caller.principal, goal_id)
     return answer(status, doc)
 

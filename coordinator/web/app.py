@@ -1,9 +1,13 @@
 """The board's FastAPI application: the API, the pages, the static files, the event hub's lifetime and the error
 envelope (a refusal's reason code, or a fault's stable code with the traceback in the CLI log; never a traceback
-to a client)."""
+to a client). The security headers and the body limit of every response and request are serving.py's
+(``Hardened``, around whatever `taskkernel serve` and `taskkernel mcp --transport http` serve)."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -12,12 +16,15 @@ from urllib.parse import urlencode
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, RedirectResponse, Response
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import ClientDisconnect
 
 from taskkernel import __version__
+from taskkernel.coordinator.serving import content_security_policy
 from taskkernel.coordinator.web import api, pages
 from taskkernel.coordinator.web.auth import Refused
 from taskkernel.coordinator.web.models import Health
@@ -27,6 +34,7 @@ from taskkernel.kernel.reasons import ReasonCode
 
 log = get_logger(__name__)
 STATIC = Path(__file__).parent / "static"
+DOCS_CDN = "https://cdn.jsdelivr.net"  # where FastAPI's Swagger UI page takes its script and styles
 
 
 def create_app(board: Board) -> FastAPI:
@@ -39,7 +47,7 @@ def create_app(board: Board) -> FastAPI:
             await board.hub.stop()
 
     app = FastAPI(title="taskkernel board", version=__version__, lifespan=lifespan,
-                  openapi_url="/api/openapi.json", docs_url="/api/docs", redoc_url=None)
+                  openapi_url="/api/openapi.json", docs_url=None, redoc_url=None)
     app.state.board = board
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=board.hosts)
     app.include_router(api.router)
@@ -50,6 +58,17 @@ def create_app(board: Board) -> FastAPI:
     async def healthz(request: Request) -> Any:
         """Liveness and the database: ok, the version, the dialect and the log's last committed position."""
         return await api.health(request)
+
+    @app.get("/api/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        """Swagger UI for the schema, with the one relaxed policy: its script and styles from the CDN, its inline
+        start-up script by hash, its inline styles (Swagger UI sets them); still never framed."""
+        return api_docs(app)
+
+    @app.exception_handler(ClientDisconnect)
+    async def on_disconnect(request: Request, exc: ClientDisconnect) -> Response:
+        """The body stopped: the client left, or it passed the size limit and was answered 413 already."""
+        return Response(status_code=400)
 
     @app.exception_handler(Refused)
     async def on_refused(request: Request, exc: Refused) -> Response:
@@ -85,3 +104,13 @@ def create_app(board: Board) -> FastAPI:
                              "message": f"{message}{f' (details in {path})' if path else ''}"}, 500)
 
     return app
+
+
+def api_docs(app: FastAPI) -> HTMLResponse:
+    page = get_swagger_ui_html(openapi_url=str(app.openapi_url), title=f"{app.title} - API")
+    inline = re.findall(r"<script>(.*?)</script>", bytes(page.body).decode(), re.S)
+    hashes = " ".join(f"'sha256-{base64.b64encode(hashlib.sha256(s.encode()).digest()).decode()}'" for s in inline)
+    page.headers["content-security-policy"] = content_security_policy({
+        "script-src": f"{DOCS_CDN} {hashes}", "style-src": f"{DOCS_CDN} 'unsafe-inline'",
+        "img-src": "https://fastapi.tiangolo.com"})
+    return page

@@ -6,8 +6,9 @@ Secure behind HTTPS). A cookie stands for a token held in this server's memory, 
 every request authenticates that token again, so a credential revoked while someone is signed in stops working at
 their next click, and a restart signs everyone out. A change made with the cookie must carry the sign-in's CSRF
 token (``X-CSRF-Token`` header or a ``csrf_token`` form field) and, when the browser names one, an Origin of this
-server: else 403 ``csrf_failed``. No credential on a change: 401 ``actor_unverified``. Without a credential the
-board reads; with ``[serve] require_login = true`` it does not even do that.
+server: else 403 ``csrf_failed``. No credential on a change: 401 ``actor_unverified``, decided before the
+request's body is read. Without a credential the board reads; with ``[serve] require_login = true`` it does not even
+do that. Sign-ins are bounded per principal and in all, and no one's sign-in makes room for another's.
 """
 
 from __future__ import annotations
@@ -31,8 +32,18 @@ COOKIE = "tk_session"
 CSRF_HEADER = "X-CSRF-Token"
 CSRF_FIELD = "csrf_token"
 CSRF_FAILED = "csrf_failed"
+TOO_MANY_SIGN_INS = "too_many_sign_ins"
 SIGN_IN_SECONDS = 12 * 3600
-MAX_SIGN_INS = 1000  # oldest dropped past this: memory stays bounded whatever a client does
+MAX_SIGN_INS = 1000  # in all: memory stays bounded whatever a client does
+MAX_SIGN_INS_EACH = 20  # of one principal: its own oldest is dropped past this, never anyone else's
+
+
+class Refused(Exception):
+    """A request the board refuses before any command: HTTP ``status`` with a reason code and a message."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.reason, self.message = status, reason, message
 
 
 @dataclass(frozen=True)
@@ -40,23 +51,44 @@ class SignIn:
     token: str
     csrf: str
     expires: float
+    principal: str  # who signed in (``Principal.provenance``: a run's token is its own principal)
 
 
 class SignIns:
-    """The server's sign-ins: cookie value -> the token it stands for and its CSRF token."""
+    """The server's sign-ins: cookie value -> the token it stands for and its CSRF token.
 
-    def __init__(self, lifetime: float = SIGN_IN_SECONDS) -> None:
-        self.lifetime = lifetime
-        self._by_id: dict[str, SignIn] = {}
+    Bounded without letting one credential sign the others out: a principal holds at most ``each`` sign-ins (its
+    own oldest is dropped for a new one), and when ``most`` are held a new principal's sign-in is refused (503
+    ``too_many_sign_ins``) rather than dropping someone else's."""
+
+    def __init__(self, lifetime: float = SIGN_IN_SECONDS, most: int = MAX_SIGN_INS,
+                 each: int = MAX_SIGN_INS_EACH) -> None:
+        self.lifetime, self.most, self.each = lifetime, most, each
+        self._by_id: dict[str, SignIn] = {}  # in the order made, so in the order they expire
+        self._by_principal: dict[str, dict[str, None]] = {}  # principal -> its sign-ins, oldest first
         self._lock = threading.Lock()
 
-    def create(self, token: str) -> tuple[str, SignIn]:
+    def create(self, token: str, principal: str) -> tuple[str, SignIn]:
+        """A new sign-in for ``principal`` (past ``each``, its own oldest is dropped); Refused (503
+        ``too_many_sign_ins``) when the server holds ``most`` and only another principal's could make room."""
         sid = secrets.token_urlsafe(32)
-        entry = SignIn(token, secrets.token_urlsafe(32), time.monotonic() + self.lifetime)
+        now = time.monotonic()
+        entry = SignIn(token, secrets.token_urlsafe(32), now + self.lifetime, principal)
         with self._lock:
+            while self._by_id:  # the ended ones first: they are the oldest
+                first = next(iter(self._by_id))
+                if self._by_id[first].expires >= now:
+                    break
+                self._forget(first)
+            own = self._by_principal.get(principal, {})
+            while len(own) >= self.each:
+                self._forget(next(iter(own)))
+            if len(self._by_id) >= self.most:
+                raise Refused(503, TOO_MANY_SIGN_INS, f"this board holds {self.most} sign-ins, the most it keeps; "
+                              f"sign in again when some have ended ({self.lifetime / 3600:g} hours after they began, "
+                              "at sign-out or at a restart), or send Authorization: Bearer <token>")
             self._by_id[sid] = entry
-            while len(self._by_id) > MAX_SIGN_INS:
-                self._by_id.pop(next(iter(self._by_id)))
+            self._by_principal.setdefault(principal, {})[sid] = None
         return sid, entry
 
     def get(self, sid: str | None) -> SignIn | None:
@@ -65,13 +97,22 @@ class SignIns:
         with self._lock:
             entry = self._by_id.get(sid)
             if entry is not None and entry.expires < time.monotonic():
-                del self._by_id[sid]
+                self._forget(sid)
                 return None
             return entry
 
     def drop(self, sid: str | None) -> None:
         with self._lock:
-            self._by_id.pop(sid or "", None)
+            self._forget(sid or "")
+
+    def _forget(self, sid: str) -> None:
+        entry = self._by_id.pop(sid, None)
+        if entry is None:
+            return
+        own = self._by_principal[entry.principal]
+        del own[sid]
+        if not own:
+            del self._by_principal[entry.principal]
 
 
 @dataclass(frozen=True)
@@ -81,14 +122,6 @@ class Caller:
     principal: Principal
     via: str
     csrf: str | None = None  # the sign-in's CSRF token (cookie callers)
-
-
-class Refused(Exception):
-    """A request the board refuses before any command: HTTP ``status`` with a reason code and a message."""
-
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.reason, self.message = status, reason, message
 
 
 class Gatekeeper:
@@ -126,27 +159,31 @@ class Gatekeeper:
                           "require_login): sign in at /login or send Authorization: Bearer <token>")
         return found
 
-    def actor(self, request: Request, form_csrf: str | None = None) -> Caller:
-        """The caller of a change: a credential is required, and a cookie's change must prove it came from a
-        page of this board (CSRF token; Origin when the browser sends one)."""
+    def actor(self, request: Request) -> Caller:
+        """The caller of a change: a credential is required (401 otherwise). Called before the request's body is
+        read: a request without a credential is refused without taking its body."""
         found = self.caller(request)
         if found is None:
             raise Refused(401, ReasonCode.ACTOR_UNVERIFIED.value, "no credential: sign in at /login (or send "
                           "Authorization: Bearer <token>) to act; without one the board is read-only")
-        if found.via == "cookie":
-            check_same_origin(request)
-            sent = request.headers.get(CSRF_HEADER) or form_csrf or ""
-            if not found.csrf or not hmac.compare_digest(sent.encode(), found.csrf.encode()):
-                raise Refused(403, CSRF_FAILED, f"missing or wrong CSRF token: send the {CSRF_HEADER} header (or "
-                              f"the {CSRF_FIELD} form field) of this sign-in")
         return found
+
+    def check_csrf(self, request: Request, caller: Caller, sent: str | None) -> None:
+        """A change made with the cookie must prove it came from a page of this board: the sign-in's CSRF token
+        (the header, else ``sent``: the body's field) and, when the browser sends one, this server's Origin."""
+        if caller.via != "cookie":
+            return
+        check_same_origin(request)
+        sent = request.headers.get(CSRF_HEADER) or sent or ""
+        if not caller.csrf or not hmac.compare_digest(sent.encode(), caller.csrf.encode()):
+            raise Refused(403, CSRF_FAILED, f"missing or wrong CSRF token: send the {CSRF_HEADER} header (or "
+                          f"the {CSRF_FIELD} form field) of this sign-in")
 
     def authenticate(self, token: str, heartbeat: bool = True) -> Principal:
         try:
             return authenticate_agent(self.db, token) if heartbeat else authenticate(self.db, token)
         except KernelError as exc:
             raise Refused(401, exc.reason.value, exc.message) from None
-
 
 
 def check_same_origin(request: Request) -> None:

@@ -10,11 +10,11 @@ CSRF token.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 from urllib.parse import urlsplit
 
 import anyio.to_thread
-from fastapi import APIRouter, Form, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
@@ -22,7 +22,7 @@ from taskkernel import __version__
 from taskkernel.coordinator.inbox import waiting
 from taskkernel.coordinator.web import reads
 from taskkernel.coordinator.web.api import RISKS, session_inputs_for
-from taskkernel.coordinator.web.auth import COOKIE, Caller, Refused, check_same_origin
+from taskkernel.coordinator.web.auth import COOKIE, CSRF_FIELD, Caller, Refused, check_same_origin
 from taskkernel.coordinator.web.state import Board, board_of
 from taskkernel.kernel.goals import GoalService
 from taskkernel.kernel.model.commands import CommandType
@@ -215,16 +215,19 @@ async def login_page(request: Request, next: str = "/") -> Response:
 
 
 @router.post("/login", response_class=HTMLResponse)
-async def login(request: Request, token: Annotated[str, Form()], next: Annotated[str, Form()] = "/") -> Response:
-    """Sign in with a token (ADMIN's or a role's): a session cookie, never the token, goes back."""
+async def login(request: Request) -> Response:
+    """Sign in with a token (form fields ``token``, ``next``; ADMIN's or a role's): a session cookie, never the
+    token, goes back. Another site's page is refused before the form is read."""
     board = board_of(request)
     check_same_origin(request)  # another site may not sign a visitor in as its own credential (login CSRF)
+    form = await request.form()
+    token, target = str(form.get("token") or "").strip(), _local(str(form.get("next") or "/"))
     try:
-        principal = await anyio.to_thread.run_sync(board.gate.authenticate, token.strip())
+        principal = await anyio.to_thread.run_sync(board.gate.authenticate, token)
+        sid, _ = board.sign_ins.create(token, principal.provenance)
     except Refused as exc:
-        return render(request, "login.html", None, 401, next=_local(next), error=f"{exc.reason}: {exc.message}")
-    sid, _ = board.sign_ins.create(token.strip())
-    response = RedirectResponse(_local(next), 303)
+        return render(request, "login.html", None, exc.status, next=target, error=f"{exc.reason}: {exc.message}")
+    response = RedirectResponse(target, 303)
     response.set_cookie(COOKIE, sid, max_age=int(board.sign_ins.lifetime), httponly=True, samesite="strict",
                         secure=request.url.scheme == "https", path="/")
     response.headers["X-Signed-In-As"] = principal.id
@@ -232,9 +235,12 @@ async def login(request: Request, token: Annotated[str, Form()], next: Annotated
 
 
 @router.post("/logout")
-async def logout(request: Request, csrf_token: Annotated[str | None, Form()] = None) -> Response:
+async def logout(request: Request) -> Response:
+    """Sign out (form field ``csrf_token``): the credential is checked before the form is read."""
     board = board_of(request)
-    board.gate.actor(request, csrf_token)
+    caller = board.gate.actor(request)
+    sent = (await request.form()).get(CSRF_FIELD)
+    board.gate.check_csrf(request, caller, sent if isinstance(sent, str) else None)
     board.sign_ins.drop(request.cookies.get(COOKIE))
     response = RedirectResponse("/", 303)
     response.delete_cookie(COOKIE, path="/")
