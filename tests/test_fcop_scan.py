@@ -162,3 +162,23 @@ def test_a_file_vanishing_between_listing_and_reading_is_just_gone(ws: FcopWorks
     monkeypatch.setattr(scan_module, "read_bytes", vanishing)
     batch = Scanner(ws, settle_s=0, grace_s=0).scan()
     assert not (batch.ready or batch.invalid or batch.pending)
+
+
+def test_folders_never_looked_into_are_named_in_every_batch_while_they_stay(ws: FcopWorkspace, tmp_path: Path) -> None:
+    """The import lists what it did not read from ``ScanBatch.refused``: a folder link, and a folder deeper than
+    the scans look (its files are never read), each with its reason, on every scan (a fresh scanner sees all)."""
+    deep = ws.stage_dir("archive").joinpath("a", "b", "c", "d")
+    put_in = deep / "e" / NAME
+    put_in.parent.mkdir(parents=True)
+    put(put_in, GOOD, 1000)
+    put(deep / NAME, GOOD, 1000)  # four folders below the stage: still read
+    (tmp_path / "elsewhere").mkdir()
+    (ws.root / "tasks").mkdir()
+    (ws.root / "tasks" / "linked").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    scanner = Scanner(ws, settle_s=0, grace_s=0)
+    for _ in range(2):
+        batch = scanner.scan()
+        assert {rel: e.reason for rel, e in batch.refused.items()} == {
+            "_lifecycle/archive/a/b/c/d/e": FcopReason.FOLDER_TOO_DEEP, "tasks/linked": FcopReason.SYMLINK_REFUSED}
+    assert [e.rel for e in Scanner(ws, settle_s=0, grace_s=0).scan().ready] == [
+        f"_lifecycle/archive/a/b/c/d/{NAME}"]

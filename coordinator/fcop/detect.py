@@ -26,6 +26,7 @@ CONFIG_NAME = "fcop.json"
 G2_MARKERS = ("tasks", "log")
 BUCKETS = {EnvelopeKind.REPORT: "reports", EnvelopeKind.ISSUE: "issues", EnvelopeKind.REVIEW: "reviews"}
 _ROOT_CANDIDATES = ("fcop", "docs/agents")
+SCAN_DEPTH = 4  # folders below an envelope folder that scans and numbering look into (history/<date>/<stem>/)
 
 
 class Generation(StrEnum):
@@ -77,7 +78,7 @@ class FcopWorkspace:
         return self.root / LOCK_DIR
 
     def envelope_dirs(self, kind: EnvelopeKind) -> list[Path]:
-        """Every folder a file of ``kind`` can live in (searched recursively by scans and numbering)."""
+        """Every folder a file of ``kind`` can live in (searched ``SCAN_DEPTH`` folders deep by scans and numbering)."""
         if kind is EnvelopeKind.TASK:
             dirs = [self.stage_dir(s) for s in STAGES] + [self.root / "tasks", self.root / "log" / "tasks"]
         else:

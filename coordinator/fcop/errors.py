@@ -26,6 +26,7 @@ class FcopReason(StrEnum):
     NOT_REGULAR_FILE = "not_regular_file"
     FILE_TOO_LARGE = "file_too_large"
     EMPTY_FILE = "empty_file"
+    FOLDER_TOO_DEEP = "folder_too_deep"  # more than SCAN_DEPTH folders below an envelope folder: never read
     BINARY_FILE = "binary_file"
     INVALID_ENCODING = "invalid_encoding"
     # its front matter

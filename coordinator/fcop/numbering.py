@@ -20,13 +20,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from taskkernel.coordinator.fcop.detect import FcopWorkspace
+from taskkernel.coordinator.fcop.detect import SCAN_DEPTH, FcopWorkspace
 from taskkernel.coordinator.fcop.errors import FcopError, FcopReason
 from taskkernel.coordinator.fcop.filenames import EnvelopeKind, FcopFilename, parse_filename
 from taskkernel.coordinator.fcop.safeio import list_names, locked, open_tmp, publish_reserved
 from taskkernel.kernel.model.ids import MAX_SEQUENCE
 
-_MAX_DEPTH = 4
 _ATTEMPTS = 5
 
 
@@ -52,7 +51,7 @@ def _names(directory: Path, depth: int = 0) -> list[str]:
     names = []
     for name, is_dir in entries:
         names.append(name)
-        if depth < _MAX_DEPTH and is_dir:
+        if depth < SCAN_DEPTH and is_dir:
             names.extend(_names(directory / name, depth + 1))
     return names
 

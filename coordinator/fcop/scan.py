@@ -10,6 +10,11 @@ handed out once it has *settled*:
 * its mtime is already that old when first seen: it was written earlier and
   arrived by rename (our own moves and ``mv`` keep the mtime).
 
+Which folders are walked is defined once, by :func:`list_envelope_dirs`: every folder a file of a kind
+can live in (``FcopWorkspace.envelope_dirs``), ``SCAN_DEPTH`` folders deep. The scan (and so the import
+and the live ingest), the drift check of ``taskkernel verify`` and the projection's search for a task's
+file all list through it (:func:`task_files`), so a file the import takes is a file verify sees.
+
 Dotfiles and ``*.tmp`` are ignored (writers in flight); files that vanish
 between listing and reading are simply gone; a name without an envelope
 prefix is a "ghost": reported once with a warning and left alone. The kernel's own reason notes
@@ -18,8 +23,10 @@ skipped silently; a note whose file is no longer beside it is listed in ``ScanBa
 ingest to remove. Symlinks
 are never followed: folders are listed through ``safeio``'s checked descriptors, a symlinked
 folder (or a link that is not an envelope name) is reported once (``symlink_refused``) and
-skipped, and an envelope-named link is refused like a bad file. ``settle_s=0, grace_s=0`` hands out everything at once
-(for ``--once`` runs over a quiescent folder).
+skipped, and an envelope-named link is refused like a bad file. A folder that cannot be listed
+(``io_error``) or lies deeper than ``SCAN_DEPTH`` (``folder_too_deep``) is skipped the same way; every
+such folder or link is in ``ScanBatch.refused`` while it stays, so the import can list it. ``settle_s=0,
+grace_s=0`` hands out everything at once (for ``--once`` runs over a quiescent folder).
 """
 
 from __future__ import annotations
@@ -27,21 +34,27 @@ from __future__ import annotations
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from taskkernel.coordinator.fcop.detect import LIFECYCLE_DIR, FcopWorkspace
+from taskkernel.coordinator.fcop.detect import LIFECYCLE_DIR, SCAN_DEPTH, FcopWorkspace
 from taskkernel.coordinator.fcop.errors import FcopError, FcopReason, FcopWarning
-from taskkernel.coordinator.fcop.filenames import EnvelopeKind, envelope_prefix, is_reason_note, reason_note_name
+from taskkernel.coordinator.fcop.filenames import (
+    EnvelopeKind,
+    FcopFilename,
+    envelope_prefix,
+    is_reason_note,
+    parse_filename,
+    reason_note_name,
+)
 from taskkernel.coordinator.fcop.models import EnvelopeModel
 from taskkernel.coordinator.fcop.parse import DEFAULT_MAX_BYTES, parse_envelope
 from taskkernel.coordinator.fcop.safeio import list_dir, read_bytes, report, sha256_hex
 from taskkernel.kernel.logging import get_logger
 
 log = get_logger("taskkernel.coordinator.fcop.scan")
-_MAX_DEPTH = 4
 _AREA_KINDS: dict[str, frozenset[EnvelopeKind]] = {
     LIFECYCLE_DIR: frozenset({EnvelopeKind.TASK}),
     "tasks": frozenset({EnvelopeKind.TASK}),
@@ -56,6 +69,7 @@ _AREA_KINDS: dict[str, frozenset[EnvelopeKind]] = {
 }
 
 _ARCHIVE_EXTRA = frozenset({EnvelopeKind.REPORT})  # see FcopWorkspace.envelope_dirs
+ARCHIVE_AREAS = ("log/tasks", "history")  # G2 history
 
 
 class EntryStatus(StrEnum):
@@ -87,6 +101,7 @@ class ScanBatch:
     ghosts: list[ScanEntry] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     stale_notes: list[Path] = field(default_factory=list)  # reason notes whose file is gone from beside them
+    refused: dict[str, FcopError] = field(default_factory=dict)  # folders and links not looked into (rel -> why)
 
 
 @dataclass
@@ -101,13 +116,95 @@ class _Seen:
 StatKey = tuple[int, int, int, int]  # size, mtime_ns, inode, ctime_ns
 
 
-def _area(rel_parts: tuple[str, ...]) -> tuple[str, str | None]:
-    head = rel_parts[0]
+def shown_state(area: str, stage: str | None) -> str | None:
+    """The lifecycle state a TASK file's place shows (Rule A): its stage folder (a batch folder below it too);
+    G2 `tasks/` the inbox, `log/tasks/` and `history/` the archive. Import, ingest, verify and the projection
+    all read a place so."""
+    return stage or ("inbox" if area == "tasks" else "archive" if area in ARCHIVE_AREAS else None)
+
+
+def place_of(rel: str) -> tuple[str, str | None]:
+    """(area, lifecycle stage) of a file by its path below the root: a file in a batch folder below a stage
+    is in that stage (Rule A: the path is the state)."""
+    parts = rel.split("/")
+    head = parts[0]
     if head == LIFECYCLE_DIR:
-        return head, rel_parts[1] if len(rel_parts) > 2 else None
-    if head == "log" and len(rel_parts) > 2:
-        return f"log/{rel_parts[1]}", None
+        return head, parts[1] if len(parts) > 2 else None
+    if head == "log" and len(parts) > 2:
+        return f"log/{parts[1]}", None
     return head, None
+
+
+@dataclass(frozen=True)
+class Listed:
+    """An entry of a folder the scans look into, as ``lstat`` saw it (a link is listed as the link)."""
+
+    path: Path
+    rel: str
+    area: str
+    stage: str | None
+    st: os.stat_result
+
+
+@dataclass
+class Listing:
+    """What one walk found: the entries to look at, the folders and links it did not look into, stale notes."""
+
+    files: list[Listed] = field(default_factory=list)
+    refused: dict[str, FcopError] = field(default_factory=dict)  # folders and links not looked into (rel -> why)
+    stale_notes: list[Path] = field(default_factory=list)
+
+
+def list_envelope_dirs(ws: FcopWorkspace, kinds: Iterable[EnvelopeKind] = tuple(EnvelopeKind)) -> Listing:
+    """Every entry in the folders files of ``kinds`` live in, ``SCAN_DEPTH`` folders deep, through the safe
+    layer: the one definition of which folders are walked (see the module docstring)."""
+    listing = Listing()
+    for root in sorted({d for kind in kinds for d in ws.envelope_dirs(kind)}):
+        _walk(ws, root, 0, listing)
+    return listing
+
+
+def _walk(ws: FcopWorkspace, directory: Path, depth: int, listing: Listing) -> None:
+    def refuse(exc: FcopError) -> None:
+        listing.refused.setdefault(os.path.relpath(exc.path or ws.root, ws.root), exc)
+
+    try:
+        entries = list_dir(directory)
+    except FileNotFoundError:
+        return
+    except FcopError as exc:  # a symlinked folder (or an unreadable one): never followed
+        refuse(exc)
+        return
+    wanted = {reason_note_name(name) for name, _ in entries if not is_reason_note(name)}
+    for name, st in entries:
+        if name.startswith(".") or name.endswith(".tmp"):
+            continue
+        path = directory / name
+        if stat.S_ISDIR(st.st_mode):
+            if depth < SCAN_DEPTH:
+                _walk(ws, path, depth + 1, listing)
+            else:
+                refuse(FcopError(FcopReason.FOLDER_TOO_DEEP, f"{path} is more than {SCAN_DEPTH} folders below an "
+                                 "envelope folder: files in it are never read", path))
+        elif stat.S_ISLNK(st.st_mode) and envelope_prefix(name) is None:
+            refuse(FcopError(FcopReason.SYMLINK_REFUSED, f"{path} is a symbolic link: never followed", path))
+        elif is_reason_note(name):
+            if stat.S_ISREG(st.st_mode) and name not in wanted:
+                listing.stale_notes.append(path)
+        else:
+            rel = ws.relative(path)
+            listing.files.append(Listed(path, rel, *place_of(rel), st))
+
+
+def task_files(ws: FcopWorkspace) -> dict[str, list[tuple[Listed, FcopFilename]]]:
+    """TASK files per id, with their parsed names: regular files with a well-formed TASK name wherever the
+    scans take TASK files (the drift check and the projection look for a task's file here)."""
+    found: dict[str, list[tuple[Listed, FcopFilename]]] = {}
+    for f in list_envelope_dirs(ws, (EnvelopeKind.TASK,)).files:
+        name = parse_filename(f.path.name) if f.path.name.endswith(".md") else None
+        if name is not None and name.kind is EnvelopeKind.TASK and stat.S_ISREG(f.st.st_mode):
+            found.setdefault(name.id, []).append((f, name))
+    return found
 
 
 class Scanner:
@@ -151,65 +248,30 @@ class Scanner:
         """Drop what is known about ``rel`` so the next scan looks at it afresh."""
         self._seen.pop(rel, None)
 
-    def _roots(self) -> list[Path]:
-        roots = {d for kind in EnvelopeKind for d in self.ws.envelope_dirs(kind)}
-        return sorted(roots)
-
-    def _walk(self, directory: Path, depth: int, out: list[tuple[Path, os.stat_result]], refused: set[str],
-              stale: list[Path]) -> None:
-        try:
-            entries = list_dir(directory)
-        except FileNotFoundError:
-            return
-        except FcopError as exc:  # a symlinked folder (or an unreadable one): never followed
-            self._refuse(exc, refused)
-            return
-        wanted = {reason_note_name(name) for name, _ in entries if not is_reason_note(name)}
-        for name, st in entries:
-            if name.startswith(".") or name.endswith(".tmp"):
-                continue
-            path = directory / name
-            if stat.S_ISDIR(st.st_mode):
-                if depth < _MAX_DEPTH:
-                    self._walk(path, depth + 1, out, refused, stale)
-            elif stat.S_ISLNK(st.st_mode) and envelope_prefix(name) is None:
-                self._refuse(FcopError(FcopReason.SYMLINK_REFUSED, f"{path} is a symbolic link: never followed",
-                                       path), refused)
-            elif is_reason_note(name):
-                if stat.S_ISREG(st.st_mode) and name not in wanted:
-                    stale.append(path)
-            else:
-                out.append((path, st))
-
-    def _refuse(self, exc: FcopError, refused: set[str]) -> None:
-        """Report a refused folder or link once while it stays; the scan goes on without it."""
-        where = os.path.relpath(exc.path or self.ws.root, self.ws.root)
-        refused.add(where)
-        if where not in self._refused:
-            self._refused.add(where)
-            report(exc, "scan")
-
     def scan(self) -> ScanBatch:
         batch = ScanBatch()
-        found: list[tuple[Path, os.stat_result]] = []
-        refused: set[str] = set()
-        for root in self._roots():
-            self._walk(root, 0, found, refused, batch.stale_notes)
-        self._refused &= refused
+        listing = list_envelope_dirs(self.ws)
+        batch.stale_notes, batch.refused = listing.stale_notes, listing.refused
+        for rel, exc in listing.refused.items():  # reported once while it stays
+            if rel in self._refused:
+                continue
+            if exc.reason is FcopReason.FOLDER_TOO_DEEP:  # a layout limit, not a refused write: logged only
+                log.warning("fcop.not_scanned", path=rel, reason=exc.reason.value, message=exc.message)
+            else:
+                report(exc, "scan")
+        self._refused = set(listing.refused)
         present: set[str] = set()
-        for path, st in sorted(found, key=lambda f: str(f[0])):
-            rel = self.ws.relative(path)
-            present.add(rel)
-            self._visit(path, rel, st, batch)
+        for f in sorted(listing.files, key=lambda f: str(f.path)):
+            present.add(f.rel)
+            self._visit(f, batch)
         for rel in [r for r in self._seen if r not in present]:
             del self._seen[rel]
             batch.removed.append(rel)
         self._ghosts &= present
         return batch
 
-    def _visit(self, path: Path, rel: str, st: os.stat_result, batch: ScanBatch) -> None:
-        parts = tuple(rel.split("/"))
-        area, stage = _area(parts)
+    def _visit(self, f: Listed, batch: ScanBatch) -> None:
+        path, rel, area, stage, st = f.path, f.rel, f.area, f.stage, f.st
         kind = envelope_prefix(path.name)
 
         def entry(status: EntryStatus, env: EnvelopeModel | None = None, err: FcopError | None = None,

@@ -4,7 +4,10 @@ TASK file belong to a task the log knows?
 A task's own file carries its id and its route (sender, recipient); in G3 its subject is the kernel's too (the
 projection keeps it so; a G2 file is history and is never rewritten). Another file with the id — a
 duplicate or a spoof the ingest refused — is not the task's and is not drift, unless the adapter recorded
-it as the task's file (`task_file_mismatch`).
+it as the task's file (`task_file_mismatch`). The files looked at are those the import and the scans take
+(``fcop.scan.task_files``: every folder a TASK file may live in, batch folders below it included), so an
+import followed by `verify` is clean; a file's place shows the state the import and ingest read from it
+(``shown_state``: a batch folder below a stage is that stage, G2 history folders the archive).
 
 Lag is not drift. A task whose projection effect is still queued in the outbox has not been placed yet. A
 TASK file of a task the log does not know is drift only when the folder adapter has already handled that
@@ -19,23 +22,14 @@ from __future__ import annotations
 
 import contextlib
 import json
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 
-from taskkernel.coordinator.fcop import (
-    FcopError,
-    FcopFilename,
-    FcopWorkspace,
-    Generation,
-    parse_filename,
-    read_envelope,
-    safeio,
-)
-from taskkernel.coordinator.fcop.detect import STAGES
+from taskkernel.coordinator.fcop import FcopError, FcopFilename, Generation, read_envelope
+from taskkernel.coordinator.fcop.scan import Listed, shown_state, task_files
 from taskkernel.coordinator.folders.projection import PROJECT_EFFECT, Projection
 from taskkernel.coordinator.folders.tracking import Origin, folder_files
 from taskkernel.kernel.store.schema import events, outbox, tasks
@@ -43,7 +37,6 @@ from taskkernel.kernel.store.schema import events, outbox, tasks
 BATCH = 1000  # task documents per fetch
 HANDLED = (Origin.PROJECTED.value, Origin.INGESTED.value)
 REFUSED = (Origin.REFUSED.value, Origin.QUARANTINED.value, Origin.KEPT.value)  # intruders and kept history
-G2_TASK_DIRS = ("tasks", "log/tasks", "history")
 
 
 @dataclass(frozen=True)
@@ -52,22 +45,6 @@ class FolderDrift:
     position: int  # the task's last event position (an unknown task: where the log ends, plus one)
     detail: str
     reason: str = "folder_drift"  # folder_drift (repairable), folder_duplicate, unknown_task_file, task_file_mismatch
-
-
-def task_files(fcop: FcopWorkspace) -> dict[str, list[tuple[Path, FcopFilename]]]:
-    """TASK files per id (with their parsed names), read through the safe layer: a symlinked stage folder is
-    not looked into (the scan reports it), and a link in a stage is not a TASK file."""
-    found: dict[str, list[tuple[Path, FcopFilename]]] = {}
-    for directory in [fcop.stage_dir(s) for s in STAGES] + [fcop.root / d for d in G2_TASK_DIRS]:
-        try:
-            entries = safeio.list_dir(directory)
-        except (FcopError, OSError):  # missing, or a refused link
-            continue
-        for entry, st in entries:
-            name = parse_filename(entry) if entry.startswith("TASK-") and entry.endswith(".md") else None
-            if name is not None and stat.S_ISREG(st.st_mode):
-                found.setdefault(name.id, []).append((directory / entry, name))
-    return found
 
 
 def check_folders(projection: Projection) -> list[FolderDrift]:
@@ -90,11 +67,10 @@ def check_folders(projection: Projection) -> list[FolderDrift]:
         for task_id, doc_text, pos in rows:
             known.add(task_id)
             if task_id not in queued:
-                drifts += _drift_of(fcop, g2, records, files.get(task_id, []), task_id, json.loads(doc_text), pos)
+                drifts += _drift_of(g2, records, files.get(task_id, []), task_id, json.loads(doc_text), pos)
     handled_tasks = {task for task, origin in records.values() if origin in HANDLED}
     for task_id, found in sorted(files.items()):
-        taken = [fcop.relative(p) for p, _ in found
-                 if task_id in handled_tasks or records.get(fcop.relative(p), (None, ""))[1] in HANDLED]
+        taken = [f.rel for f, _ in found if task_id in handled_tasks or records.get(f.rel, (None, ""))[1] in HANDLED]
         if task_id not in known and taken:
             drifts.append(FolderDrift(task_id, head + 1, f"TASK file of a task the log does not know: "
                                       f"{', '.join(taken)} (the folder adapter already took in or wrote it)",
@@ -102,31 +78,29 @@ def check_folders(projection: Projection) -> list[FolderDrift]:
     return drifts
 
 
-def _drift_of(fcop: FcopWorkspace, g2: bool, records: dict[str, tuple[str, str]],
-              candidates: list[tuple[Path, FcopFilename]], task_id: str, doc: dict[str, Any],
-              pos: int) -> list[FolderDrift]:
+def _drift_of(g2: bool, records: dict[str, tuple[str, str]], candidates: list[tuple[Listed, FcopFilename]],
+              task_id: str, doc: dict[str, Any], pos: int) -> list[FolderDrift]:
     """The drift between one task of the read model and the TASK files that carry its id."""
     drifts: list[FolderDrift] = []
-    own = [(p, n) for p, n in candidates if (n.sender, n.recipient) == (doc["sender"], doc["recipient"])
-           and records.get(fcop.relative(p), (None, ""))[1] not in REFUSED]
-    for path, name in candidates:  # a file of this id with another route may only be a refused intruder
-        rel = fcop.relative(path)
-        if (path, name) not in own and records.get(rel, (None, ""))[1] in HANDLED:
-            drifts.append(FolderDrift(task_id, pos, f"{rel} names {task_id} with another route than the "
+    own = [f for f, n in candidates if (n.sender, n.recipient) == (doc["sender"], doc["recipient"])
+           and records.get(f.rel, (None, ""))[1] not in REFUSED]
+    for f, _ in candidates:  # a file of this id with another route may only be a refused intruder
+        if f not in own and records.get(f.rel, (None, ""))[1] in HANDLED:
+            drifts.append(FolderDrift(task_id, pos, f"{f.rel} names {task_id} with another route than the "
                                                     "task's and is recorded as its file", "task_file_mismatch"))
     if not own:
         drifts.append(FolderDrift(task_id, pos, "no TASK file in any stage"))
         return drifts
     if len(own) > 1:
-        drifts.append(FolderDrift(task_id, pos, "TASK file in several places: " +
-                                  ", ".join(fcop.relative(p) for p, _ in own), "folder_duplicate"))
+        drifts.append(FolderDrift(task_id, pos, "TASK file in several places: " + ", ".join(f.rel for f in own),
+                                  "folder_duplicate"))
         return drifts
-    path = own[0][0]
-    where = path.parent.name
-    if not g2 and where != doc["state"] and not (doc["state"] == "inbox" and where == "tasks"):
-        drifts.append(FolderDrift(task_id, pos, f"TASK file is in {where}/, the kernel says {doc['state']}"))
-    if not g2 and (subject := _subject(path)) is not None and not _same_subject(subject, doc["subject"]):
-        drifts.append(FolderDrift(task_id, pos, f"{fcop.relative(path)} has subject {subject!r}, the kernel "
+    f = own[0]
+    if not g2 and shown_state(f.area, f.stage) != doc["state"]:
+        drifts.append(FolderDrift(task_id, pos, f"TASK file is in {f.stage or f.area}/, the kernel says "
+                                                f"{doc['state']}"))
+    if not g2 and (subject := _subject(f.path)) is not None and not _same_subject(subject, doc["subject"]):
+        drifts.append(FolderDrift(task_id, pos, f"{f.rel} has subject {subject!r}, the kernel "
                                                 f"{doc['subject']!r}", "task_file_mismatch"))
     return drifts
 
@@ -140,10 +114,10 @@ def unknown_task_files(projection: Projection) -> list[dict[str, str]]:
         records = dict(conn.execute(sa.select(folder_files.c.rel, folder_files.c.origin)).all())
     out = []
     for task_id, found in sorted(task_files(fcop).items()):
-        for path, _ in found if task_id not in known else ():
-            status = records.get(fcop.relative(path), "waiting")
+        for f, _ in found if task_id not in known else ():
+            status = records.get(f.rel, "waiting")
             if status not in HANDLED:
-                out.append({"file": fcop.relative(path), "task_id": task_id, "status": status})
+                out.append({"file": f.rel, "task_id": task_id, "status": status})
     return out
 
 

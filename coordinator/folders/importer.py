@@ -14,6 +14,11 @@ else `inbox`. Round: entries into `active` in its transitions (at least 1 past t
 One id, one task: of several TASK files with one id, the task is the one whose route the kernel already
 holds, else the first by file name (byte order), then path; the others are refused `duplicate_task_id`.
 
+Files the import does not read at all — a link (to a file or a folder), a FIFO or device, a file over the
+size limit, an unreadable file or folder, a folder deeper than the scans look — are listed in `skipped` with
+their reason code, and the report's status is `incomplete`: what they hold is not in the kernel. They are
+recorded like kept files, so a later pass leaves them where they are too.
+
 Commands are committed in batches (one transaction, one fsync per batch), and every file it handled is
 recorded in `folder_files`, so a later pass (or a re-run after a crash) never takes a file twice.
 """
@@ -30,6 +35,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from taskkernel.coordinator.fcop import (
+    FcopError,
     FcopReason,
     FcopWarning,
     FcopWorkspace,
@@ -42,7 +48,8 @@ from taskkernel.coordinator.fcop import (
 )
 from taskkernel.coordinator.fcop.filenames import TASK_ID_RE, normalize_reference
 from taskkernel.coordinator.fcop.safeio import locked
-from taskkernel.coordinator.folders.ingest import ARCHIVE_AREAS, REPORT_STATUS, file_key, taken_refusal, write_reason
+from taskkernel.coordinator.fcop.scan import ARCHIVE_AREAS
+from taskkernel.coordinator.folders.ingest import REPORT_STATUS, file_key, taken_refusal, write_reason
 from taskkernel.coordinator.folders.tracking import FileTracker, Origin
 from taskkernel.coordinator.tables import folder_files, folder_imports, metadata
 from taskkernel.kernel.canonical import utc_now_iso
@@ -58,7 +65,11 @@ log = get_logger(__name__)
 BATCH = 500
 MAX_SUBJECT = 500
 RISKS = frozenset(r.value for r in RiskLevel)
+# The file layer refused these without reading them (its safety rules and limits): `skipped`, not `kept`.
+NOT_READ = frozenset({FcopReason.SYMLINK_REFUSED, FcopReason.NOT_REGULAR_FILE, FcopReason.FILE_TOO_LARGE,
+                      FcopReason.IO_ERROR, FcopReason.FOLDER_TOO_DEEP})
 FileRow = tuple[str, str, str | None, Origin, str | None]
+LISTS = ("refused", "kept", "skipped", "warnings")  # per file: logged, never stored in the import's summary
 
 
 def root_key_of(fcop_root: Path, workspace_root: Path) -> str:
@@ -80,14 +91,21 @@ class ImportReport:
     records: Counter[str] = field(default_factory=Counter)  # attached, by kind
     evidence: int = 0  # REVIEWs and ISSUEs about no task
     refused: list[dict[str, str]] = field(default_factory=list)  # {file, reason, message}
-    kept: list[dict[str, str]] = field(default_factory=list)  # malformed, left in place: {file, reason}
+    kept: list[dict[str, str]] = field(default_factory=list)  # read, malformed, left in place: {file, reason, message}
+    skipped: list[dict[str, str]] = field(default_factory=list)  # never read (NOT_READ): {file, reason, message}
     warnings: list[dict[str, str]] = field(default_factory=list)  # {file, warning, message}
     batches: int = 0
 
+    @property
+    def status(self) -> str:
+        """`incomplete` when a file or folder was not read: its content may be history the kernel lacks."""
+        return "incomplete" if self.skipped else "ok"
+
     def wire(self) -> dict[str, Any]:
-        return {"dry_run": self.dry_run, "tasks": sum(self.tasks.values()), "tasks_by_state": dict(self.tasks),
-                "records": dict(self.records), "evidence": self.evidence, "refused": self.refused,
-                "kept": self.kept, "warnings": self.warnings, "batches": self.batches}
+        return {"status": self.status, "dry_run": self.dry_run, "tasks": sum(self.tasks.values()),
+                "tasks_by_state": dict(self.tasks), "records": dict(self.records), "evidence": self.evidence,
+                "refused": self.refused, "kept": self.kept, "skipped": self.skipped, "warnings": self.warnings,
+                "batches": self.batches}
 
 
 @dataclass
@@ -133,17 +151,18 @@ class Importer:
                 with self.kernel.db.write() as uow:
                     uow.conn.execute(folder_imports.insert().values(
                         root=self.root_key, generation=self.fcop.generation.value, imported_at=utc_now_iso(),
-                        summary=json.dumps({k: v for k, v in report.wire().items() if k not in ("refused", "kept",
-                                                                                              "warnings")})))
+                        summary=json.dumps({k: v for k, v in report.wire().items() if k not in LISTS})))
             for w in report.warnings:  # `up` runs the import: the owner reads these in its log
                 log.warning("fcop.import_warning", file=w["file"], warning=w["warning"], message=w["message"])
             for r in report.refused:
                 log.warning("fcop.import_refused", file=r["file"], reason=r["reason"], message=r["message"])
             for k in report.kept:
-                log.warning("fcop.import_kept", file=k["file"], reason=k["reason"])
-            log.info("fcop_import", **{k: v for k, v in report.wire().items() if k in ("tasks", "records",
+                log.warning("fcop.import_kept", file=k["file"], reason=k["reason"], message=k["message"])
+            for k in report.skipped:
+                log.warning("fcop.import_skipped", file=k["file"], reason=k["reason"], message=k["message"])
+            log.info("fcop_import", **{k: v for k, v in report.wire().items() if k in ("status", "tasks", "records",
                                                                                     "evidence", "batches")},
-                     refused=len(report.refused), kept=len(report.kept))
+                     refused=len(report.refused), kept=len(report.kept), skipped=len(report.skipped))
             return report
 
 
@@ -163,11 +182,14 @@ class _Run:
 
     def run(self, scanner: Scanner) -> ImportReport:
         batch = scanner.scan()
+        for rel, exc in sorted(batch.refused.items()):  # a folder or a link: no file the kernel read, no record
+            self.report.skipped.append({"file": rel, "reason": exc.reason.value, "message": exc.message})
         for entry in batch.invalid:
             if self._new(entry):
-                reason = entry.error.reason.value if entry.error else FcopReason.MALFORMED_FRONT_MATTER.value
-                self.report.kept.append({"file": entry.rel, "reason": reason})
-                self.rows.append((entry.rel, entry.sha256 or "", None, Origin.KEPT, reason))
+                err = entry.error or FcopError(FcopReason.MALFORMED_FRONT_MATTER, "unreadable envelope")
+                left = self.report.skipped if err.reason in NOT_READ else self.report.kept
+                left.append({"file": entry.rel, "reason": err.reason.value, "message": err.message})
+                self.rows.append((entry.rel, entry.sha256 or "", None, Origin.KEPT, err.reason.value))
         entries = [e for e in batch.ready if self._new(e)]
         for e in entries:
             if FcopWarning.LEGACY_ENCODING in e.envelope.warnings:  # type: ignore[union-attr]
@@ -183,6 +205,7 @@ class _Run:
             self._refresh(list(found)[start:start + self.i.batch_size])
         self._attach(records)
         self._flush()
+        self.report.skipped.sort(key=lambda s: s["file"].encode())
         return self.report
 
     def _flush(self) -> None:
@@ -194,7 +217,8 @@ class _Run:
         self.rows = []
 
     def _new(self, entry: ScanEntry) -> bool:
-        return self.tracked.get(entry.rel) != entry.sha256
+        """Not recorded with these bytes yet; a file that could not be read is recorded with no digest ("")."""
+        return self.tracked.get(entry.rel) != (entry.sha256 or "")
 
     # -- planning ----------------------------------------------------------------------------
     def _tasks(self, entries: list[ScanEntry]) -> dict[str, _Task]:

@@ -50,7 +50,7 @@ from taskkernel.coordinator.fcop.filenames import EnvelopeKind, reason_note_name
 from taskkernel.coordinator.fcop.numbering import max_sequence
 from taskkernel.coordinator.fcop.quarantining import sweep_notes
 from taskkernel.coordinator.fcop.safeio import rewrite
-from taskkernel.coordinator.fcop.scan import StatKey
+from taskkernel.coordinator.fcop.scan import StatKey, shown_state
 from taskkernel.coordinator.folders.tracking import FileTracker, Origin
 from taskkernel.kernel.commands import TaskCommandKernel
 from taskkernel.kernel.logging import get_logger
@@ -59,7 +59,6 @@ from taskkernel.kernel.model.principal import Principal
 
 log = get_logger(__name__)
 FILE_AGENT = "fcop-file"
-ARCHIVE_AREAS = ("log/tasks", "history")
 # (kernel state, stage the file was moved to) -> the command that move stands for
 MOVES = {("inbox", "active"): "claim", ("active", "review"): "submit", ("review", "done"): "approve",
          ("review", "active"): "reject", ("done", "active"): "reopen", ("done", "archive"): "archive",
@@ -144,8 +143,9 @@ class Ingest:
         self._sweep_notes(batch.stale_notes)
         for entry in batch.invalid:
             known = self.tracker.get(entry.rel)
-            # history stays: a file the import kept, or read leniently (a GBK task), is old news while unchanged
-            if known is None or known.origin is Origin.QUARANTINED or known.sha256 != entry.sha256:
+            # history stays: a file the import kept (or skipped unread: no digest), or read leniently (a GBK task),
+            # is old news while unchanged
+            if known is None or known.origin is Origin.QUARANTINED or known.sha256 != (entry.sha256 or ""):
                 self._contained(entry, stats, self._quarantine)
         # tasks first (of several with one id, the first by name), so reports and reviews find their task
         for entry in sorted(batch.ready, key=lambda e: (not isinstance(e.envelope, TaskEnvelope),
@@ -203,8 +203,7 @@ class Ingest:
     # -- per kind ----------------------------------------------------------------------------
     def _task(self, entry: ScanEntry, env: TaskEnvelope, stats: IngestStats) -> None:
         doc = self.kernel.task(env.id)
-        stage = entry.stage or ("inbox" if entry.area == "tasks" else "archive" if entry.area in ARCHIVE_AREAS
-                                else None)
+        stage = shown_state(entry.area, entry.stage)
         if doc is None:
             if stage not in (None, "inbox"):  # after the import, history is closed: new tasks start in the inbox
                 self._refuse(entry, env.sha256, None, f"{FcopReason.UNKNOWN_TASK_OUTSIDE_INBOX.value}: {env.id} "

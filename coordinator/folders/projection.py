@@ -54,8 +54,8 @@ from taskkernel.coordinator.fcop import (
     write_report,
     write_review,
 )
-from taskkernel.coordinator.fcop.detect import STAGES
-from taskkernel.coordinator.fcop.safeio import list_dir, lstat, read_bytes, report, sha256_hex
+from taskkernel.coordinator.fcop.safeio import lstat, read_bytes, report, sha256_hex
+from taskkernel.coordinator.fcop.scan import place_of, shown_state, task_files
 from taskkernel.coordinator.fcop.writer import amend_task, render_task
 from taskkernel.coordinator.folders.tracking import FileTracker, Origin, folder_files
 from taskkernel.kernel.commands import EffectRule, TaskCommandKernel
@@ -79,7 +79,6 @@ PROJECT_RULE = EffectRule(PROJECT_EFFECT, frozenset({*TOOL_OF_EVENT, *RECORD_EVE
 LEGACY_TOOLS = frozenset({*TOOL_OF_EVENT, "create_task", "task_adopted", "taskkernel", "repair"})
 MAX_FILE_BYTES = 4 * 2**20
 OWN_ORIGINS = (Origin.PROJECTED.value, Origin.INGESTED.value)
-_FLAT_TASK_DIRS = ("tasks", "log/tasks")  # G2 (read only: a file found there is never moved)
 
 
 @dataclass(frozen=True)
@@ -203,10 +202,9 @@ class Projection:
         return current
 
     def _move(self, current: _File, step: _Step) -> _File:
-        target = self.fcop.stage_dir(step.to)
-        if current.path.parent == target:
+        if shown_state(*place_of(self.fcop.relative(current.path))) == step.to:  # already where its state shows
             return current
-        path = move_no_overwrite(current.path, target / current.path.name)
+        path = move_no_overwrite(current.path, self.fcop.stage_dir(step.to) / current.path.name)
         self.tracker.record(self.fcop.relative(path), current.sha256, _task_id(step), Origin.PROJECTED,
                             moved_from=self.fcop.relative(current.path))
         return _File(path, current.sha256)
@@ -253,14 +251,8 @@ class Projection:
             if origin in OWN_ORIGINS and _names(PurePosixPath(rel).name, task_id, route) \
                     and _is_file(self.fcop.root / rel):
                 return self.fcop.root / rel
-        found = []
-        for directory in [self.fcop.stage_dir(s) for s in STAGES] + [self.fcop.root / d for d in _FLAT_TASK_DIRS]:
-            try:
-                entries = list_dir(directory)
-            except (FileNotFoundError, FcopError):  # absent, or refused: the write that follows reports it
-                continue
-            found += [directory / name for name, st in entries
-                      if stat.S_ISREG(st.st_mode) and _names(name, task_id, route)]
+        found = [f.path for f, name in task_files(self.fcop).get(task_id, ())
+                 if (name.sender, name.recipient) == route]
         for path in sorted(found, key=lambda p: (os.fsencode(p.name), os.fsencode(str(p)))):
             tracked = self.tracker.get(self.fcop.relative(path))
             if tracked is None or tracked.origin.value in OWN_ORIGINS:
