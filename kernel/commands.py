@@ -19,6 +19,7 @@ import orjson
 import sqlalchemy as sa
 from pydantic import BaseModel, ValidationError
 
+from taskkernel.kernel import delegation
 from taskkernel.kernel.canonical import canonical_json, digest, utc_now_iso
 from taskkernel.kernel.model.commands import (
     CREATING,
@@ -35,7 +36,7 @@ from taskkernel.kernel.model.commands import (
     canonical_thread_key,
 )
 from taskkernel.kernel.model.limits import too_large_message
-from taskkernel.kernel.model.principal import ADMIN, Principal
+from taskkernel.kernel.model.principal import Principal
 from taskkernel.kernel.model.task import (
     AUTHORITY_FOR,
     EVENT_FOR,
@@ -46,8 +47,8 @@ from taskkernel.kernel.model.task import (
     TERMINAL_STATES,
     TRANSITIONS,
     apply,
+    authority_of,
     current_done_report,
-    default_authority,
     task_stream,
 )
 from taskkernel.kernel.model.upcasters import task_upcasters
@@ -346,11 +347,9 @@ class TaskCommandKernel:
 
     def _check_assignment(self, spec: Any, payload: CreateTaskPayload, parent: dict[str, Any] | None,
                           principal: Principal) -> None:
-        scope = getattr(spec, "assign_scope", "nobody")
-        allowed = scope == "anyone" or (scope == "leader" and payload.recipient in (self.roles.leader, ADMIN))
-        if not allowed:
-            raise KernelError(R.ROLE_NOT_AUTHORIZED,
-                              f"role {principal.role} may not assign tasks to {payload.recipient}")
+        refused = delegation.refusal(payload, str(getattr(spec, "assign_scope", "nobody")), self.roles.leader)
+        if refused is not None:  # who it addresses and whom it hands driver / done / archive authority to
+            raise refused
         if parent is not None:
             members = {parent["sender"], *parent["authority"].values()}
             if principal.role not in members:
@@ -457,11 +456,10 @@ class TaskCommandKernel:
         if cmd.task_id:
             self._reserve_explicit_id(uow, cmd.task_id)
         thread = canonical_thread_key(cmd.thread_key) or (parent["thread_key"] if parent else task_id)
-        explicit = {"driver": p.driver, "done_authority": p.done_authority, "archive_authority": p.archive_authority}
         return {"task_id": task_id, "thread_key": thread, "parent": p.parent,
                 "root": parent["root"] if parent else task_id, "sender": p.sender, "recipient": p.recipient,
                 "subject": p.subject, "body": p.body, "priority": p.priority.value, "risk_level": p.risk_level.value,
-                "references": list(p.references), "authority": default_authority(p.sender, p.recipient, explicit),
+                "references": list(p.references), "authority": authority_of(p),
                 "cost_tier": (p.cost_tier.value if p.cost_tier else parent["cost_tier"] if parent else "standard"),
                 "budget": (p.budget.model_dump() if p.budget else parent["budget"] if parent else None),
                 **({"state": p.state, "round": p.round, "source": p.source} if isinstance(p, AdoptTaskPayload) else {})}

@@ -14,7 +14,9 @@ DRIVER_COMMANDS = frozenset({CommandType.CLAIM, CommandType.SUBMIT, CommandType.
 
 
 class AssignScope(StrEnum):
-    """To whom a role may address new tasks."""
+    """To whom a role may address new tasks, and so hand their powers (kernel/delegation.py): the recipient and
+    the driver are such roles; the done and archive authority are the creator itself or such a role; never is the
+    driver also the done authority. ADMIN's own credential is bound by none of it."""
 
     ANYONE = "anyone"
     LEADER = "leader"  # workers report upwards only (FCoP Rule 4)

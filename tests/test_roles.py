@@ -6,8 +6,13 @@ from pathlib import Path
 
 import pytest
 
+from taskkernel.kernel.commands import TaskCommandKernel
 from taskkernel.kernel.model.commands import CommandType
-from taskkernel.roles.protocol import AssignScope
+from taskkernel.kernel.model.principal import Principal
+from taskkernel.kernel.store.db import Database
+from taskkernel.kernel.store.schema import metadata
+from taskkernel.roles import builtin
+from taskkernel.roles.protocol import ALL_COMMANDS, AssignScope, RoleSpec
 from taskkernel.roles.registry import RoleRegistry, discover_plugins
 from tests.coord_support import admin_task, coordinator, make_workspace
 
@@ -45,3 +50,26 @@ def test_installed_role_runs_its_own_handler_under_the_coordinator(tmp_path: Pat
     assert doc["state"] == "review"
     assert [e.data.get("body") for e in c.kernel.history(tid) if e.type == "report_submitted"] == [
         "REVIEWER read Spec draft: no findings"]
+
+
+def test_a_role_package_is_held_to_the_delegation_its_assign_scope_declares(sqlite_db: Database) -> None:
+    """Delegation is read from what the role module declares, built-in or installed: a package role with every
+    command and ``assign_scope`` anyone still never judges work it drives; one reaching only the leader names
+    no peer as judge."""
+    roles = {"ADMIN": builtin.admin(), "PM": builtin.leader("PM"), "DEV": builtin.worker("DEV"),
+             "LEAD": RoleSpec("LEAD", ALL_COMMANDS, AssignScope.ANYONE, "a package's own lead"),
+             "SCOUT": RoleSpec("SCOUT", builtin.WORKER_COMMANDS, AssignScope.LEADER, "reports upwards")}
+    sqlite_db.create_schema(metadata)
+    kernel = TaskCommandKernel(sqlite_db, RoleRegistry("PM", roles))
+
+    def create(role: str, key: str, **payload: str) -> tuple[str, str]:
+        r = kernel.submit({"type": "create_task", "idempotency_key": key,
+                           "payload": {"sender": role, "subject": "s", **payload}}, Principal(role, "agent"))
+        return r.status, r.message
+
+    status, message = create("LEAD", "self", recipient="LEAD")
+    assert status == "rejected" and "nobody judges its own work" in message
+    assert create("LEAD", "judged", recipient="LEAD", done_authority="PM")[0] == "accepted"
+    status, message = create("SCOUT", "peer", recipient="PM", done_authority="DEV")
+    assert status == "rejected" and message.endswith("it may name SCOUT, PM or ADMIN"), message
+    assert create("SCOUT", "upwards", recipient="PM")[0] == "accepted"

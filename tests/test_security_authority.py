@@ -333,3 +333,84 @@ def test_run_tokens_cannot_occupy_or_replay_another_tasks_keys(ws: Ws) -> None:
     # the same key from another task's run is that run's own command, not a conflict with task A's
     assert ws.on("claim", ids[1], "claim-round", run_b).json["status"] == "accepted"
     assert ws.submit(replay_a, run_a).json["status"] == "replayed"
+
+
+# -- delegation: who a creator may name as driver, done and archive authority (kernel/delegation.py) ------------
+
+def create(ws: Ws, key: str, token: str | None = None, **payload: str) -> Run:
+    return ws.submit({"type": "create_task", "idempotency_key": key, "payload": {"subject": "s", **payload}}, token)
+
+
+def authority(ws: Ws, r: Run) -> dict[str, str]:
+    assert r.code == 0 and r.json["status"] == "accepted", r
+    return dict(ws.run("task", "show", r.json["task_id"]).json["authority"])
+
+
+def refused_naming(r: Run, *allowed: str) -> None:
+    """Refused ``role_not_authorized``, the message naming the roles the creator may name instead."""
+    rejected(r, "role_not_authorized")
+    assert all(role in r.json["message"] for role in allowed), r.json["message"]
+
+
+def test_a_worker_cannot_make_itself_the_judge_of_its_own_work(ws: Ws) -> None:
+    """The finding: DEV named itself driver and done authority of a task it created, to approve its own work.
+    A worker gives work only upwards (the leader, ADMIN); it may keep the judging powers over work others do."""
+    dev = ws.token("DEV")
+    refused_naming(create(ws, "self", dev, sender="DEV", recipient="PM", driver="DEV", done_authority="DEV"),
+                   "driver", "PM or ADMIN")
+    refused_naming(create(ws, "lead-judges-itself", dev, sender="DEV", recipient="PM", done_authority="PM"),
+                   "nobody judges its own work", "DEV or ADMIN")
+    for field in ("done_authority", "archive_authority"):  # a peer it may not address is no judge it may name
+        refused_naming(create(ws, f"peer-{field}", dev, sender="DEV", recipient="PM", **{field: "QA"}),
+                       field, "DEV, PM or ADMIN")
+    assert ws.run("task", "list").json == []  # a refusal writes nothing
+    # within its delegation: the defaults (the leader works, DEV as requester judges), or ADMIN as judge
+    assert authority(ws, create(ws, "ask-lead", dev, sender="DEV", recipient="PM")) == {
+        "driver": "PM", "done_authority": "DEV", "archive_authority": "DEV"}
+    assert authority(ws, create(ws, "ask-lead-admin-judges", dev, sender="DEV", recipient="PM",
+                                done_authority="ADMIN", archive_authority="PM")) == {
+        "driver": "PM", "done_authority": "ADMIN", "archive_authority": "PM"}
+
+
+def test_the_lead_delegates_to_anyone_but_never_judges_what_it_drives_and_admin_sets_anything(ws: Ws) -> None:
+    """The leader (assign_scope anyone) names any driver and judge but never one judge for its own driver; only the
+    owner may make a driver its own judge."""
+    pm = ws.token("PM")
+    assert authority(ws, create(ws, "dev-qa", pm, sender="PM", recipient="DEV", done_authority="QA")) == {
+        "driver": "DEV", "done_authority": "QA", "archive_authority": "PM"}
+    assert authority(ws, create(ws, "dev-pm", pm, sender="PM", recipient="DEV")) == {
+        "driver": "DEV", "done_authority": "PM", "archive_authority": "PM"}
+    refused_naming(create(ws, "dev-self", pm, sender="PM", recipient="DEV", done_authority="DEV"),
+                   "nobody judges its own work", "any role of the team but DEV")
+    # the default done authority is the sender: a task the lead sends itself (here with the `task create` verb)
+    # needs another judge, named explicitly
+    own = ws.run("task", "create", "--to", "PM", "--subject", "mine", token=pm)
+    refused_naming(own, "(by default, the sender)", "any role of the team but PM")
+    assert authority(ws, create(ws, "pm-qa", pm, sender="PM", recipient="PM", done_authority="QA"))["driver"] == "PM"
+    # the owner may set anything, even a driver that judges itself
+    assert authority(ws, create(ws, "admin", None, sender="ADMIN", recipient="DEV", driver="DEV",
+                                done_authority="DEV", archive_authority="DEV")) == {
+        "driver": "DEV", "done_authority": "DEV", "archive_authority": "DEV"}
+
+
+def test_amend_cannot_move_a_tasks_authority(ws: Ws) -> None:
+    """Authority is fixed when the task is created, where delegation is judged: amend has no such fields."""
+    pm = ws.token("PM")
+    tid = create(ws, "t", pm, sender="PM", recipient="DEV").json["task_id"]
+    for field, role in (("driver", "PM"), ("done_authority", "DEV"), ("archive_authority", "DEV")):
+        rejected(ws.on("amend", tid, f"amend-{field}", pm, **{field: role}), "invalid_command")
+    assert ws.run("task", "show", tid).json["authority"] == {
+        "driver": "DEV", "done_authority": "PM", "archive_authority": "PM"}
+
+
+def test_a_task_file_gets_the_same_refusal(ws: Ws) -> None:
+    """Every entry point submits through the kernel: a TASK file the lead addresses to itself is refused, with
+    the reason beside it, and becomes no task."""
+    assert ws.run("up", "--once").code == 0  # imports the (empty) workspace: later files are live input
+    inbox = ws.root / "fcop" / "_lifecycle" / "inbox"
+    name = "TASK-20261130-001-PM-to-PM.md"
+    (inbox / name).write_text("---\nprotocol: fcop\nversion: 1\nsender: PM\nrecipient: PM\npriority: P2\n"
+                              "subject: judge myself\n---\nbody\n", encoding="utf-8")
+    assert ws.run("up", "--once").code == 0
+    assert "role_not_authorized" in (inbox / f"_reason.{name}.txt").read_text(encoding="utf-8")
+    assert ws.run("task", "list").json == []

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from enum import StrEnum
 from typing import Any
 
-from taskkernel.kernel.model.commands import CommandType, ReportStatus
+from taskkernel.kernel.model.commands import CommandType, CreateTaskPayload, ReportStatus
 from taskkernel.kernel.model.principal import ADMIN
 
 
@@ -99,6 +99,14 @@ def default_authority(sender: str, recipient: str, explicit: dict[str, str | Non
     authority = {"driver": recipient, "done_authority": owner, "archive_authority": owner}
     authority.update({k: v for k, v in explicit.items() if v})
     return authority
+
+
+def authority_of(payload: CreateTaskPayload) -> dict[str, str]:
+    """The authority a new task gets: the payload's explicit fields over the defaults (judged by kernel/delegation.py
+    for a creator other than ADMIN, then recorded in the creation event)."""
+    return default_authority(payload.sender, payload.recipient, {
+        "driver": payload.driver, "done_authority": payload.done_authority,
+        "archive_authority": payload.archive_authority})
 
 
 DIFF_FILES_SHOWN = 20  # a report's diffstat in the task document; the report's event and patch file hold all
