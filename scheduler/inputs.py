@@ -3,7 +3,8 @@ refused once, at the door, instead of failing at every fire (docs/scheduler.md, 
 
 - ``create_task``: the template is a ``create_task`` payload the kernel will take (its fields, their types) and
   every role it names (``recipient``, ``driver``, ``done_authority``, ``archive_authority``), like the schedule's
-  owner role, is a role of the team (``unknown_role``), given the team's roles;
+  owner role, is a role of the team (``unknown_role``), given the team's roles, and hands the task's powers only
+  within the owner role's reach (``role_not_authorized``, kernel/delegation.py);
 - ``accept_input``: the kind is a session input kind and the payload fits it; an ``allow``/``revoke`` follows the
   grant grammar (``invalid_grant``, kernel/sessionlog/grants.py).
 
@@ -17,7 +18,9 @@ from typing import Protocol
 
 from pydantic import ValidationError
 
+from taskkernel.kernel.delegation import refusal
 from taskkernel.kernel.model.commands import CreateTaskPayload
+from taskkernel.kernel.model.principal import ADMIN
 from taskkernel.kernel.sessionlog.grants import check_grant
 from taskkernel.kernel.sessionlog.models import InputKind, SessionLogError, validate_payload
 from taskkernel.scheduler.models import ActionType, ScheduleError, SchedulerException, ScheduleSpec, first_error
@@ -25,12 +28,22 @@ from taskkernel.scheduler.models import ActionType, ScheduleError, SchedulerExce
 ROLE_FIELDS = ("recipient", "driver", "done_authority", "archive_authority")
 
 
+class _Scoped(Protocol):
+    @property
+    def assign_scope(self) -> str: ...
+
+
 class KnownRoles(Protocol):
     """The team's roles as the kernel knows them (taskkernel.roles.registry.RoleRegistry)."""
+
+    @property
+    def leader(self) -> str: ...
 
     def known(self, code: str) -> bool: ...
 
     def codes(self) -> list[str]: ...
+
+    def get(self, code: str) -> _Scoped: ...
 
 
 def _unknown(what: str, role: str, roles: KnownRoles) -> SchedulerException:
@@ -57,6 +70,10 @@ def check_inputs(spec: ScheduleSpec, roles: KnownRoles | None) -> None:
                 role = getattr(payload, field)
                 if role is not None and not roles.known(role):
                     raise _unknown(f"template {field}", role, roles)
+            # the kernel would refuse every fire of a task handing powers beyond the owner's reach (ADMIN's own)
+            if spec.owner_role != ADMIN and (refused := refusal(payload, str(roles.get(spec.owner_role).assign_scope),
+                                                                 roles.leader)) is not None:
+                raise SchedulerException(ScheduleError.ROLE_NOT_AUTHORIZED, f"template: {refused.message}")
     elif act.type is ActionType.ACCEPT_INPUT:
         try:
             kind = InputKind(act.kind)

@@ -139,6 +139,18 @@ def test_dev_cannot_act_above_its_role_or_touch_admins_schedule(team: Team) -> N
     assert (job.name, job.revision, job.paused, team.schedules.outcomes(job)) == ("admin-job", 0, False, [])
 
 
+def test_a_schedule_cannot_hand_a_tasks_powers_beyond_its_owners_reach(team: Team) -> None:
+    """Its fires would be refused for ever: the template is judged by kernel/delegation.py at `schedule add`."""
+    (team.root / "judge.yaml").write_text("recipient: PM\nsubject: s\ndriver: PM\ndone_authority: PM\n")
+    (team.root / "peer.yaml").write_text("recipient: PM\nsubject: s\ndone_authority: QA\n")
+    for template in ("judge.yaml", "peer.yaml"):
+        added, = team.run(as_(team.dev, "schedule", "add", "j", "--every", "1h", "--action", "create_task",
+                              "--template", template))
+        refused(added, "role_not_authorized")
+        assert "nobody judges its own work" in added.out or "may not name QA" in added.out, added.out
+    assert [job.name for job in team.schedules.all()] == ["admin-job"]
+
+
 def in_process(team: Team, token: str, *args: str) -> Run:
     """One real `schedule` command in this process, as a caller holding ``token``."""
     holder = CliContext(workspace_path=str(team.root), db_url=team.env.get("TASKKERNEL_DB"), token=token)
