@@ -53,6 +53,17 @@ class StageFailure:
     def of(cls, stage: str, exc: BaseException) -> StageFailure:
         return cls(stage, type(exc).__name__, " ".join(str(exc).split())[:300])
 
+    @property
+    def refused(self) -> bool:
+        """A write the safe file layer refused (``scan_refused``, …): one entry per operation and reason."""
+        return self.stage.endswith(REFUSED)
+
+    @property
+    def key(self) -> str:
+        """Where ``Coordinator.failing`` keeps it: a stage's last failure replaces its previous one; a refused
+        operation holds one entry per reason, since several refusals of one operation can stand at once."""
+        return f"{self.stage}:{self.error}" if self.refused else self.stage
+
 
 @dataclass
 class PassStats:
@@ -105,7 +116,7 @@ class Coordinator:
                                      task_file=self._task_file, max_runs=workspace.config.kernel.max_runs,
                                      on_run_done=lambda: self._wake_soon(), settled=self._projected)
         self.stages: dict[str, Stage] = {}  # further adapters (scheduler) register here
-        self.failing: dict[str, StageFailure] = {}  # stages whose last run failed, for logs and the live view
+        self.failing: dict[str, StageFailure] = {}  # by StageFailure.key: what fails now, for logs and the live view
         folder_cfg = workspace.config.folders
         self.folders: FolderAdapter | None = None
         if folder_cfg.enabled:
@@ -174,21 +185,21 @@ class Coordinator:
                 setattr(stats, _CORE_FIELDS[name], done)
             else:
                 stats.extra[name] = done
-        refused = {f"{op}{REFUSED}": (reason, count, path)
-                   for (op, reason), (count, path) in safeio.drain_refusals().items()}
-        for name, (reason, count, path) in refused.items():
-            self._failed(stats, StageFailure(name, reason, f"{count} write(s) refused, last at {path}"),
-                         traceback=False)
-        for name in [n for n in self.failing if n.endswith(REFUSED) and n not in refused]:
-            del self.failing[name]
-            log.warning("coordinator_stage_recovered", stage=name)
+        refused = [StageFailure(f"{op}{REFUSED}", reason, f"{count} write(s) refused, last at {path}")
+                   for (op, reason), (count, path) in safeio.drain_refusals().items()]
+        for failure in refused:  # every reason of every operation: two refusals of one write both show
+            self._failed(stats, failure, traceback=False)
+        standing = {f.key for f in refused}
+        for key, failure in [(k, f) for k, f in self.failing.items() if f.refused and k not in standing]:
+            del self.failing[key]
+            log.warning("coordinator_stage_recovered", stage=failure.stage, error=failure.error)
         return stats
 
     def _failed(self, stats: PassStats, failure: StageFailure, traceback: bool = True) -> None:
         """Record and log a failure: with its traceback when new, as one line while it repeats."""
         stats.failed.append(failure)
-        repeated = self.failing.get(failure.stage) == failure
-        self.failing[failure.stage] = failure
+        repeated = self.failing.get(failure.key) == failure
+        self.failing[failure.key] = failure
         log.error("coordinator_stage_failed", stage=failure.stage, error=failure.error, message=failure.message,
                   repeated=repeated, exc_info=traceback and not repeated)
 

@@ -38,6 +38,7 @@ def upgrade(ctx: typer.Context) -> None:
     from taskkernel.kernel.reasons import KernelError
 
     c = get_ctx(ctx)
+    c.database(writes=True)
     c.require_admin("upgrading the database schema")
     try:
         before, after = schema.upgrade(c.database())

@@ -20,6 +20,7 @@ from typing import Any, Literal
 import typer
 
 from taskkernel.coordinator.cli.common import Exit, emit, get_ctx, say, warn
+from taskkernel.coordinator.cli.output import oneline
 from taskkernel.coordinator.config import CONFIG_NAME, ConfigError, Problem, WorkspaceNotFound
 from taskkernel.coordinator.workspace import STATE_DIR, Team, Workspace
 
@@ -236,10 +237,12 @@ def check_runners(ws: Workspace, registry: Any) -> list[Check]:
 
 
 def check_database(url: str, durability: str) -> tuple[Check, Any]:
-    """Reachable, readable; never created here (a missing SQLite file is a finding)."""
+    """Reachable, readable and intact (SQLite's quick_check, as every writer runs it at start: a damaged file is
+    ``database_corrupt``, and the checks that read it are not run); never created here (a missing SQLite file is a
+    finding)."""
     import sqlalchemy as sa
 
-    from taskkernel.kernel.store.db import Database, is_corruption
+    from taskkernel.kernel.store.db import Database, DatabaseCorrupt, integrity_summary, is_corruption
 
     shown = _redacted(url)
     try:
@@ -253,11 +256,18 @@ def check_database(url: str, durability: str) -> tuple[Check, Any]:
         db = Database(url, durability)
         with db.read() as conn:
             conn.execute(sa.text("SELECT 1"))
+        problems = db.integrity_problems(quick=True)
     except Exception as exc:  # noqa: BLE001 - every way of not reaching it is this check's answer
-        reason = "database_corrupt" if is_corruption(exc) else "database_unreachable"
+        corrupt = is_corruption(exc) or isinstance(exc, DatabaseCorrupt)
+        reason = "database_corrupt" if corrupt else "database_unreachable"
         text = " ".join(str(getattr(exc, "orig", None) or exc).split())[:300]
         return Check("database", "fail", f"{reason}: {shown}: {text}", {"url": shown, "reason": reason}), None
-    return Check("database", "ok", f"{shown} is reachable", {"url": shown}), db
+    if problems:
+        db.dispose()
+        return Check("database", "fail", f"database_corrupt: {shown}: quick_check: {integrity_summary(problems)}; "
+                     "writers refuse it (`taskkernel verify` reports it; restore a backup)",
+                     {"url": shown, "reason": "database_corrupt", "problems": problems[:LISTED]}), None
+    return Check("database", "ok", f"{shown} is reachable and intact (quick_check)", {"url": shown}), db
 
 
 def _redacted(url: str) -> str:
@@ -360,7 +370,7 @@ def doctor(ctx: typer.Context) -> None:
     emit({"status": "ok" if healthy else "unhealthy", "checks": [ch.as_json() for ch in checks]}, generic=False)
     colours = {"ok": "green", "warn": "yellow", "fail": "red"}
     for ch in checks:  # one line per check: the human rendering (on stderr when stdout carries the JSON)
-        say((f"{ch.status:<4}", colours[ch.status]), f" {ch.name}: {ch.message}")
+        say((f"{ch.status:<4}", colours[ch.status]), f" {ch.name}: {oneline(ch.message)}")
     if not healthy:
         failed = [ch.name for ch in checks if ch.status == "fail"]
         warn(("unhealthy", "red"), f": {', '.join(failed)}")

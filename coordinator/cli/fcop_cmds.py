@@ -24,6 +24,7 @@ def migrate(ctx: typer.Context,
         fail(Exit.USAGE, f"--to {to!r}: taskkernel migrates G2 workspaces to g3 only")
     c = get_ctx(ctx)
     ws = c.workspace()
+    c.database(writes=not dry_run)
     c.require_admin("migrating the FCoP workspace")
     db = c.database()
     try:

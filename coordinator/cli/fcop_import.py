@@ -2,13 +2,16 @@
 
 `taskkernel up` runs the same import on its first pass; this command runs it on its own, or shows what it
 would do (`--dry-run`: nothing stored, nothing written). Only the workspace owner (unscoped ADMIN) may import.
+A file or folder it could not read makes the status `incomplete` and is named, with its reason, on both outputs:
+the import runs once, so this report is where the owner learns what is missing.
 """
 
 from __future__ import annotations
 
 import typer
 
-from taskkernel.coordinator.cli.common import emit, get_ctx, reject, say
+from taskkernel.coordinator.cli.common import emit, get_ctx, reject, say, warn
+from taskkernel.coordinator.cli.output import oneline
 from taskkernel.coordinator.fcop import FcopError, open_workspace
 from taskkernel.coordinator.folders.importer import Importer
 from taskkernel.coordinator.folders.tracking import FileTracker
@@ -21,6 +24,7 @@ def fcop_import(ctx: typer.Context,
     """Import the workspace's existing tasks, reports, reviews and issues as history (once)."""
     c = get_ctx(ctx)
     ws = c.workspace()
+    c.database(writes=not dry_run)
     c.require_admin("fcop import")
     kernel = c.kernel()
     try:
@@ -34,11 +38,18 @@ def fcop_import(ctx: typer.Context,
     except FcopError as exc:
         reject(exc.reason.value, str(exc))
     out = report.wire()
-    emit({"status": "ok", "already_imported": already, "generation": fcop.generation.value, **out}, generic=False)
+    emit({"status": out.pop("status"), "already_imported": already, "generation": fcop.generation.value, **out},
+         generic=False)
     if already:
         say("already imported: `taskkernel up` takes new files as they come")
         return
     verb = "would import" if dry_run else "imported"
     say(f"{verb} {out['tasks']} task(s) {out['tasks_by_state']}, {sum(out['records'].values())} "
                  f"record(s), {out['evidence']} evidence file(s); {len(out['refused'])} refused, "
-                 f"{len(out['kept'])} kept as they are, {len(out['warnings'])} warning(s)")
+                 f"{len(out['kept'])} kept as they are, {len(out['skipped'])} skipped unread, "
+                 f"{len(out['warnings'])} warning(s)")
+    if report.skipped:
+        warn(("incomplete", "yellow"), f": {len(report.skipped)} file(s) or folder(s) not read, so what they hold "
+             "is not in the kernel:")
+        for s in report.skipped:
+            warn(f"  {oneline(s['file'])}: {s['reason']} ({oneline(s['message'])})")

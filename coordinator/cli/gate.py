@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from taskkernel.coordinator.cli.common import Exit, emit, fail, show
+from taskkernel.coordinator.cli.output import oneline
 from taskkernel.kernel.gate import GateStatus, TraceIndex, Verdict, evaluate, review
 from taskkernel.kernel.gate.demo import DEMO_TRACE, run_demo
 from taskkernel.kernel.gate.hybrid import unreadable
@@ -28,8 +29,8 @@ _COLOUR = {GateStatus.PASS: "green", GateStatus.BLOCK: "red", GateStatus.INSUFFI
 def _summary(verdict: Verdict) -> Text:
     colour = _COLOUR[verdict.status]
     subject = verdict.action_id or verdict.proposal_id or "?"
-    return Text.assemble((verdict.status.value, colour), f" {subject}",
-                         *(f"\n  {r.code.value} ({r.rule}): {r.detail}" for r in verdict.reasons))
+    return Text.assemble((verdict.status.value, colour), f" {oneline(subject)}",
+                         *(f"\n  {r.code.value} ({r.rule}): {oneline(r.detail)}" for r in verdict.reasons))
 
 
 def _load_json(path: Path) -> tuple[Any, str | None]:

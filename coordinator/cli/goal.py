@@ -37,6 +37,7 @@ def start(ctx: typer.Context, root_task: str,
           ) -> None:
     """Start a goal for ROOT_TASK (an active goal of the same root is replaced)."""
     c = get_ctx(ctx)
+    c.database(writes=True)
     kernel = c.kernel()
     doc = kernel.task(root_task)
     if doc is None:
@@ -76,6 +77,7 @@ def show(ctx: typer.Context, goal_id: str) -> None:
 def cancel(ctx: typer.Context, goal_id: str) -> None:
     """Cancel an active goal (the root task's authority)."""
     c = get_ctx(ctx)
+    c.database(writes=True)
     kernel = c.kernel()
     service = GoalService(kernel.db, kernel.store)
     goal = service.show(goal_id)

@@ -58,8 +58,7 @@ def _render(doc: dict[str, Any]) -> None:
         if doc[name]:
             show(table_of([{"task": r["task_id"], "state": shown_state(r), extra: r[extra],
                             "route": f"{r['sender']}→{r['recipient']}", "risk": r["risk_level"],
-                            "subject": oneline(r["subject"]),
-                            **({"reason": oneline(r["blocked"]["reason"])} if r.get("blocked") else {})}
+                            "subject": r["subject"], **({"reason": r["blocked"]["reason"]} if r.get("blocked") else {})}
                            for r in doc[name]], title=title))
     for r in doc["needs_grant"]:
         say(("needs a grant", "yellow"), f" {r['task_id']} ({r['risk_level']} risk): {oneline(r['subject'])}")

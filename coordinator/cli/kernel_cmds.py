@@ -17,7 +17,7 @@ import typer
 
 from taskkernel.coordinator.cli import task_verbs
 from taskkernel.coordinator.cli.common import Exit, emit, fail, fail_config, get_ctx, reject, say, show, warn
-from taskkernel.coordinator.cli.output import human_mode, oneline, table_of
+from taskkernel.coordinator.cli.output import dumps, human_mode, oneline, table_of
 from taskkernel.coordinator.config import ConfigError
 from taskkernel.coordinator.config_template import AGENT_CHOICES
 from taskkernel.coordinator.fcop import FcopError
@@ -81,7 +81,7 @@ def init(ctx: typer.Context, directory: Path = typer.Argument(Path("."), help="W
         fail(Exit.INTERNAL, f"cannot create the workspace at {directory}: {exc}")
     ws, t = done.workspace, done.team
     c.workspace_path = str(ws.root)
-    c.database()
+    c.database(writes=True)
     if ws.require_token and not ws.owner_token_path.exists():
         owner_token = issue_token(c.database(), LOCAL_OWNER.role, LOCAL_OWNER.agent)
         with contextlib.suppress(FileExistsError):  # a concurrent init wrote it first: theirs stands
@@ -108,6 +108,7 @@ def token_issue(ctx: typer.Context, role: str = typer.Argument(..., help="Role c
     if round_ is not None and task is None:
         fail(Exit.USAGE, "--round needs --task")
     c = get_ctx(ctx)
+    c.database(writes=True)
     c.require_admin("issuing credentials")
     token = issue_token(c.database(), role.upper(), agent, task_id=task, round=round_)
     sys.stdout.write(token + "\n")
@@ -128,6 +129,7 @@ def token_revoke(ctx: typer.Context, ident: str = typer.Argument(
         ..., metavar="ID", help="A credential id from `token list` (8+ hex digits), or the token itself.")) -> None:
     """Revoke a credential: every later use of it is actor_unverified."""
     c = get_ctx(ctx)
+    c.database(writes=True)
     c.require_admin("revoking credentials")
     db = c.database()
     found = hashes_named(db, ident)
@@ -195,7 +197,7 @@ def _render_task(doc: dict[str, Any]) -> None:
     show(table_of({k: doc.get(k) for k in ("sender", "recipient", "priority", "risk_level", "parent", "root",
                                           "thread_key", "assignee", "lease") if doc.get(k) is not None}))
     if doc.get("body"):
-        say(doc["body"])
+        say(doc["body"])  # its lines kept; `say` escapes its control characters (kernel/text.py)
     if doc.get("reports"):
         show(table_of([{k: v for k, v in r.items() if k != "diff"} for r in doc["reports"]], title="reports"))
     for report in doc.get("reports", ()):
@@ -215,9 +217,13 @@ def _render_diff(report: dict[str, Any]) -> None:
     say(("diff", "bold"), f" of {report['report_id']} ({d['branch']} against {d['base']}, {d['range']}): "
         f"{d['files_changed']} file(s) changed, +{d['insertions']} -{d['deletions']}; patch {d['patch']}")
     for f in d.get("files", ()):
-        say(f"  {f['path']} | " + ("binary" if f.get("binary") else f"+{f['insertions']} -{f['deletions']}"))
+        say(f"  {oneline(f['path'])} | " + ("binary" if f.get("binary") else f"+{f['insertions']} -{f['deletions']}"))
     if d["files_changed"] > len(d.get("files", ())):
         say(f"  … {d['files_changed'] - len(d.get('files', ()))} more in the patch")
+    if d.get("protected"):  # what the agent wrote over the coordinator's own files: never merged, worth a look
+        say(("left out", "red"), f": {d['protected_count']} path(s) of the coordinator's own files the agent wrote")
+        for p in d["protected"]:
+            say(f"  {oneline(p['path'])} ({p['reason']})")
 
 
 @task_app.command("list")
@@ -264,7 +270,7 @@ def _stream_tasks(rows: Iterator[dict[str, Any]]) -> None:
             say(f"{row['task_id']}  {shown_state(row):<7} rev {row['revision']} round {row['round']}  "
                 f"{row['sender']}→{row['recipient']}  {oneline(row['subject'])}")
         else:
-            sys.stdout.write(json.dumps(row, ensure_ascii=False) + "\n")
+            sys.stdout.write(dumps(row) + "\n")
     say(f"{count} task(s)")
 
 
@@ -277,7 +283,7 @@ def _render_tasks(rows: list[dict[str, Any]]) -> None:
     table = Table("task", "state", "rev", "round", "route", "subject")
     for d in rows:
         table.add_row(Text(d["task_id"]), Text(shown_state(d)), str(d["revision"]), str(d["round"]),
-                      Text(f"{d['sender']}→{d['recipient']}"), Text(d["subject"]))
+                      Text(oneline(f"{d['sender']}→{d['recipient']}")), Text(oneline(d["subject"])))
     show(table)
     say(f"{len(rows)} task(s)")
 
@@ -310,10 +316,10 @@ def log(ctx: typer.Context, stream: str = typer.Option(None, "--stream", help="O
 def _print_event(ev: RecordedEvent) -> None:
     """One event: a JSON line for scripts, a readable line on a terminal (flushed: a stream is read live)."""
     if human_mode():
-        say(f"{ev.global_pos:>6} {ev.stream_id} v{ev.stream_version} {ev.type} by "
-            f"{ev.data.get('by') or ev.meta.get('actor', '-')} at {ev.recorded_at}")
+        say(f"{ev.global_pos:>6} {oneline(ev.stream_id)} v{ev.stream_version} {ev.type} by "
+            f"{oneline(str(ev.data.get('by') or ev.meta.get('actor', '-')))} at {ev.recorded_at}")
     else:
-        sys.stdout.write(json.dumps(_event_json(ev), ensure_ascii=False) + "\n")
+        sys.stdout.write(dumps(_event_json(ev)) + "\n")
         sys.stdout.flush()
 
 

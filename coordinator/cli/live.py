@@ -27,7 +27,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from taskkernel.coordinator.cli.output import oneline
+from taskkernel.coordinator.cli.output import oneline, safe
 from taskkernel.coordinator.runners.ledger import RunState
 from taskkernel.coordinator.tables import runs
 from taskkernel.kernel.logging import get_logger
@@ -115,7 +115,8 @@ def rows_for(height: int) -> int:
 
 def live_view(coordinator: Coordinator, totals: Mapping[str, int], notices: Notices | None = None, *,
               rows: int = ROWS, now: float | None = None) -> RenderableType:
-    """The whole view: title, counts, then each section (empty ones say so in one line or are left out)."""
+    """The whole view: title, counts, then each section (empty ones say so in one line or are left out); data
+    under the terminal rule (output.py), cell by cell and again as a whole."""
     t = time.time() if now is None else now
     snap = read_snapshot(coordinator.db, set(coordinator.dispatcher.specs), rows)
     root = str(coordinator.workspace.root)
@@ -134,7 +135,7 @@ def live_view(coordinator: Coordinator, totals: Mapping[str, int], notices: Noti
         parts.append(table)
     for f in coordinator.failing.values():
         parts.append(Text.assemble(("failing", "red"), f" {f.stage}: {f.error}: {oneline(f.message)}"))
-    return Group(*parts)
+    return safe(Group(*parts))
 
 
 @dataclass

@@ -3,8 +3,10 @@
 On a terminal, people get a human rendering on stdout: tables, colours, one-line summaries. When stdout is
 not a terminal, or with ``--json``, stdout carries exactly one JSON document per result (or JSON lines for
 streams) and the human lines go to stderr, without tables. Data is never read as markup: every string is
-printed as the characters it holds (a subject ``[/b]`` is ``[/b]``). Errors have one envelope,
-``{"status": "error", "code", "message"}``; refusals keep ``{"status": "rejected", "reason", "message"}``.
+printed as the characters it holds (a subject ``[/b]`` is ``[/b]``), and never drives the terminal: one rule
+(``terminal_text``) writes control characters, C1 controls and bidi overrides as escapes, and every sink here
+(``say``, ``warn``, ``show``, ``safe``, the JSON writers) applies it, so no command can forget it. Errors have one
+envelope, ``{"status": "error", "code", "message"}``; refusals keep ``{"status": "rejected", "reason", "message"}``.
 
 rich is imported only when something is rendered for a person: scripts pay for JSON alone.
 """
@@ -18,6 +20,8 @@ from enum import IntEnum
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
+
+from taskkernel.kernel.text import BIDI, terminal_text
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
@@ -67,29 +71,66 @@ def people() -> Console:
     return _console("stdout" if human_mode() else "stderr")
 
 
-_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F)} | {0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t"}
+# The terminal rule (kernel/text.py) inside a JSON document: json.dumps(ensure_ascii=False) escapes C0 only; DEL,
+# C1 and bidi go out as \uXXXX, the same value for a JSON reader (they can occur only inside strings).
+_JSON_ESCAPED = {c: f"\\u{c:04x}" for c in (0x7F, *range(0x80, 0xA0), *BIDI)}
 
 
 def oneline(text: str) -> str:
-    """Data shown inside a line for people: control characters (a newline, an escape sequence) are written as
-    escapes, so a subject can neither break the line nor drive the terminal."""
-    return text.translate(_CONTROLS)
+    """Data shown inside a line for people: the terminal rule, newlines included, so a subject can neither
+    break the line nor drive the terminal."""
+    return terminal_text(text)
 
 
-def _plain(parts: Iterable[Part]) -> str:
-    return "".join(p if isinstance(p, str) else p[0] for p in parts)
+def json_safe(text: str) -> str:
+    """A JSON text whose DEL, C1 and bidi characters are written as ``\\uXXXX``: the same document for a parser,
+    inert on a terminal."""
+    return text.translate(_JSON_ESCAPED)
+
+
+def dumps(obj: Any) -> str:
+    """One JSON document on one line, as every command writes it (data as itself, ``json_safe``)."""
+    return json_safe(json.dumps(obj, ensure_ascii=False, default=str))
+
+
+class _Safe:
+    """A renderable whose text segments pass the terminal rule after layout: the last line of defence for data
+    a command put into a table or view without ``oneline`` (rich lays such a character out as zero-width, so the
+    row may then be wider, but the terminal is never driven). Control segments are rich's own (Live's cursor
+    moves) and styles are applied after rendering, so colours stay."""
+
+    def __init__(self, renderable: RenderableType) -> None:
+        self.renderable = renderable
+
+    def __rich_console__(self, console: Console, options: Any) -> Any:
+        from rich.segment import Segment
+
+        for seg in console.render(self.renderable, options):
+            yield seg if seg.control else Segment(terminal_text(seg.text, lines=True), seg.style, seg.control)
+
+
+def safe(renderable: RenderableType) -> RenderableType:
+    """``renderable`` under the terminal rule (``show`` applies it; the live view of `up` uses it directly)."""
+    return _Safe(renderable)
+
+
+def _safe_parts(parts: Iterable[Part]) -> list[Part]:
+    return [terminal_text(p, lines=True) if isinstance(p, str) else (terminal_text(p[0], lines=True), p[1])
+            for p in parts]
 
 
 def _line(stream: str, parts: Iterable[Part]) -> None:
-    """One line on ``stream``: styled on a terminal, plain text (no rich import) for a script."""
+    """One line on ``stream`` under the terminal rule (stderr may be a terminal while stdout is a pipe): styled on
+    a terminal, plain text (no rich import) for a script."""
     file = sys.stdout if stream == "stdout" else sys.stderr
+    safe_parts = _safe_parts(parts)
     if not file.isatty():
-        file.write(_plain(parts) + "\n")
+        file.write("".join(p if isinstance(p, str) else p[0] for p in safe_parts) + "\n")
         file.flush()
         return
     from rich.text import Text
 
-    _console(stream).print(Text.assemble(*parts), soft_wrap=True)  # one line: the terminal wraps it, so a
+    _console(stream).print(Text.assemble(*safe_parts), soft_wrap=True)  # one line: the terminal wraps it, so a
     # long token (a cursor, a path) copies back whole
 
 
@@ -108,11 +149,11 @@ def show(renderable: RenderableType, *, story: bool = False) -> None:
     """A table or rule for people: on stdout in human mode. With JSON on stdout it is dropped (a table no
     script reads is only cost), unless it is part of a ``story`` (the demo), which then goes to stderr."""
     if human_mode() or story:
-        people().print(renderable)
+        people().print(safe(renderable))
 
 
 def write_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, ensure_ascii=False, default=str) + "\n")
+    sys.stdout.write(dumps(obj) + "\n")
     sys.stdout.flush()
 
 
@@ -132,14 +173,14 @@ def report_error(code: str, message: str, **extra: Any) -> None:
     """The error envelope on stdout in JSON mode, and one readable line on stderr."""
     if json_mode():
         write_json({"status": "error", "code": code, "message": message, **extra})
-    warn(("error:", "red"), " ", message)
+    warn(("error:", "red"), " ", oneline(message))  # one line, whatever the message quotes
 
 
 def report_rejection(reason: str, message: str, **extra: Any) -> None:
     """The refusal envelope (reason code) on stdout in JSON mode, and one readable line on stderr."""
     if json_mode():
         write_json({"status": "rejected", "reason": reason, "message": message, **extra})
-    warn(("rejected", "red"), f" {reason}: {message}")
+    warn(("rejected", "red"), f" {reason}: {oneline(message)}")
 
 
 def fail(code: Exit, message: str, *, error: str | None = None, **extra: Any) -> NoReturn:
@@ -156,14 +197,15 @@ def reject(reason: str, message: str, **extra: Any) -> NoReturn:
 
 
 def cell(value: Any) -> str:
-    """A value as one table cell: scalars as themselves, structures as compact JSON."""
+    """A value as one table cell, on one line under the terminal rule: a string as itself (``oneline``), a
+    structure as compact JSON (its escapes: ``\\u001b``)."""
     if value is None:
         return ""
     if isinstance(value, str):
-        return value
+        return oneline(value)
     if isinstance(value, bool | int | float):
         return json.dumps(value)
-    return json.dumps(value, ensure_ascii=False, default=str, separators=(", ", ": "))
+    return json_safe(json.dumps(value, ensure_ascii=False, default=str, separators=(", ", ": ")))  # JSON escapes
 
 
 def table_of(obj: Any, title: str | None = None) -> RenderableType:
@@ -176,7 +218,7 @@ def table_of(obj: Any, title: str | None = None) -> RenderableType:
         keys: list[str] = []
         for row in obj:
             keys.extend(k for k in row if k not in keys)
-        table = Table(*keys, title=title)
+        table = Table(*(oneline(k) for k in keys), title=title)
         for row in obj:
             table.add_row(*(Text(cell(row.get(k))) for k in keys))
         return table
@@ -185,7 +227,7 @@ def table_of(obj: Any, title: str | None = None) -> RenderableType:
         table.add_column(style="bold")
         table.add_column()
         for key, value in obj.items():
-            table.add_row(Text(str(key)), Text(cell(value)))
+            table.add_row(Text(oneline(str(key))), Text(cell(value)))
         return table
     if isinstance(obj, list) and not obj:
         return Text("(none)")

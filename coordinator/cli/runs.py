@@ -49,7 +49,7 @@ def runs_list(ctx: typer.Context,
         fail(Exit.USAGE, f"--state {state!r} is not a run state; choose one of {', '.join(VIEW_STATES)}")
     from taskkernel.coordinator.runners.history import RunQueryError, page_runs
 
-    db = get_ctx(ctx).current_database()
+    db = get_ctx(ctx).current_database(writes=False)
     try:
         page = page_runs(db, state=state, task_id=task, limit=limit, after=cursor)
     except RunQueryError as exc:
@@ -115,7 +115,7 @@ def runs_show(ctx: typer.Context, run_id: str = typer.Argument(..., metavar="RUN
     from taskkernel.coordinator.runners.history import run_detail
 
     c = get_ctx(ctx)
-    db = c.current_database()
+    db = c.current_database(writes=False)
     ws = c.optional_workspace()
     doc = run_detail(db, run_id, ws.root if ws is not None else None)
     if doc is None:

@@ -61,9 +61,12 @@ def _fail(exc: SchedulerException, *, data_error: bool = False) -> NoReturn:
     fail(code, exc.message, reason=exc.code.value)
 
 
-def _open(ctx: typer.Context) -> tuple[Schedules, Principal]:
-    """The schedules and the caller; a credential that stands for nobody ends the command (exit 2)."""
+def _open(ctx: typer.Context, *, writes: bool = False) -> tuple[Schedules, Principal]:
+    """The schedules and the caller; a credential that stands for nobody ends the command (exit 2). ``writes``: a
+    verb that changes a schedule, run on a database that passed its start-up check."""
     c = get_ctx(ctx)
+    if writes:
+        c.database(writes=True)
     principal = c.principal()
     db = c.database()
     install(db)
@@ -156,7 +159,7 @@ def add(
     max_attempts: int = typer.Option(3, "--max-attempts", help="Most runs of one occurrence (idempotent actions)."),
 ) -> None:
     """Add a schedule (exactly one of --cron, --every, --at, --calendar); it acts as the caller's role."""
-    schedules, principal = _open(ctx)
+    schedules, principal = _open(ctx, writes=True)
     schedules.roles = get_ctx(ctx).kernel().roles  # the owner and the template's roles must be the team's
     try:
         act = _action(action, template, session, kind, payload, callable_name, idempotent, only_if_changed,
@@ -198,7 +201,7 @@ def show(ctx: typer.Context, name: str) -> None:
 
 
 def _change(ctx: typer.Context, name: str, verb: str) -> None:
-    schedules, principal = _open(ctx)
+    schedules, principal = _open(ctx, writes=True)
     try:
         s = getattr(schedules, verb)(name, _now(), by=principal)
     except SchedulerException as exc:
@@ -234,7 +237,7 @@ def backfill(
     max_count: int = typer.Option(100, "--max", help="Refuse ranges with more occurrences than this."),
 ) -> None:
     """Queue the past occurrences in a range that never fired (deduplicated, bounded)."""
-    schedules, principal = _open(ctx)
+    schedules, principal = _open(ctx, writes=True)
     try:
         s = schedules.get(name)
         tz = s.spec.tz if s.error is None else "UTC"

@@ -10,11 +10,12 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
 from taskkernel.coordinator.cli.common import CliContext, Exit, emit, fail, get_ctx, reject, say
+from taskkernel.coordinator.cli.output import json_safe
 from taskkernel.kernel.private import read_secret
 from taskkernel.kernel.sessionlog import (
     LogFileError,
@@ -34,6 +35,9 @@ from taskkernel.kernel.sessionlog.models import InputKind
 from taskkernel.kernel.sessionlog.reducers import reducer_names
 from taskkernel.kernel.sessionlog.resume import DEFAULT_MAX_BYTES, DEFAULT_MAX_INPUTS
 
+if TYPE_CHECKING:
+    from taskkernel.kernel.model.principal import Principal
+
 app = typer.Typer(no_args_is_help=True, help="Acceptance-sequenced session log.")
 
 
@@ -42,6 +46,13 @@ def _log(ctx: typer.Context) -> SessionLog:
     c = get_ctx(ctx)
     ws = c.optional_workspace()
     return SessionLog(c.database(), ws.grant_sessions if ws else DEFAULT_ADMIN_SESSIONS)
+
+
+def _writer(ctx: typer.Context) -> Principal:
+    """The caller of a verb that writes to the log, once the database passed its start-up check."""
+    c = get_ctx(ctx)
+    c.database(writes=True)
+    return c.principal()
 
 
 def _export_key(c: CliContext) -> bytes | None:
@@ -125,7 +136,7 @@ def accept(
     The input is recorded as accepted from the caller's credential (`--token`, or the owner's): that,
     not the payload, decides whether the gate trusts it. allow/revoke and the grant sessions are ADMIN's;
     any other session is its first writer's (docs/security.md)."""
-    principal = get_ctx(ctx).principal()
+    principal = _writer(ctx)
     try:
         res = _log(ctx).accept(session, {"input_id": input_id, "kind": kind, "payload": _payload(payload)},
                                writer=principal)
@@ -146,7 +157,7 @@ def refuse(
     payload: str = typer.Option(None, "--payload", help="Payload JSON object."),
 ) -> None:
     """Record an input as received but not accepted (it never takes part in replay)."""
-    principal = get_ctx(ctx).principal()
+    principal = _writer(ctx)
     try:
         res = _log(ctx).refuse(session, {"input_id": input_id, "kind": kind, "payload": _payload(payload)}, reason,
                                writer=principal)
@@ -207,8 +218,8 @@ def export(
     if not log.exists(session):
         _reject(SessionLogError(SessionReason.UNKNOWN_SESSION, f"no session {session!r}"))
     lines = [line + "\n" for line in log.export(session, _export_key(get_ctx(ctx)))]
-    if output is None:
-        sys.stdout.writelines(lines)
+    if output is None:  # the same lines (the signature covers the values), inert on a terminal
+        sys.stdout.writelines(json_safe(line) for line in lines)
         sys.stdout.flush()
         return
     try:  # never through a link someone planted where the export goes
@@ -231,6 +242,7 @@ def import_cmd(
     A line keeps its `accepted_by` only if this workspace's key signed it; any other claim is stored as
     `IMPORTED:<claim>`, from which no grant, instruction or permission derives."""
     c = get_ctx(ctx)
+    c.database(writes=True)
     c.require_admin("session import")
     key = _export_key(c)
     try:
@@ -276,7 +288,7 @@ def consume(
     through: int = typer.Option(..., "--through", min=0, help="Last acceptance sequence now consumed."),
 ) -> None:
     """Mark accepted inputs consumed by the running turn (the session's owner or ADMIN)."""
-    principal = get_ctx(ctx).principal()
+    principal = _writer(ctx)
     try:
         consumed = _log(ctx).consume(session, through, writer=principal)
     except SessionLogError as exc:
@@ -287,7 +299,7 @@ def consume(
 @app.command("complete-turn")
 def complete_turn(ctx: typer.Context, session: str = typer.Argument(..., help="Session id.")) -> None:
     """Complete the turn if every accepted input was consumed; else exit 2 (turn_incomplete)."""
-    principal = get_ctx(ctx).principal()
+    principal = _writer(ctx)
     try:
         res = _log(ctx).complete_turn(session, writer=principal)
     except SessionLogError as exc:

@@ -132,11 +132,15 @@ def _pending(run: dict[str, object]) -> dict[str, object]:
 
 
 def _failed_stages(failures: list[StageFailure]) -> list[dict[str, object]]:
-    """One entry per distinct failure, in first-seen order, with the number of passes it happened in."""
-    counts: dict[StageFailure, int] = {}
+    """One entry per distinct failure, in first-seen order, with the number of passes it happened in: every
+    reason a stage failed for shows, however many passes repeated it. A stage that raised is told apart by its
+    error and message; a refused write by its operation and reason (its message, the count and the latest path,
+    changes from pass to pass: the entry keeps the latest)."""
+    seen: dict[tuple[str, str, str], tuple[StageFailure, int]] = {}
     for f in failures:
-        counts[f] = counts.get(f, 0) + 1
-    return [{"stage": f.stage, "error": f.error, "message": f.message, "passes": n} for f, n in counts.items()]
+        key = (f.stage, f.error, "" if f.refused else f.message)
+        seen[key] = (f, seen[key][1] + 1 if key in seen else 1)  # a key keeps its first-seen place
+    return [{"stage": f.stage, "error": f.error, "message": f.message, "passes": n} for f, n in seen.values()]
 
 
 class _LiveView:

@@ -8,6 +8,7 @@ from typing import Any
 import typer
 
 from taskkernel.coordinator.cli.common import Exit, emit, fail, get_ctx, show
+from taskkernel.coordinator.cli.output import oneline
 from taskkernel.kernel.usage import GROUPINGS, summarize
 from taskkernel.kernel.usage import install as install_usage
 from taskkernel.kernel.usage import since_utc as parse_since
@@ -49,6 +50,6 @@ def _render(doc: dict[str, Any], top: bool) -> None:
     table = Table(doc["by"], "units", "wall s", "tokens in", "tokens out", "cost $",
                   title=f"usage by {doc['by']}" + (f" (top {TOP_N})" if top else ""))
     for r in [*doc["rows"], {"owner": "TOTAL", **doc["total"]}]:
-        table.add_row(Text(str(r["owner"])), str(r["units"]), f"{r['wall_ms'] / 1000:.1f}", str(r["tokens_in"]),
-                      str(r["tokens_out"]), f"{r['cost_usd']:.4f}")
+        table.add_row(Text(oneline(str(r["owner"]))), str(r["units"]), f"{r['wall_ms'] / 1000:.1f}",
+                      str(r["tokens_in"]), str(r["tokens_out"]), f"{r['cost_usd']:.4f}")
     show(table)

@@ -9,6 +9,7 @@ import sqlalchemy as sa
 import typer
 
 from taskkernel.coordinator.cli.common import Exit, emit, get_ctx, say, warn
+from taskkernel.coordinator.cli.output import oneline
 from taskkernel.kernel.commands import TaskCommandKernel
 from taskkernel.kernel.store.db import DatabaseCorrupt, is_corruption
 from taskkernel.kernel.verify import VerifyReport, corrupt_report
@@ -61,7 +62,7 @@ def verify(ctx: typer.Context, repair: bool = typer.Option(False, "--repair",
             + (f", repaired {report.repaired}" if report.repaired else ""))
         return
     first = next(p for p in report.problems if p["reason"] == report.reason)
-    warn(("broken", "red"), f" ({report.reason}) at position {first['position']}: {first['detail']}")
+    warn(("broken", "red"), f" ({report.reason}) at position {first['position']}: {oneline(str(first['detail']))}")
     if repair and report.chain_broken:
         warn(("refusing to repair", "red"), ": the chain is not proven, so the events cannot be trusted to rebuild "
             "anything from")

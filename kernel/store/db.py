@@ -87,6 +87,11 @@ def is_corruption(exc: BaseException) -> bool:
     return isinstance(name, str) and name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB"))
 
 
+def integrity_summary(problems: Sequence[str], shown: int = 3) -> str:
+    """Integrity findings on one line: how many, and the first ``shown`` (SQLite spreads one over several lines)."""
+    return f"{len(problems)} finding(s): " + "; ".join(" ".join(p.split()) for p in problems[:shown])
+
+
 class Database:
     """``chain_key``: the HMAC key of the event hash chain (kernel/store/chain.py), injected by the composition
     root that knows the workspace; None keeps the legacy unkeyed chain (test harnesses, a bare --db)."""
@@ -245,13 +250,16 @@ class Database:
                 chain.bind_legacy(uow)
             self.chain = chain
 
-    def integrity_problems(self) -> list[str]:
-        """SQLite's ``PRAGMA integrity_check`` findings (empty: intact; PostgreSQL: always empty).
-        Raises DatabaseCorrupt when the check itself cannot read the file."""
+    def integrity_problems(self, *, quick: bool = False) -> list[str]:
+        """SQLite's ``PRAGMA integrity_check`` findings (empty: intact; PostgreSQL: always empty, the server keeps
+        its own pages). ``quick``: ``PRAGMA quick_check`` instead, which skips the index-against-table comparison
+        and costs a read of the file (the CLI runs it before a command writes: docs/cli.md, "Start-up integrity
+        check"); ``verify`` runs the full check. Raises DatabaseCorrupt when the check itself cannot read the file."""
         if self.dialect != "sqlite":
             return []
+        pragma = "PRAGMA quick_check" if quick else "PRAGMA integrity_check"
         with self._corruption_raised(), self.read() as conn:
-            rows = [str(r[0]) for r in conn.exec_driver_sql("PRAGMA integrity_check")]
+            rows = [str(r[0]) for r in conn.exec_driver_sql(pragma)]
         return [] if rows == ["ok"] else rows
 
     @contextmanager
