@@ -6,6 +6,7 @@ approves routine diffs would."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import httpx2
@@ -162,3 +163,62 @@ def test_a_merge_never_writes_the_coordinators_files_or_overwrites_an_ignored_fi
     merged = trees.merge("TASK-20261201-002", git(other.path, "rev-parse", "HEAD"), "build output")
     assert not merged.ok and not merged.conflicted and "build/cache.bin" in merged.message, merged
     assert (root / "build" / "cache.bin").read_text() == "the user's own build output\n"
+
+
+def test_a_lazy_fetch_the_agent_configures_runs_no_transport_program(tmp_path: Path) -> None:
+    """A promisor remote with an `ext::` URL and a per-protocol allow in the shared config, and a commit naming a
+    blob the repository lacks: the diff would fetch it by running the URL's program. No transport is allowed."""
+    trees, _root = worktrees_in_repository(tmp_path)
+    ran = tmp_path / "program-ran"
+    wt = trees.ensure("TASK-20261201-001", None)
+    listing = git(wt.path, "ls-tree", git(wt.path, "write-tree"))
+    tree = subprocess.run(["git", "-C", str(wt.path), "mktree", "--missing"], capture_output=True, text=True,
+                          input=f"{listing}\n100644 blob {'12' * 20}\tfeature.txt\n", check=True).stdout.strip()
+    commit = git(wt.path, "commit-tree", tree, "-p", git(wt.path, "rev-parse", "HEAD"), "-m", "work")
+    git(wt.path, "update-ref", "HEAD", commit)
+    git(wt.path, "read-tree", commit)
+    git(wt.path, "update-index", "--skip-worktree", "feature.txt")
+    for key, value in (("core.repositoryformatversion", "1"), ("extensions.partialClone", "origin"),
+                       ("remote.origin.url", f"ext::sh -c touch% {ran}% ;false"), ("remote.origin.promisor", "true"),
+                       ("protocol.ext.allow", "always")):
+        git(wt.path, "config", key, value)
+    trees.evidence(wt, 0, "dev")
+    assert not ran.exists()
+
+
+def test_the_agent_can_neither_redirect_the_merge_nor_have_its_work_committed_on_the_base(tmp_path: Path) -> None:
+    """`core.worktree` set through the agent's git would send the base checkout's merge into another folder (one
+    holding `.taskkernel/`); a worktree HEAD pointed at the base branch would have the evidence commit there."""
+    trees, root = worktrees_in_repository(tmp_path)
+    (root / ".taskkernel" / "owner.token").write_text("the owner's token\n")
+    wt = trees.ensure("TASK-20261201-001", None)
+    (wt.path / "repo" / ".taskkernel").mkdir(parents=True)
+    (wt.path / "repo" / ".taskkernel" / "owner.token").write_text("tk_planted\n")
+    head = trees.evidence(wt, 0, "dev")["head"]
+    git(wt.path, "config", "core.worktree", str(root.parent))
+    merged = trees.merge("TASK-20261201-001", head, "redirect")
+    assert (root / ".taskkernel" / "owner.token").read_text() == "the owner's token\n"
+    assert merged.ok and (root / "repo" / ".taskkernel" / "owner.token").exists(), merged  # merged where it belongs
+    git(root, "config", "--unset", "core.worktree")
+
+    other = trees.ensure("TASK-20261201-002", None)
+    git(other.path, "symbolic-ref", "HEAD", "refs/heads/main")
+    main = git(root, "rev-parse", "main")
+    (other.path / "work.txt").write_text("on main?\n")
+    recorded = trees.evidence(other, 0, "dev")
+    assert "not its task branch" in recorded["error"] and git(root, "rev-parse", "main") == main
+
+
+def test_a_gitignore_made_binary_or_an_fcop_root_in_waiting_is_left_out(tmp_path: Path) -> None:
+    """A NUL byte in `.gitignore` makes its diff "binary" (no lines to read the removed rule from); a `docs/agents/`
+    beside `fcop/` would make the workspace ambiguous (every `up` refuses): both are the coordinator's."""
+    trees, root = worktrees_in_repository(tmp_path)
+    wt = trees.ensure("TASK-20261201-001", None)
+    (wt.path / ".gitignore").write_bytes(b"node_modules/\n\0\n")
+    (wt.path / "docs" / "agents" / "tasks").mkdir(parents=True)
+    (wt.path / "docs" / "agents" / "tasks" / "TASK-20261201-901-ADMIN-to-DEV.md").write_text("planted\n")
+    (wt.path / "feature.txt").write_text("work\n")
+    diff = trees.evidence(wt, 0, "dev")
+    assert {f["path"] for f in diff["files"]} == {"feature.txt"}, diff
+    assert {p["path"] for p in diff["protected"]} == {
+        ".gitignore", "docs/agents/tasks/TASK-20261201-901-ADMIN-to-DEV.md"}

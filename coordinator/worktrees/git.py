@@ -60,6 +60,7 @@ def git_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return {**env, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "",
             "GIT_OPTIONAL_LOCKS": "0", "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null",
             "GIT_ATTR_NOSYSTEM": "1", "GIT_EDITOR": ":", "GIT_SEQUENCE_EDITOR": ":", "GIT_PAGER": "cat",
+            "GIT_ALLOW_PROTOCOL": "",  # no transport at all: a per-protocol key cannot re-allow one (lazy fetch)
             **(extra or {})}
 
 
@@ -116,12 +117,17 @@ def git(where: Path, *args: str, env: dict[str, str] | None = None) -> str:
 
 
 def toplevel(path: Path) -> Path | None:
-    """The work tree ``path`` is in, or None (not in a git repository, or no git)."""
+    """The checkout ``path`` is in, or None (not in a git repository, or no git): the nearest folder holding a
+    ``.git``, as git discovers it, never a ``core.worktree`` the repository's config names (an agent can set it
+    through its git and send the coordinator's work elsewhere)."""
     try:
-        ran = run_git(path, "rev-parse", "--show-toplevel", ok=(0, 128))
+        ran = run_git(path, "rev-parse", "--git-dir", ok=(0, 128))
     except GitError:
         return None
-    return Path(ran.out.strip()).resolve() if ran.code == 0 and ran.out.strip() else None
+    if ran.code != 0:
+        return None
+    here = path.resolve()
+    return next((d for d in (here, *here.parents) if os.path.lexists(d / ".git")), None)
 
 
 class RepoGit:

@@ -200,6 +200,7 @@ class Worktrees:
         if self.repo is None:
             return {"error": f"{self.root} is no longer inside a git repository"}
         try:
+            self._own_head(wt)
             protected = self.protected()
             left_out = self._uncommitted_protected(wt, protected)
             self._commit_pending(wt, f"{task_id} round {round_}: the work of the done report", author)
@@ -219,6 +220,15 @@ class Worktrees:
                 "insertions": added, "deletions": removed, "files": files[:FILES_LISTED],
                 "patch": str(where.relative_to(self.root)), "patch_sha256": sha256_hex(patch),
                 **({"protected": shown[:FILES_LISTED], "protected_count": len(shown)} if shown else {})}
+
+    def _own_head(self, wt: Worktree) -> None:
+        """The worktree's HEAD names its task branch (or no branch): an agent that pointed it at the base branch
+        would have the coordinator commit its work there."""
+        ran = self._in(wt, "symbolic-ref", "--quiet", "HEAD", ok=(0, 1))
+        named = ran.out.strip()
+        if ran.code == 0 and named != f"refs/heads/{wt.branch}":
+            raise GitError("git_failed", f"the worktree's HEAD names {named}, not its task branch {wt.branch}: "
+                           f"check out {wt.branch} in the worktree and report done again")
 
     def head(self, wt: Worktree) -> str:
         """The commit the worktree is at."""
@@ -347,10 +357,14 @@ class Worktrees:
                 return Merged(False, message=f"{wt.base_branch} is checked out in the task worktree {holder}, whose "
                               "files are an agent's: check it out elsewhere (or nowhere) to merge into it")
             if holder is not None:  # the base is someone's checkout: move it with its files, or not at all
+                if self._holder_git(holder, "diff-index", "--cached", "--quiet", "--ignore-submodules=all", "HEAD",
+                                    "--", ok=(0, 1)).code != 0:
+                    return Merged(False, message=f"the checkout of {wt.base_branch} at {holder} has staged changes, "
+                                  "or its branch moved without its files: commit, reset or check it out again")
                 if in_the_way := self._in_the_way(holder, base_head, new):
                     return Merged(False, message=f"the checkout of {wt.base_branch} at {holder} has files the merge "
                                   f"would overwrite, untracked or ignored: {', '.join(in_the_way[:10])}")
-                ran = self.git.run(holder, "merge", "--ff-only", "--quiet", new, ok=(0, 1, 128))
+                ran = self._holder_git(holder, "merge", "--ff-only", "--quiet", new, ok=(0, 1, 128))
                 if ran.code != 0:
                     why = (ran.err or ran.out).strip().replace("\n", " ")[:300]
                     return Merged(False, message=f"the checkout of {wt.base_branch} at {holder} could not take the "
@@ -360,6 +374,13 @@ class Worktrees:
             if self._commit_of(repo, wt.base_branch) != new:
                 raise GitError("git_failed", f"{wt.base_branch} did not move to the merge {new[:12]}")
             return self._merged(task_id, new, how)
+
+    def _holder_git(self, holder: Path, *args: str, ok: tuple[int, ...] = (0,)) -> Ran:
+        """git on the checkout that holds the base branch; the repository's main checkout by its folders
+        (``core.worktree``, the agent's to set through its git, must not send the merge elsewhere)."""
+        if self.repo is not None and holder == self.repo:
+            return self.git.run(holder, f"--git-dir={self.common_dir}", f"--work-tree={holder}", *args, ok=ok)
+        return self.git.run(holder, *args, ok=ok)
 
     def _in_the_way(self, holder: Path, old: str, new: str) -> list[str]:
         """Files of a checkout that moving it from ``old`` to ``new`` would overwrite without a word: git refuses to
@@ -386,8 +407,8 @@ class Worktrees:
             if wt.state != "archiving" and wt.path.is_dir() and not wt.path.is_symlink():
                 self._commit_pending(wt, f"{task_id}: work left in the worktree at archive", "taskkernel")
                 self._set_state(task_id, "archiving")  # a removal cut short is never committed as deletions
-            if wt.path.is_dir() and not wt.path.is_symlink():
-                self.git.out(repo, "worktree", "remove", "--force", str(wt.path))
+            if wt.path.is_dir() and not wt.path.is_symlink():  # -f -f: a lock the agent put on it too
+                self.git.out(repo, "worktree", "remove", "--force", "--force", str(wt.path))
             self.git.out(repo, "worktree", "prune")
             self._set_state(task_id, "archived")
         return True
@@ -413,7 +434,11 @@ class Worktrees:
         return found
 
     def _checked_out(self, repo: Path, branch: str) -> Path | None:
-        return next((p for p, (b, _) in self._listed(repo).items() if b == branch), None)
+        """Where ``branch`` is checked out; the main checkout (git lists it first) as the folder the repository
+        is in on disk, never the ``core.worktree`` a config names."""
+        listed = list(self._listed(repo).items())
+        found = next((i for i, (_, (b, _l)) in enumerate(listed) if b == branch), None)
+        return None if found is None else repo if found == 0 else listed[found][0]
 
     def _current_branch(self, repo: Path) -> str:
         ran = self.git.run(repo, "symbolic-ref", "--quiet", "--short", "HEAD", ok=(0, 1, 128))
@@ -448,7 +473,8 @@ def touched(run: Callable[..., Ran], base: str, head: str, protected: ProtectedP
     changed = [p for p in run("diff", "--name-only", "-z", "--no-renames", base, head).out.split("\0") if p]
     hits = {p: why for p in changed if (why := protected.reason(p))}
     for ignore in set(protected.ignore_files) & set(changed):
-        patch = run("diff", "--no-ext-diff", "--no-textconv", base, head, "--", f":(top,literal){ignore}").out
+        patch = run("diff", "--text", "--no-ext-diff", "--no-textconv", base, head, "--",
+                    f":(top,literal){ignore}").out  # --text: a NUL byte must not hide the rules as "binary"
         if protected.weakens_rules(patch.splitlines()):
             hits[ignore] = IGNORE_RULES
     return hits

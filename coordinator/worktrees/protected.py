@@ -20,6 +20,8 @@ from pathlib import Path, PurePosixPath
 from taskkernel.coordinator.fcop.detect import CONFIG_NAME as FCOP_CONFIG
 from taskkernel.coordinator.fcop.detect import G2_MARKERS, LIFECYCLE_DIR, FcopError, find_workspace_root
 
+ENVELOPE_FOLDERS = ("reports", "reviews", "issues", "history", "shared")  # besides tasks/ and log/ (G2)
+
 STATE_DIR = ".taskkernel"
 CONFIG_FILE = "taskkernel.toml"
 IGNORE_FILE = ".gitignore"
@@ -44,16 +46,15 @@ class ProtectedPaths:
     @classmethod
     def of(cls, repo: Path, workspace: Path) -> ProtectedPaths:
         rel = PurePosixPath(workspace.resolve().relative_to(repo.resolve()).as_posix())
+        fcop_folders = {"fcop", "docs/agents"}  # both candidates: a second one makes the workspace ambiguous
         fcop_files: set[str] = set()
         try:
-            fcop = find_workspace_root(workspace)
-        except FcopError:  # both fcop/ and docs/agents/ are there: both are protected
-            fcop_folders = {"fcop", "docs/agents"}
-        else:
-            if fcop.resolve() == workspace.resolve():  # FCoP folders directly in the workspace (a G2 layout)
-                fcop_folders, fcop_files = {"fcop", LIFECYCLE_DIR, *G2_MARKERS}, {FCOP_CONFIG}
-            else:
-                fcop_folders = {"fcop", fcop.relative_to(workspace).as_posix()}
+            top = find_workspace_root(workspace).resolve() == workspace.resolve()
+        except FcopError:
+            top = False
+        if top:  # FCoP folders directly in the workspace (a G2 layout): each folder an envelope may live in
+            fcop_folders |= {LIFECYCLE_DIR, *G2_MARKERS, *ENVELOPE_FOLDERS}
+            fcop_files = {FCOP_CONFIG}
 
         def at(name: str) -> str:
             return (rel / name).as_posix().removeprefix("./")
@@ -62,7 +63,7 @@ class ProtectedPaths:
         files = {at(CONFIG_FILE): WORKSPACE_CONFIG, **{at(f): FCOP_FILES for f in fcop_files}}
         chain = [PurePosixPath(*rel.parts[:i]) for i in range(len(rel.parts) + 1)]
         ignore_files = tuple((d / IGNORE_FILE).as_posix().removeprefix("./") for d in chain)
-        names = (STATE_DIR, CONFIG_FILE, *(PurePosixPath(f).name for f in fcop_folders))
+        names = (STATE_DIR, CONFIG_FILE, "fcop", "docs/agents", *(["_lifecycle"] if top else []))
         return cls(folders, files, ignore_files, names)
 
     def reason(self, path: str) -> str | None:
