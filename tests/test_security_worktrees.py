@@ -6,10 +6,12 @@ approves routine diffs would."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
 import httpx2
+import pytest
 
 from tests.agents_support import Team, git, role, worktrees_in_repository
 from tests.cli_support import run_tty
@@ -222,3 +224,76 @@ def test_a_gitignore_made_binary_or_an_fcop_root_in_waiting_is_left_out(tmp_path
     assert {f["path"] for f in diff["files"]} == {"feature.txt"}, diff
     assert {p["path"] for p in diff["protected"]} == {
         ".gitignore", "docs/agents/tasks/TASK-20261201-901-ADMIN-to-DEV.md"}
+
+
+def _evil(tmp_path: Path) -> tuple[Path, Path]:
+    """A program that leaves a mark when anything but the agent's own git runs it."""
+    ran, evil = tmp_path / "program-ran", tmp_path / "evil.sh"
+    evil.write_text(f"#!/bin/sh\n[ -n \"$AGENT_GIT\" ] || touch {ran}\ncat\n")
+    evil.chmod(0o755)
+    return ran, evil
+
+
+def test_a_nested_repository_in_the_worktree_runs_none_of_its_own_drivers(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent makes a repository inside its worktree (a gitlink) whose own config names a filter, and changes a
+    file in it: committing the report never looks inside it, so that config is never read."""
+    monkeypatch.setenv("AGENT_GIT", "1")  # this test's git is the agent's; the coordinator's git never passes it on
+    trees, _root = worktrees_in_repository(tmp_path)
+    ran, evil = _evil(tmp_path)
+    wt = trees.ensure("TASK-20261201-001", None)
+    for where in ("nested", "fcop/nested"):
+        nested = wt.path / where
+        nested.mkdir(parents=True)
+        git(nested, "init", "-q")
+        git(nested, "config", "filter.zzz.clean", str(evil))
+        (nested / ".gitattributes").write_text("* filter=zzz\n")
+        (nested / "f.txt").write_text("one\n")
+        git(nested, "add", "-A")
+        git(nested, "commit", "-q", "-m", "n")
+        git(wt.path, "add", where)
+        (nested / "f.txt").write_text("two\n")
+    (wt.path / "feature.txt").write_text("work\n")
+    diff = trees.evidence(wt, 0, "dev")
+    assert not ran.exists()
+    assert "feature.txt" in {f["path"] for f in diff["files"]}, diff
+
+
+def test_an_attribute_that_would_re_encode_the_owners_ignore_file_is_left_out(tmp_path: Path) -> None:
+    """`working-tree-encoding` on `.gitignore` would have the merge write the owner's ignore rules in UTF-16, which
+    git then cannot read: every private file shows as untracked."""
+    trees, _root = worktrees_in_repository(tmp_path)
+    wt = trees.ensure("TASK-20261201-001", None)
+    (wt.path / ".gitattributes").write_text(".gitignore working-tree-encoding=UTF-16LE-BOM\n")
+    (wt.path / ".gitattributes.note").write_text("work\n")
+    diff = trees.evidence(wt, 0, "dev")
+    assert {f["path"] for f in diff["files"]} == {".gitattributes.note"}, diff
+    assert {"path": ".gitattributes", "reason": "ignore_rules"} in diff["protected"], diff
+
+
+def test_an_include_rewritten_in_place_or_served_by_a_fifo_names_no_driver_that_runs(tmp_path: Path) -> None:
+    """The disarmed names are read again when an included file changes, even rewritten in place at its size with
+    its modification time put back; an include that is not a regular file stops the evidence step."""
+    trees, _root = worktrees_in_repository(tmp_path)
+    ran, evil = _evil(tmp_path)
+    wt = trees.ensure("TASK-20261201-001", None)
+    included = tmp_path / "inc.cfg"
+    new = f'[filter "bbbb"]\n\tclean = {evil}\n'
+    included.write_text('[filter "aaaa"]\n\tclean = cat\n#'.ljust(len(new) - 1, "x") + "\n")
+    git(wt.path, "config", "include.path", str(included))
+    (wt.path / "feature.txt").write_text("round 0\n")
+    trees.evidence(wt, 0, "dev")
+    st = included.stat()
+    with open(included, "r+") as fh:
+        fh.write(new)
+    os.utime(included, ns=(st.st_atime_ns, st.st_mtime_ns))
+    (wt.path / ".gitattributes").write_text("* filter=bbbb\n")
+    (wt.path / "feature.txt").write_text("round 1\n")
+    trees.evidence(wt, 1, "dev")
+    assert not ran.exists()
+    fifo = tmp_path / "inc.fifo"
+    os.mkfifo(fifo)
+    git(wt.path, "config", "--add", "include.path", str(fifo))
+    (wt.path / "feature.txt").write_text("round 2\n")
+    assert "is not a regular file" in trees.evidence(wt, 2, "dev")["error"]
+    assert not ran.exists()

@@ -178,7 +178,7 @@ class RepoGit:
             except OSError:
                 sig.append((str(path), -1, -1, -1))
             else:
-                sig.append((str(path), st.st_mtime_ns, st.st_size, st.st_ino))
+                sig.append((str(path), st.st_ctime_ns, st.st_size, st.st_ino))  # ctime: utime cannot set it back
         return tuple(sig)
 
     def _driver_names(self, files: list[Path]) -> tuple[set[tuple[str, str]], list[Path]]:
@@ -192,9 +192,11 @@ class RepoGit:
             if path in visited or depth > _INCLUDE_DEPTH:
                 continue
             visited.append(path)
-            if not path.is_file():
+            if not path.exists():
                 continue
-            ran = run_git(self.common_dir, "config", "--file", str(path), "--no-includes", "--null", "--list",
+            if not path.is_file():  # a FIFO's writer could tell git what it never told this reader
+                raise GitError("git_failed", f"the git config include {path} is not a regular file")
+            ran = run_git(Path(os.sep), "config", "--file", str(path), "--no-includes", "--null", "--list",
                           ok=(0, 1, 128))
             for entry in ran.out.split("\0"):
                 key, _, value = entry.partition("\n")

@@ -13,7 +13,8 @@
 
 Every git command on a worktree names its administrative folder and work tree explicitly (recorded when it was
 made): the worktree's own ``.git`` file is the agent's to rewrite, and git must never follow it elsewhere. One lock
-file serialises what changes the repository's worktree list or a branch, across threads and processes.
+file serialises what changes the repository's worktree list or the base branch, across threads and processes; the
+evidence step moves only its own task branch, while that task's done report is being taken.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ from taskkernel.kernel.store.db import Database
 BRANCH_PREFIX = "task/"
 FILES_LISTED = 50  # a report's diffstat names at most this many files (the patch file has them all)
 TASKKERNEL_ID = {"GIT_COMMITTER_NAME": "taskkernel", "GIT_COMMITTER_EMAIL": "taskkernel@taskkernel.invalid"}
+TASKKERNEL_AUTHOR = {"GIT_AUTHOR_NAME": "taskkernel", "GIT_AUTHOR_EMAIL": "taskkernel@taskkernel.invalid",
+                     **TASKKERNEL_ID}  # the coordinator's own commits (merges, paths left out)
 
 
 @dataclass(frozen=True)
@@ -244,19 +247,28 @@ class Worktrees:
                             stdin=stdin)
 
     def _commit_pending(self, wt: Worktree, message: str, author: str) -> bool:
-        """Commit what the agent left (the coordinator's own paths never added, whatever .gitignore says)."""
-        self._in(wt, "add", "-A", "--", ":/", *self.protected().excludes())
-        if self._in(wt, "diff", "--cached", "--quiet", "--no-ext-diff", ok=(0, 1)).code == 0:
+        """Commit what the agent left: never the coordinator's own paths (whatever .gitignore says), never into a
+        nested repository (git would run `status` there, under that repository's own config and its drivers: a
+        gitlink's pointer is left as it is)."""
+        nested = [f":(top,exclude,literal){path}" for path in self._gitlinks(wt)]
+        self._in(wt, "add", "-A", "--", ":/", *self.protected().excludes(), *nested)
+        if self._in(wt, "diff", "--cached", "--quiet", "--no-ext-diff", "--ignore-submodules=all",
+                    ok=(0, 1)).code == 0:
             return False
         who = {"GIT_AUTHOR_NAME": author, "GIT_AUTHOR_EMAIL": f"{author}@taskkernel.invalid", **TASKKERNEL_ID}
         self._in(wt, "commit", "--quiet", "--no-verify", "-m", message, env=who)
         return True
 
+    def _gitlinks(self, wt: Worktree) -> list[str]:
+        """The paths of the worktree's index that are nested repositories (gitlinks, mode 160000)."""
+        out = self._in(wt, "ls-files", "-z", "--stage").out
+        return [entry.split("\t", 1)[1] for entry in out.split("\0") if entry.startswith("160000 ")]
+
     def _uncommitted_protected(self, wt: Worktree, protected: ProtectedPaths) -> dict[str, str]:
         """The protected paths a plain ``git add -A`` would have taken from the worktree (what the agent wrote
         there and did not hide): listed in the report, never committed."""
-        out = self._in(wt, "status", "--porcelain=v1", "-z", "--untracked-files=all", "--no-renames", "--",
-                       *protected.includes()).out
+        out = self._in(wt, "status", "--porcelain=v1", "-z", "--untracked-files=all", "--no-renames",
+                       "--ignore-submodules=all", "--", *protected.includes()).out
         paths = [entry[3:] for entry in out.split("\0") if len(entry) > 3]
         return {p: why for p in paths if (why := protected.reason(p))}
 
@@ -279,8 +291,7 @@ class Worktrees:
         message = (f"{wt.task_id} round {round_}: the coordinator's own files left out of the change\n\n"
                    + "\n".join(f"{path} ({why})" for path, why in sorted(hits.items())[:FILES_LISTED]))
         new = self._in(wt, "commit-tree", tree, "-p", head, "-m", message,
-                       env={"GIT_AUTHOR_NAME": "taskkernel", "GIT_AUTHOR_EMAIL": TASKKERNEL_ID["GIT_COMMITTER_EMAIL"],
-                            **TASKKERNEL_ID}).out.strip()
+                       env=TASKKERNEL_AUTHOR).out.strip()
         self._in(wt, "update-ref", "-m", "taskkernel: protected paths left out", "HEAD", new, head)
         self._in(wt, "reset", "--quiet")  # the index follows HEAD; the agent's files stay as they are
         return new, hits
@@ -344,8 +355,7 @@ class Worktrees:
                                   conflicts=tuple(line for line in lines[1:] if line), conflicted=True)
                 new = self.git.out(repo, "commit-tree", lines[0], "-p", base_head, "-p", head, "-m",
                                    f"Merge {wt.branch} into {wt.base_branch}\n\n{task_id}: {subject}",
-                                   env={"GIT_AUTHOR_NAME": "taskkernel",
-                                        "GIT_AUTHOR_EMAIL": TASKKERNEL_ID["GIT_COMMITTER_EMAIL"], **TASKKERNEL_ID})
+                                   env=TASKKERNEL_AUTHOR)
                 how = "merge commit"
             hits = touched(lambda *a: self.git.run(repo, *a), base_head, new, self.protected())
             if hits:  # the evidence left them out; a report recorded before that did not: never merged
@@ -468,13 +478,16 @@ class Worktrees:
 
 
 def touched(run: Callable[..., Ran], base: str, head: str, protected: ProtectedPaths) -> dict[str, str]:
-    """The protected paths the range ``base..head`` changes, with why: the coordinator's folders and files, and an
-    ignore file whose change weakens the rules that hide them. ``run`` is a git command in the right place."""
+    """The protected paths the range ``base..head`` changes, with why: the coordinator's folders and files, an
+    ignore file whose change weakens the rules that hide them, an attributes file beside one whose change rewrites
+    what a checkout writes. ``run`` is a git command in the right place."""
     changed = [p for p in run("diff", "--name-only", "-z", "--no-renames", base, head).out.split("\0") if p]
     hits = {p: why for p in changed if (why := protected.reason(p))}
-    for ignore in set(protected.ignore_files) & set(changed):
+    rules = {**{f: protected.weakens_rules for f in protected.ignore_files},
+             **{f: protected.rewrites_checkouts for f in protected.attribute_files}}
+    for path in set(rules) & set(changed):
         patch = run("diff", "--text", "--no-ext-diff", "--no-textconv", base, head, "--",
-                    f":(top,literal){ignore}").out  # --text: a NUL byte must not hide the rules as "binary"
-        if protected.weakens_rules(patch.splitlines()):
-            hits[ignore] = IGNORE_RULES
+                    f":(top,literal){path}").out  # --text: a NUL byte must not hide the rules as "binary"
+        if rules[path](patch.splitlines()):
+            hits[path] = IGNORE_RULES
     return hits

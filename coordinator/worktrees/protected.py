@@ -8,7 +8,9 @@ never part of a task's change, whatever the agent's ``.gitignore`` says: the evi
 says so in the report (``Worktrees.evidence``), and the merge refuses a range that touches them
 (``Worktrees.merge``). The ignore rules that hide the private folder are the coordinator's too: a change to a
 ``.gitignore`` between the repository's root and the workspace that removes a line naming one of these paths, or
-adds a negation (``!…``, which can re-include them), is left out as a whole.
+adds a negation (``!…``, which can re-include them), is left out as a whole, and so is a change to a
+``.gitattributes`` beside one that adds an attribute rewriting what a checkout writes (an encoding, a filter, line
+endings).
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ ENVELOPE_FOLDERS = ("reports", "reviews", "issues", "history", "shared")  # besi
 STATE_DIR = ".taskkernel"
 CONFIG_FILE = "taskkernel.toml"
 IGNORE_FILE = ".gitignore"
+ATTRIBUTES_FILE = ".gitattributes"
+# Attributes that change the bytes a checkout writes: on the ignore files they could re-encode or rewrite the owner's
+# .gitignore when a change merges (``working-tree-encoding=UTF-16`` hides every rule from git).
+REWRITING = ("working-tree-encoding", "filter", "eol", "text", "crlf", "ident")
 
 # Why a path is the coordinator's (the ``reason`` a report lists with each path left out).
 PRIVATE_STATE = "private_state"  # .taskkernel/: database, owner token, chain key, run logs, worktrees
@@ -41,6 +47,7 @@ class ProtectedPaths:
     folders: dict[str, str]  # folder -> reason
     files: dict[str, str]  # file -> reason
     ignore_files: tuple[str, ...]
+    attribute_files: tuple[str, ...]  # the .gitattributes beside the ignore files
     names: tuple[str, ...]  # what an ignore rule naming one of them mentions
 
     @classmethod
@@ -63,8 +70,9 @@ class ProtectedPaths:
         files = {at(CONFIG_FILE): WORKSPACE_CONFIG, **{at(f): FCOP_FILES for f in fcop_files}}
         chain = [PurePosixPath(*rel.parts[:i]) for i in range(len(rel.parts) + 1)]
         ignore_files = tuple((d / IGNORE_FILE).as_posix().removeprefix("./") for d in chain)
+        attribute_files = tuple((d / ATTRIBUTES_FILE).as_posix().removeprefix("./") for d in chain)
         names = (STATE_DIR, CONFIG_FILE, "fcop", "docs/agents", *(["_lifecycle"] if top else []))
-        return cls(folders, files, ignore_files, names)
+        return cls(folders, files, ignore_files, attribute_files, names)
 
     def reason(self, path: str) -> str | None:
         """Why ``path`` (repository-relative) is the coordinator's, or None."""
@@ -92,6 +100,12 @@ class ProtectedPaths:
             if line.startswith("-") and self._names(rule):
                 return True
         return False
+
+    @staticmethod
+    def rewrites_checkouts(patch_lines: Iterable[str]) -> bool:
+        """Whether a ``.gitattributes``' unified diff adds an attribute that changes the bytes a checkout writes."""
+        return any(line.startswith("+") and not line.startswith("+++") and not line[1:].lstrip().startswith("#")
+                   and any(name in line for name in REWRITING) for line in patch_lines)
 
     def _names(self, rule: str) -> bool:
         """Whether an ignore rule names a protected path (``/.taskkernel/``, ``sub/.taskkernel/**``, …)."""
