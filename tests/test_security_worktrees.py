@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx2
 import pytest
 
+from taskkernel.coordinator.worktrees.protected import ProtectedPaths
 from tests.agents_support import Team, git, role, worktrees_in_repository
 from tests.cli_support import run_tty
 from tests.web_support import board
@@ -297,3 +298,18 @@ def test_an_include_rewritten_in_place_or_served_by_a_fifo_names_no_driver_that_
     (wt.path / "feature.txt").write_text("round 2\n")
     assert "is not a regular file" in trees.evidence(wt, 2, "dev")["error"]
     assert not ran.exists()
+
+
+@pytest.mark.parametrize(("workspace", "path", "reason"), [
+    ("", "FCOP/_lifecycle/inbox/TASK-20261201-901-ADMIN-to-DEV.md", "fcop_files"),
+    ("", ".TaskKernel/owner.token", "private_state"), ("", "TaskKernel.TOML", "workspace_config"),
+    ("", "fcopx/a.md", None), ("", "src/a.py", None),
+    ("sub", "sub/.taskkernel/chain.key", "private_state"), ("sub", "sub", "workspace_config"),
+    ("sub", ".taskkernel/chain.key", None)])
+def test_a_protected_path_is_known_whatever_its_case_or_where_the_workspace_is(
+        tmp_path: Path, workspace: str, path: str, reason: str | None) -> None:
+    """On a file system that ignores case (macOS) `FCOP/…` is written into `fcop/`; in a workspace below the
+    repository's root its own folders are protected, and a file standing where their parent must be (`sub`)."""
+    repo = tmp_path / "repo"
+    (repo / workspace).mkdir(parents=True, exist_ok=True)
+    assert ProtectedPaths.of(repo, repo / workspace).reason(path) == reason

@@ -15,6 +15,7 @@ endings).
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -75,12 +76,12 @@ class ProtectedPaths:
         return cls(folders, files, ignore_files, attribute_files, names)
 
     def reason(self, path: str) -> str | None:
-        """Why ``path`` (repository-relative) is the coordinator's, or None."""
-        if path in self.files:
-            return self.files[path]
-        # Inside a protected folder, or a file or link standing where one of them (or its parent) must be.
-        return next((why for folder, why in {**self.folders, **self.files}.items()
-                     if path == folder or path.startswith(folder + "/") or folder.startswith(path + "/")), None)
+        """Why ``path`` (repository-relative) is the coordinator's, or None: inside a protected folder, or a file or
+        link standing where one of them (or its parent) must be. Compared case-folded and NFC-normalised: on a
+        file system that ignores case or normalises names (macOS), ``FCOP/…`` is written into ``fcop/``."""
+        path = _folded(path)
+        return next((why for name, why in {**self.files, **self.folders}.items() if (folded := _folded(name)) == path
+                     or path.startswith(folded + "/") or folded.startswith(path + "/")), None)
 
     def excludes(self) -> list[str]:
         """Pathspecs that leave the protected paths out of a ``git add`` (literal: no name is a pattern)."""
@@ -113,3 +114,7 @@ class ProtectedPaths:
         for suffix in ("/**", "/*", "/"):
             core = core.removesuffix(suffix)
         return any(core == name or core.endswith("/" + name) for name in self.names)
+
+
+def _folded(path: str) -> str:
+    return unicodedata.normalize("NFC", path).casefold()
