@@ -3,6 +3,10 @@
 Rows are claimed with a lease so several coordinators can relay without running one row
 twice at the same time; a crash after the effect but before `done` re-runs it, so handlers
 must be idempotent on ``effect_key`` (the file adapter's tmp+rename writes are).
+
+An effect that fails ``max_attempts`` times is given up (``failed``) but never silently: it is a dead letter,
+kept with its last error and when it failed, which `up --once`, `effects list` and the board show until a person
+fixes the cause and puts it back (`effects retry KEY`, ``retry_dead_letter``).
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -22,6 +27,10 @@ from taskkernel.kernel.store.schema import outbox
 
 Handler = Callable[[str, dict[str, Any]], None]
 log = get_logger(__name__)
+
+FAILED = "failed"  # the status of a dead letter: attempts exhausted, waiting for a person
+EFFECT_NOT_FOUND = "effect_not_found"  # retry_dead_letter: no outbox row has this key
+EFFECT_NOT_DEAD = "effect_not_dead"  # retry_dead_letter: the row is pending, claimed or done, not given up
 
 
 class OutboxRelay:
@@ -81,9 +90,60 @@ class OutboxRelay:
                 values: dict[str, Any] = {"status": "done", "done_at": utc_now_iso(), "last_error": None}
             else:
                 attempts = uow.conn.execute(sa.select(outbox.c.attempts).where(outbox.c.effect_key == key)).scalar()
-                values = {"status": "failed" if (attempts or 0) >= self.max_attempts else "pending",
-                          "last_error": error}
+                values = {"status": "pending", "last_error": error}
+                if (attempts or 0) >= self.max_attempts:
+                    values.update(status=FAILED, failed_at=utc_now_iso())
+                    log.error("outbox_effect_dead", effect_key=key, attempts=attempts, error=error)
             res = uow.conn.execute(outbox.update().where(outbox.c.effect_key == key, outbox.c.claim_token == token)
                                    .values(**values))
             if not res.rowcount:
                 log.warning("outbox_claim_lost", effect_key=key)
+
+
+def dead_letters(db: Database) -> list[dict[str, Any]]:
+    """Every effect the relay gave up on, oldest source first: what a person must fix and retry. ``task_id`` is
+    the task whose event wrote the effect (None for an effect without one); ``failed_at`` is None for a row that
+    failed before the time was recorded; ``retried_by``/``retried_at`` name the last retry, if any."""
+    with db.read() as conn:
+        rows = conn.execute(
+            sa.select(outbox.c.effect_key, outbox.c.effect, outbox.c.payload, outbox.c.attempts,
+                      outbox.c.last_error, outbox.c.failed_at, outbox.c.retried_by, outbox.c.retried_at)
+            .where(outbox.c.status == FAILED).order_by(outbox.c.source_pos, outbox.c.effect_key)).all()
+    return [{"effect_key": r.effect_key, "effect": r.effect, "task_id": _task_of(r.payload),
+             "attempts": r.attempts, "last_error": r.last_error, "failed_at": r.failed_at,
+             "retried_by": r.retried_by, "retried_at": r.retried_at} for r in rows]
+
+
+def _task_of(payload: str) -> str | None:
+    try:
+        task_id = json.loads(payload).get("task_id")
+    except (ValueError, AttributeError):
+        return None
+    return task_id if isinstance(task_id, str) else None
+
+
+@dataclass(frozen=True)
+class RetryRefused:
+    """Why a dead letter was not put back: ``code`` is EFFECT_NOT_FOUND or EFFECT_NOT_DEAD."""
+
+    code: str
+    message: str
+
+
+def retry_dead_letter(db: Database, effect_key: str, by: str) -> RetryRefused | None:
+    """Put a dead letter back to pending with its attempts cleared, recording ``by`` (the principal id) and when;
+    the next relay pass runs it again. Only a ``failed`` row is touched (the update's own condition, so a
+    concurrent retry or relay cannot be undone): a pending, claimed or done effect is refused, as is a key no
+    row has. None when it was queued."""
+    with db.write() as uow:
+        res = uow.conn.execute(outbox.update().where(outbox.c.effect_key == effect_key, outbox.c.status == FAILED)
+                               .values(status="pending", attempts=0, claimed_until=None, claim_token=None,
+                                       failed_at=None, retried_by=by, retried_at=utc_now_iso()))
+        if res.rowcount:
+            log.warning("outbox_effect_retried", effect_key=effect_key, by=by)
+            return None
+        status = uow.conn.execute(sa.select(outbox.c.status).where(outbox.c.effect_key == effect_key)).scalar()
+    if status is None:
+        return RetryRefused(EFFECT_NOT_FOUND, f"no outbox effect {effect_key!r} (see `taskkernel effects list`)")
+    return RetryRefused(EFFECT_NOT_DEAD, f"effect {effect_key!r} is {status}, not a dead letter: only an effect "
+                                         "that exhausted its attempts is retried (the relay retries the others)")

@@ -23,7 +23,8 @@ SQL as for the authority filters; a document stored before the field existed lac
 
 The listed fields of a task are TASK_LIST_FIELDS, taken from its stored document. ``task_document`` and
 ``task_history`` read one task for `task show` without building the command kernel (a read needs no roles,
-guards or effect rules).
+guards or effect rules); ``recorded_patch`` reads the patch a done report recorded for `task diff`, proven against
+the hash in the report's event (``read_patch``, which the board can share).
 """
 
 from __future__ import annotations
@@ -32,12 +33,14 @@ import base64
 import binascii
 import json
 from collections.abc import Callable, Generator, Mapping
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import orjson
 import sqlalchemy as sa
 
-from taskkernel.kernel.canonical import canonical_json
+from taskkernel.kernel.canonical import canonical_json, sha256_hex
+from taskkernel.kernel.history import history_entry
 from taskkernel.kernel.model.task import TaskState, task_stream
 from taskkernel.kernel.model.upcasters import task_upcasters
 from taskkernel.kernel.store.db import Database
@@ -101,22 +104,94 @@ def task_history(db: Database, task_id: str) -> list[RecordedEvent]:
         return event_reader().read_stream(conn, task_stream(task_id))
 
 
-HISTORY_FIELDS = ("from", "round", "reason", "report_id", "status")  # what `task show` keeps of an event's data
-
-
-def history_entry(ev: RecordedEvent) -> dict[str, Any]:
-    """One event of a task as `task show` lists it: revision, position, type, actor, time and the fields above."""
-    return {"revision": ev.stream_version, "global_pos": ev.global_pos, "type": ev.type, "by": ev.data.get("by"),
-            "at": ev.recorded_at, **{k: v for k, v in ev.data.items() if k in HISTORY_FIELDS}}
-
-
 def task_show_document(db: Database, task_id: str) -> dict[str, Any] | None:
     """The document of `task show` (and of the web API's ``GET /api/tasks/{id}``): the stored document, its
-    ``blocked`` (null for a document stored before the field existed) and its ``history``; None: no such task."""
+    ``blocked`` (null for a document stored before the field existed), each report with its ``body`` (the stored
+    document keeps only the report's facts; a reviewer needs what it says, read from its event) and its
+    ``history``; None: no such task."""
     doc = task_document(db, task_id)
     if doc is None:
         return None
-    return {**doc, "blocked": doc.get("blocked"), "history": [history_entry(ev) for ev in task_history(db, task_id)]}
+    events = task_history(db, task_id)
+    bodies = {report_id: ev.data.get("body") or "" for ev in events if (report_id := _report_of(ev)) is not None}
+    reports = [{**r, "body": bodies.get(r["report_id"], "")} for r in doc.get("reports", ())]
+    return {**doc, "reports": reports, "blocked": doc.get("blocked"),
+            "history": [history_entry(ev) for ev in events]}
+
+
+def _report_of(ev: RecordedEvent) -> str | None:
+    """The report id an event adds to the task's reports (a report, or an imported REPORT record), else None."""
+    if ev.type == "report_submitted":
+        return str(ev.data["report_id"])
+    if ev.type == "record_attached" and ev.data.get("kind") == "report":
+        return str(ev.data["record_id"])
+    return None
+
+
+class RecordedPatch(NamedTuple):
+    """The patch a done report recorded, read back and proven against the hash in its event (`task diff`)."""
+
+    task_id: str
+    round: int
+    report_id: str
+    patch: bytes
+    patch_sha256: str
+    files: list[dict[str, Any]]
+
+
+class PatchRefused(NamedTuple):
+    """Why no patch is shown: ``code`` is one of PATCH_REFUSALS, ``message`` says what is wrong and what to do."""
+
+    code: str
+    message: str
+
+
+# task_not_found: no such task; no_diff: no done report (of that round) recorded a diff; patch_missing: the file the
+# diff names is gone, unreadable or outside the evidence folder; patch_mismatch: its bytes are not the recorded ones.
+PATCH_REFUSALS = ("task_not_found", "no_diff", "patch_missing", "patch_mismatch")
+
+
+def read_patch(root: Path, evidence: Path, diff: Mapping[str, Any]) -> bytes | PatchRefused:
+    """The bytes of the patch a report's ``diff`` names (relative to the workspace ``root``), only from under the
+    ``evidence`` folder and only if they hash to the ``patch_sha256`` the report recorded: a patch file edited
+    since is refused, never shown as what was reviewed."""
+    if "patch" not in diff:
+        return PatchRefused("no_diff", f"the report recorded no patch ({diff.get('error') or 'no diff was taken'})")
+    path = (root / diff["patch"]).resolve()
+    if not path.is_relative_to(evidence.resolve()):
+        return PatchRefused("patch_missing", f"{diff['patch']} is not under the evidence folder {evidence}")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        return PatchRefused("patch_missing", f"cannot read {diff['patch']}: {exc.strerror or exc}")
+    if sha256_hex(data) != diff.get("patch_sha256"):
+        return PatchRefused("patch_mismatch", f"{diff['patch']} no longer matches the SHA-256 the report recorded "
+                                              f"({diff.get('patch_sha256')}): it was changed after the report")
+    return data
+
+
+def recorded_patch(db: Database, root: Path, evidence: Path, task_id: str,
+                   round_: int | None = None) -> RecordedPatch | PatchRefused:
+    """The patch of the done report of round ``round_`` of a task (default: the latest round whose done report
+    recorded a diff), read from its event (the whole file list, not the document's first files) and proven by
+    ``read_patch``. A round with several done reports (reported again before submitting) shows the last."""
+    events = task_history(db, task_id)
+    if not events:
+        return PatchRefused("task_not_found", f"{task_id} does not exist (see `taskkernel task list`)")
+    done = [ev.data for ev in events if ev.type == "report_submitted" and ev.data.get("status") == "done"
+            and ev.data.get("diff") and (round_ is None or ev.data.get("round") == round_)]
+    if round_ is None:
+        done = [d for d in done if "patch" in d["diff"]] or done
+    if not done:
+        which = f"in round {round_}" if round_ is not None else "in any round"
+        return PatchRefused("no_diff", f"{task_id} has no done report with a recorded diff {which} (a diff is "
+                                       "recorded for a role with isolation = \"worktree\")")
+    report = done[-1]
+    data = read_patch(root, evidence, report["diff"])
+    if isinstance(data, PatchRefused):
+        return data
+    return RecordedPatch(task_id, int(report["round"]), str(report["report_id"]), data,
+                         str(report["diff"]["patch_sha256"]), list(report["diff"].get("files", ())))
 
 
 EXTRA_FILTERS = ("driver", "done_authority", "root", "parent", "risk")  # named in a cursor only when set

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_support import taskkernel
+from tests.cli_support import run_tty, taskkernel
 
 tk = taskkernel
 
@@ -118,3 +118,20 @@ def test_only_the_owner_or_admin_may_issue_credentials(ws: Path) -> None:
     assert r.returncode == 2 and json.loads(r.stdout)["reason"] == "role_not_authorized"
     admin = tk("token", "issue", "ADMIN", "--agent", "alice", cwd=ws).stdout.strip()
     assert tk("--token", admin, "token", "issue", "QA", cwd=ws).stdout.strip().startswith("tk_")
+
+
+def test_task_show_prints_each_reports_body(ws: Path) -> None:
+    """A reviewer reads what each report says in `task show`: `body` in every report of the JSON document, and the
+    body as a block on a terminal, its lines kept and its control characters escaped."""
+    tid = json.loads(tk("task", "create", "--to", "DEV", "--subject", "Fix it", cwd=ws).stdout)["task_id"]
+    assert tk("task", "claim", tid, cwd=ws).returncode == 0
+    for status, body in (("in_progress", "halfway"), ("blocked", "need the key\nasked \x1b[2Jops")):
+        assert tk("task", "report", tid, "--status", status, "--body", body, cwd=ws).returncode == 0
+    doc = json.loads(tk("task", "show", tid, "--json", cwd=ws).stdout)
+    assert [(r["status"], r["body"]) for r in doc["reports"]] == [
+        ("in_progress", "halfway"), ("blocked", "need the key\nasked \x1b[2Jops")]
+    shown = run_tty("task", "show", tid, cwd=ws)
+    assert shown.code == 0, shown.err
+    lines = shown.out.splitlines()
+    assert "halfway" in lines and "need the key" in lines and "asked \\x1b[2Jops" in lines, shown.out
+    assert "\x1b" not in shown.out

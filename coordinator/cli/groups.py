@@ -41,8 +41,10 @@ ENTRIES: tuple[Entry, ...] = (
           "the team, each runner, the database and its schema, quarantined files and blocked tasks; exit 0 if "
           "healthy, 2 otherwise."),
     Entry("inbox", "inbox", "inbox", "What waits for your role: reviews to decide, approvals that need a grant, "
-          "blocked tasks you drive."),
+          "blocked and stalled tasks, and (every role) effects given up on."),
     Entry("runs", "runs", "app", "Agent runs: what runs, retries, failed or is blocked, and each attempt."),
+    Entry("effects", "effects", "app", "Outbox effects that exhausted their attempts (dead letters): list them, "
+          "retry one."),
     Entry("mcp", "mcp_cmd", "mcp", "Serve tasks to agent hosts over MCP: task verbs, reads, progress and resume, the "
           "execution gate, usage."),
     Entry("serve", "serve", "serve", "Serve the web board: tasks by stage, each task's story, runs, schedules, usage "

@@ -1,8 +1,10 @@
 """`taskkernel up`: run the coordinator over a workspace.
 
-A stage that failed is never reported as ok: `--once` exits 1 with ``"status": "degraded"`` and the
-failed stages; the long-running form keeps going and shows the failing stages in its live view
-(coordinator/cli/live.py; the coordinator logs each failure as a structured line either way).
+A stage that failed is never reported as ok, nor is an effect the outbox relay gave up on (a dead letter, e.g. a
+merge the base checkout's local edits block): `--once` exits 1 with ``"status": "degraded"``, the failed stages and
+the dead letters, each with its last error (`taskkernel effects retry KEY` once the cause is fixed); the
+long-running form keeps going and shows the failing stages in its live view (coordinator/cli/live.py; the
+coordinator logs each failure as a structured line either way).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from taskkernel.coordinator.fcop import FcopError
 from taskkernel.coordinator.loop import Coordinator, PassStats, Shutdown, StageFailure
 from taskkernel.coordinator.workspace import Workspace, WorkspaceNotFound
 from taskkernel.kernel.logging import prefer_level
+from taskkernel.kernel.outbox import dead_letters
 
 
 def up(ctx: typer.Context, workspace: Path = typer.Argument(None, help="Workspace root (default: search upwards)."),
@@ -71,9 +74,16 @@ def up(ctx: typer.Context, workspace: Path = typer.Argument(None, help="Workspac
             say(("interrupted", "yellow"), f": {len(stopped)} run(s) stopped; they run again at the next start")
             raise typer.Exit(130)
         failed = _failed_stages([f for p in passes for f in p.failed])
-        if failed:
-            emit({"status": "degraded", "failed_stages": failed, **done})
-            say(("degraded", "red"), f": {len(failed)} stage failure(s); processed: {done}")
+        dead = dead_letters(db)
+        if failed or dead:
+            emit({"status": "degraded", "failed_stages": failed, "dead_letters": dead, **done})
+            say(("degraded", "red"), f": {len(failed)} stage failure(s), {len(dead)} dead letter(s); processed: {done}")
+            for d in dead:
+                say(("dead letter", "red"), f" {d['effect_key']} ({d['effect']}"
+                    + (f", task {d['task_id']}" if d["task_id"] else "")
+                    + f") after {d['attempts']} attempt(s): {oneline(d['last_error'] or '')}")
+            if dead:
+                say("fix the cause, then: taskkernel effects retry KEY (see taskkernel effects list)")
             raise typer.Exit(int(Exit.INTERNAL))
         emit({"status": "ok", **done})
         say(f"processed: {done}")

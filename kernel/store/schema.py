@@ -76,6 +76,10 @@ outbox = sa.Table(
     sa.Column("claim_token", sa.Text),
     sa.Column("last_error", sa.Text),
     sa.Column("done_at", sa.Text),
+    # a dead letter (status "failed": attempts exhausted): when it gave up, and who last put it back to pending
+    sa.Column("failed_at", sa.Text),
+    sa.Column("retried_by", sa.Text),
+    sa.Column("retried_at", sa.Text),
     sa.Index("ix_outbox_status", "status", "source_pos"),
 )
 
