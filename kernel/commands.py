@@ -19,7 +19,7 @@ import orjson
 import sqlalchemy as sa
 from pydantic import BaseModel, ValidationError
 
-from taskkernel.kernel import delegation
+from taskkernel.kernel import delegation, records, retry
 from taskkernel.kernel.canonical import canonical_json, digest, utc_now_iso
 from taskkernel.kernel.model.commands import (
     CREATING,
@@ -42,6 +42,7 @@ from taskkernel.kernel.model.task import (
     EVENT_FOR,
     HISTORY,
     IN_PLACE,
+    IN_ROUND,
     OPEN_STATES,
     STARTS_ROUND,
     TERMINAL_STATES,
@@ -197,6 +198,8 @@ class TaskCommandKernel:
                 prefix = cmd.idempotency_key.split(":", 1)[0]
                 return _rejected(R.INVALID_COMMAND, f"idempotency keys starting with {prefix + ':'!r} are reserved "
                                  "to the coordinator's adapters; choose another key", raw)
+            if external and (why := records.external_refusal(cmd)):
+                return _rejected(R.INVALID_COMMAND, why, raw)
             return cmd
         except ValidationError as exc:
             errors = exc.errors()
@@ -294,6 +297,8 @@ class TaskCommandKernel:
         if doc is not None and doc["state"] in TERMINAL_STATES:
             what = "parent task" if cmd.type in CREATING else "task"
             raise KernelError(R.TASK_TERMINAL, f"{what} {doc['task_id']} is archived; nothing may change it")
+        if (finished := retry.finished_refusal(cmd, doc)) is not None:
+            raise finished
 
     @staticmethod
     def _check_revision_and_round(cmd: Command, doc: dict[str, Any] | None) -> None:
@@ -308,6 +313,8 @@ class TaskCommandKernel:
 
     def _check_authority(self, cmd: Command, payload: BaseModel, doc: dict[str, Any] | None,
                          principal: Principal) -> None:
+        if records.check_author(cmd, principal):  # the coordinator's own record of a merge
+            return
         spec = self.roles.get(principal.role)
         if not spec.may_issue(cmd.type):
             raise KernelError(R.ROLE_NOT_AUTHORIZED, f"role {principal.role} may not issue {cmd.type.value}")
@@ -325,12 +332,14 @@ class TaskCommandKernel:
         if isinstance(payload, CreateTaskPayload) and doc is not None:
             self._check_inherited_policy(payload, doc)
         if principal.is_admin:
+            self._check_decider(cmd, payload)
             return
         if cmd.type in HISTORY:
             raise KernelError(R.ROLE_NOT_AUTHORIZED, f"only ADMIN may import history ({cmd.type.value})")
         if cmd.type is CommandType.CREATE_TASK:
             assert isinstance(payload, CreateTaskPayload)
             self._check_assignment(spec, payload, doc, principal)
+            self._check_decider(cmd, payload)
             return
         assert doc is not None
         if isinstance(payload, AmendPayload) and payload.risk_level is not None and \
@@ -355,6 +364,12 @@ class TaskCommandKernel:
             if principal.role not in members:
                 raise KernelError(R.ROLE_NOT_AUTHORIZED,
                                   f"{principal.role} takes no part in {parent['task_id']} and cannot add children")
+
+    def _check_decider(self, cmd: Command, payload: BaseModel) -> None:
+        """A new task's done authority can decide it (ADMIN's creates too; imported history is not judged)."""
+        if cmd.type is CommandType.CREATE_TASK and isinstance(payload, CreateTaskPayload) and \
+                (undecidable := delegation.decider_refusal(payload, self.roles)) is not None:
+            raise undecidable
 
     def _check_known_roles(self, payload: CreateTaskPayload) -> None:
         """A new task is for roles the team has (ADMIN, the team, installed role packages): one for any other
@@ -469,6 +484,8 @@ class TaskCommandKernel:
         data: dict[str, Any] = {}
         if cmd.type in STARTS_ROUND:
             data["round"] = doc["round"] + 1
+        if cmd.type in IN_ROUND:
+            data["round"] = doc["round"]
         if cmd.type in TRANSITIONS:
             data["from"] = doc["state"]
         if cmd.type is CommandType.SUBMIT:

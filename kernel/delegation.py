@@ -12,11 +12,17 @@ unscoped owner credential, which may set anything) is held to two rules, read fr
 They apply to the authority as resolved (``authority_of``), so an omitted field's default obeys them too: a
 leader sending a task to itself must name another done authority. The refusal is ``role_not_authorized``, with
 the roles the creator may name. ``adopt_task`` (imported history) is ADMIN's and never judged here.
+
+Whoever creates it (ADMIN included), a new task's done authority must be a role that can decide it: one whose role
+module may issue ``approve`` (``decider_refusal``). A task judged by a role that may not approve would sit in review
+for ever, its review runs refused; it is refused at the door instead, naming the roles that may.
 """
 
 from __future__ import annotations
 
-from taskkernel.kernel.model.commands import CreateTaskPayload
+from typing import Any, Protocol
+
+from taskkernel.kernel.model.commands import CommandType, CreateTaskPayload
 from taskkernel.kernel.model.principal import ADMIN
 from taskkernel.kernel.model.task import authority_of
 from taskkernel.kernel.reasons import KernelError, ReasonCode
@@ -62,6 +68,31 @@ def refusal(payload: CreateTaskPayload, scope: str, leader: str) -> KernelError 
         return _refuse(f"done_authority {judge}{default} is also the driver: nobody judges its own work; "
                        f"name another done_authority: {reach(keep=True, but=driver)}")
     return None
+
+
+class Roles(Protocol):
+    """What ``decider_refusal`` reads of the role registry (the kernel's RolePolicy)."""
+
+    def get(self, code: str) -> Any: ...
+
+    def codes(self) -> list[str]: ...
+
+
+def may_decide(roles: Roles, role: str) -> bool:
+    """Whether ``role``'s module may approve a task (ADMIN's always may)."""
+    return role == ADMIN or bool(roles.get(role).may_issue(CommandType.APPROVE))
+
+
+def decider_refusal(payload: CreateTaskPayload, roles: Roles) -> KernelError | None:
+    """Why the task's done authority (as resolved, the default included) could never decide it; None when it can."""
+    authority = authority_of(payload)
+    judge = authority["done_authority"]
+    if may_decide(roles, judge):
+        return None
+    deciders = [code for code in roles.codes() if may_decide(roles, code) and code != authority["driver"]]
+    default = "" if payload.done_authority else " (by default, the sender)"
+    return _refuse(f"done_authority {judge}{default} may not approve (its role module does not issue approve): "
+                   f"nobody could decide the task; name a done_authority that may: {_listed(deciders)}")
 
 
 def _listed(roles: list[str]) -> str:

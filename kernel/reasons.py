@@ -33,6 +33,7 @@ class ReasonCode(StrEnum):
     PERMISSION_REQUIRED = "permission_required"
     GATE_BLOCKED = "gate_blocked"
     GATE_INSUFFICIENT_EVIDENCE = "gate_insufficient_evidence"
+    RETRY_CANNOT_HELP = "retry_cannot_help"  # `task retry`: the role that would run has no usable runner
     # The database's schema against this code's (kernel/store/version.py, docs/migrations.md)
     SCHEMA_BEHIND = "schema_behind"  # an older revision (or none yet): `taskkernel db upgrade` first
     SCHEMA_AHEAD = "schema_ahead"  # a revision this code does not know: a newer release upgraded the database

@@ -15,7 +15,10 @@ JSON of (the caller's provenance, the verb, the task id, the round the verb acts
 - a verb that starts a round (claim, reject, reopen) finds the task one round on when it is retried: its
   key for the round before is used again when that key's receipt left the task exactly where it is now
   (same revision), so the retry replays; once anything else moved the task, it is a new command;
-- an identical ``create`` by the same caller replays (one task, not two); pass a key to create a twin on purpose.
+- an identical ``create`` by the same caller replays (one task, not two); pass a key to create a twin on purpose;
+- a ``retry`` also hashes the task's revision: retried again after its run failed again (a blocked report moved
+  the task on) it is a new command, a new run; sent again while the task is where the first put it (a double
+  click, a lost reply) it replays.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ VERB_COMMANDS: dict[str, CommandType] = {
     "reopen": CommandType.REOPEN,
     "archive": CommandType.ARCHIVE,
     "amend": CommandType.AMEND,
+    "retry": CommandType.RETRY,
 }
 
 
@@ -111,6 +115,13 @@ class TaskVerbs:
             done = self.kernel.receipt(principal, earlier)
             if done is not None and done.revision == doc["revision"]:
                 return earlier  # this verb moved the task to where it is: the retry replays it
+        if command_type is CommandType.RETRY:  # one retry per state of the task, not one per round
+            def at(revision: int) -> str:
+                return derive_key(principal, verb, doc["task_id"], acting_round,
+                                  {"payload": payload, "revision": revision})
+            done = self.kernel.receipt(principal, at(doc["revision"] - 1))
+            return at(doc["revision"] - 1) if done is not None and done.revision == doc["revision"] else \
+                at(doc["revision"])
         return derive_key(principal, verb, doc["task_id"], acting_round, payload)
 
     def _hint(self, result: CommandResult, command_type: CommandType, task_id: str) -> str | None:

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from taskkernel.kernel.model.commands import CommandType
+from taskkernel.kernel.model.commands import COORDINATOR_ONLY, CommandType
 
-ALL_COMMANDS = frozenset(CommandType)
+ALL_COMMANDS = frozenset(CommandType) - COORDINATOR_ONLY  # the coordinator's own records are no role's power
 DRIVER_COMMANDS = frozenset({CommandType.CLAIM, CommandType.SUBMIT, CommandType.SUBMIT_REPORT, CommandType.PERFORM})
 
 
@@ -33,7 +33,9 @@ class RoleSpec:
     handler: Callable[..., Any] | None = field(default=None, compare=False)
 
     def may_issue(self, command: CommandType) -> bool:
-        return command in self.commands
+        """``retry`` comes with ``approve``: a role that decides a task may ask for another run of it (a role
+        package written before retry existed keeps that power)."""
+        return command in self.commands or (command is CommandType.RETRY and CommandType.APPROVE in self.commands)
 
 
 def least_privilege(code: str) -> RoleSpec:

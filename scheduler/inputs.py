@@ -14,11 +14,11 @@ Placeholders (``{schedule}``, ``{dedup_key}``, …) are plain text here: they st
 from __future__ import annotations
 
 import difflib
-from typing import Protocol
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from taskkernel.kernel.delegation import refusal
+from taskkernel.kernel.delegation import decider_refusal, refusal
 from taskkernel.kernel.model.commands import CreateTaskPayload
 from taskkernel.kernel.model.principal import ADMIN
 from taskkernel.kernel.sessionlog.grants import check_grant
@@ -31,6 +31,8 @@ ROLE_FIELDS = ("recipient", "driver", "done_authority", "archive_authority")
 class _Scoped(Protocol):
     @property
     def assign_scope(self) -> str: ...
+
+    def may_issue(self, command: Any) -> bool: ...
 
 
 class KnownRoles(Protocol):
@@ -70,9 +72,11 @@ def check_inputs(spec: ScheduleSpec, roles: KnownRoles | None) -> None:
                 role = getattr(payload, field)
                 if role is not None and not roles.known(role):
                     raise _unknown(f"template {field}", role, roles)
-            # the kernel would refuse every fire of a task handing powers beyond the owner's reach (ADMIN's own)
-            if spec.owner_role != ADMIN and (refused := refusal(payload, str(roles.get(spec.owner_role).assign_scope),
-                                                                 roles.leader)) is not None:
+            # the kernel would refuse every fire of a task handing powers beyond the owner's reach (ADMIN's own), or
+            # one whose done authority could never decide it (ADMIN's too)
+            refused = refusal(payload, str(roles.get(spec.owner_role).assign_scope), roles.leader) \
+                if spec.owner_role != ADMIN else None
+            if (refused := refused or decider_refusal(payload, roles)) is not None:
                 raise SchedulerException(ScheduleError.ROLE_NOT_AUTHORIZED, f"template: {refused.message}")
     elif act.type is ActionType.ACCEPT_INPUT:
         try:

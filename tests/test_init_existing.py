@@ -128,7 +128,11 @@ def test_the_roles_its_files_use_may_be_given_work(tmp_path: Path) -> None:
     claim = submit(root, coder, {"type": "claim", "task_id": task["task_id"], "thread_key": task["task_id"],
                                  "expected_revision": 1, "round": 0, "idempotency_key": "c1", "payload": {}})
     assert claim["status"] == "accepted", claim
-    assert submit(root, coder, create("CODER", "PLANNER", "c2"))["status"] == "accepted", "a worker asks its leader"
+    asked = create("CODER", "PLANNER", "c2")
+    refused = submit(root, coder, asked)  # by default CODER would judge it, and a worker may not approve
+    assert refused["reason"] == "role_not_authorized" and "ADMIN" in refused["message"], refused
+    asked["payload"]["done_authority"] = "ADMIN"  # type: ignore[index]
+    assert submit(root, coder, asked)["status"] == "accepted", "a worker asks its leader, a person decides"
 
 
 def test_an_explicit_team_preset_still_wins(tmp_path: Path) -> None:

@@ -117,7 +117,7 @@ def test_07_unverified_or_impersonating_caller_is_actor_unverified(h: Harness) -
     ev, rc = snapshot(h)
     assert h.cmd("claim", tid, resolve_principal(h.db, token)).reason == "actor_unverified"
     assert h.cmd("claim", tid, DEV, payload={"actor": "PM"}).reason == "actor_unverified"
-    assert h.create(sender=DEV, recipient="PM", key="spoof").reason is None  # own role is fine
+    assert h.create(sender=DEV, recipient="PM", key="spoof", done_authority="ADMIN").reason is None  # own role
     ev, rc = snapshot(h)
     r = h.kernel.submit({"type": "create_task", "idempotency_key": "spoof2",
                          "payload": {"sender": "ADMIN", "recipient": "DEV", "subject": "x"}}, DEV)
@@ -289,8 +289,14 @@ def test_22_only_the_driver_submits(h: Harness) -> None:
 
 
 def test_23_command_outside_the_role_capabilities_is_denied(h: Harness) -> None:
-    tid = h.create(recipient="DEV", done_authority="DEV").task_id  # only ADMIN may make a driver its own judge
-    h.drive_to(tid, "review", driver=DEV)
+    # a new task judged by a role that may not approve is refused at the door, even ADMIN's
+    refused = h.create(recipient="DEV", done_authority="DEV")
+    assert refused.reason == "role_not_authorized" and "done_authority DEV may not approve" in refused.message
+    assert refused.message.endswith("name a done_authority that may: ADMIN or PM"), refused.message
+    tid = "TASK-20260101-002"  # imported history is taken as it was, and judged when it is acted on
+    assert h.kernel.submit({"type": "adopt_task", "task_id": tid, "idempotency_key": "a23", "payload": {
+        "sender": "ADMIN", "recipient": "DEV", "subject": "old", "done_authority": "DEV", "state": "review",
+        "round": 1, "source": f"_lifecycle/review/{tid}-ADMIN-to-DEV.md"}}, ADMIN).status == "accepted"
     # explicit authority names DEV, but a worker role module may not approve at all
     r = h.cmd("approve", tid, DEV)
     assert r.reason == "role_not_authorized" and "may not issue approve" in r.message
@@ -311,7 +317,12 @@ def test_24_unknown_role_gets_least_privilege(h: Harness) -> None:
 
 def test_25_worker_may_address_only_the_leader(h: Harness) -> None:
     assert h.create(sender=QA, recipient="DEV").reason == "role_not_authorized"
-    assert h.create(sender=QA, recipient="PM").status == "accepted"
+    assert h.create(sender=QA, recipient="PM", done_authority="ADMIN").status == "accepted"
+    # its default done authority is itself, and a worker may not approve: nobody could decide the task
+    undecided = h.create(sender=QA, recipient="PM")
+    assert undecided.reason == "role_not_authorized" and undecided.message.endswith(
+        "done_authority QA (by default, the sender) may not approve (its role module does not issue approve): "
+        "nobody could decide the task; name a done_authority that may: ADMIN"), undecided.message
 
 
 def test_26_direct_writes_that_bypass_the_kernel_are_detected(h: Harness) -> None:

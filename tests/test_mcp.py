@@ -32,8 +32,8 @@ from taskkernel.kernel.store.db import Database
 from tests.cli_support import ROOT, append_config, cli_env, new_workspace, run
 
 EXPECTED_TOOLS = {"whoami", "list_tasks", "get_task", "create_task", "claim_task", "report", "submit_task",
-                  "approve_task", "reject_task", "archive_task", "add_progress", "resume", "check_action", "perform",
-                  "usage"}
+                  "approve_task", "reject_task", "archive_task", "retry_task", "add_progress", "resume", "check_action",
+                  "perform", "usage"}
 COMMAND_KEYS = {"status", "reason", "message", "task_id", "revision", "round"}
 
 

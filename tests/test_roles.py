@@ -72,4 +72,7 @@ def test_a_role_package_is_held_to_the_delegation_its_assign_scope_declares(sqli
     assert create("LEAD", "judged", recipient="LEAD", done_authority="PM")[0] == "accepted"
     status, message = create("SCOUT", "peer", recipient="PM", done_authority="DEV")
     assert status == "rejected" and message.endswith("it may name SCOUT, PM or ADMIN"), message
-    assert create("SCOUT", "upwards", recipient="PM")[0] == "accepted"
+    assert create("SCOUT", "upwards", recipient="PM", done_authority="ADMIN")[0] == "accepted"
+    # a judge must be a role whose module may approve: SCOUT (by default, the sender) may not
+    status, message = create("SCOUT", "undecided", recipient="PM")
+    assert status == "rejected" and message.endswith("name a done_authority that may: ADMIN or LEAD"), message

@@ -364,9 +364,11 @@ def test_a_worker_cannot_make_itself_the_judge_of_its_own_work(ws: Ws) -> None:
         refused_naming(create(ws, f"peer-{field}", dev, sender="DEV", recipient="PM", **{field: "QA"}),
                        field, "DEV, PM or ADMIN")
     assert ws.run("task", "list").json == []  # a refusal writes nothing
-    # within its delegation: the defaults (the leader works, DEV as requester judges), or ADMIN as judge
-    assert authority(ws, create(ws, "ask-lead", dev, sender="DEV", recipient="PM")) == {
-        "driver": "PM", "done_authority": "DEV", "archive_authority": "DEV"}
+    # within its delegation, but DEV (the requester, judge by default) may not approve: nobody could decide it
+    refused_naming(create(ws, "ask-lead", dev, sender="DEV", recipient="PM"),
+                   "done_authority DEV (by default, the sender) may not approve",
+                   "name a done_authority that may: ADMIN")
+    assert ws.run("task", "list").json == []
     assert authority(ws, create(ws, "ask-lead-admin-judges", dev, sender="DEV", recipient="PM",
                                 done_authority="ADMIN", archive_authority="PM")) == {
         "driver": "PM", "done_authority": "ADMIN", "archive_authority": "PM"}
@@ -376,8 +378,11 @@ def test_the_lead_delegates_to_anyone_but_never_judges_what_it_drives_and_admin_
     """The leader (assign_scope anyone) names any driver and judge but never one judge for its own driver; only the
     owner may make a driver its own judge."""
     pm = ws.token("PM")
-    assert authority(ws, create(ws, "dev-qa", pm, sender="PM", recipient="DEV", done_authority="QA")) == {
-        "driver": "DEV", "done_authority": "QA", "archive_authority": "PM"}
+    assert authority(ws, create(ws, "dev-admin", pm, sender="PM", recipient="DEV", done_authority="ADMIN")) == {
+        "driver": "DEV", "done_authority": "ADMIN", "archive_authority": "PM"}
+    # a judge that may not approve (a worker's role module) could never decide: refused at the door
+    refused_naming(create(ws, "dev-qa", pm, sender="PM", recipient="DEV", done_authority="QA"),
+                   "done_authority QA may not approve", "ADMIN or PM")
     assert authority(ws, create(ws, "dev-pm", pm, sender="PM", recipient="DEV")) == {
         "driver": "DEV", "done_authority": "PM", "archive_authority": "PM"}
     refused_naming(create(ws, "dev-self", pm, sender="PM", recipient="DEV", done_authority="DEV"),
@@ -386,11 +391,14 @@ def test_the_lead_delegates_to_anyone_but_never_judges_what_it_drives_and_admin_
     # needs another judge, named explicitly
     own = ws.run("task", "create", "--to", "PM", "--subject", "mine", token=pm)
     refused_naming(own, "(by default, the sender)", "any role of the team but PM")
-    assert authority(ws, create(ws, "pm-qa", pm, sender="PM", recipient="PM", done_authority="QA"))["driver"] == "PM"
-    # the owner may set anything, even a driver that judges itself
-    assert authority(ws, create(ws, "admin", None, sender="ADMIN", recipient="DEV", driver="DEV",
-                                done_authority="DEV", archive_authority="DEV")) == {
-        "driver": "DEV", "done_authority": "DEV", "archive_authority": "DEV"}
+    assert authority(ws, create(ws, "pm-admin", pm, sender="PM", recipient="PM",
+                                done_authority="ADMIN"))["driver"] == "PM"
+    # the owner may set anything, even a driver that judges itself, as long as the judge may approve
+    assert authority(ws, create(ws, "admin", None, sender="ADMIN", recipient="PM", driver="PM",
+                                done_authority="PM", archive_authority="DEV")) == {
+        "driver": "PM", "done_authority": "PM", "archive_authority": "DEV"}
+    refused_naming(create(ws, "admin-dev", None, sender="ADMIN", recipient="DEV", done_authority="DEV"),
+                   "done_authority DEV may not approve", "ADMIN or PM")
 
 
 def test_amend_cannot_move_a_tasks_authority(ws: Ws) -> None:

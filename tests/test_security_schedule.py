@@ -98,7 +98,7 @@ def new_team(root: Path, env: dict[str, str]) -> Team:
     root.mkdir()
     init = t.owner("init", ".")
     assert init.code == 0, init.err
-    (root / "t.yaml").write_text("recipient: PM\nsubject: automated {dedup_key}\n")
+    (root / "t.yaml").write_text("recipient: PM\nsubject: automated {dedup_key}\ndone_authority: ADMIN\n")
     t.open()
     return t
 

@@ -359,8 +359,10 @@ def test_runs_usage_and_sessions_show_what_the_coordinator_did(tmp_path: Path) -
 
     ws = new_workspace(tmp_path)
     good = tmp_path / "good.py"
-    good.write_text('import json\nprint(json.dumps({"usage": {"tokens_in": 1200, "tokens_out": 300, '
-                    '"cost_usd": 0.0125}}))\n')
+    good.write_text('import json, os, subprocess, sys\n'  # it reports, as an agent must (else no_report)
+                    'subprocess.run([sys.executable, "-m", "taskkernel", "task", "report", '
+                    'os.environ["TASKKERNEL_TASK_ID"], "--status", "done", "--body", "ok"], check=True)\n'
+                    'print(json.dumps({"usage": {"tokens_in": 1200, "tokens_out": 300, "cost_usd": 0.0125}}))\n')
     bad = tmp_path / "bad.py"
     bad.write_text('import sys\nprint("about to crash", flush=True)\nprint("boom on stderr", file=sys.stderr)\n'
                    'sys.exit(3)\n')

@@ -1,8 +1,9 @@
-"""`taskkernel task create|claim|report|submit|approve|reject|reopen|archive|amend`: one call per action.
+"""`taskkernel task create|claim|report|submit|approve|reject|reopen|archive|amend|retry|merge`: one call per action.
 
 Each verb reads the task's revision and round itself and derives its idempotency key (kernel/verbs.py, documented
 in docs/cli.md "Task verbs"); output and exit codes are `submit`'s: 0 accepted/replayed, 2 rejected with the
-reason code, 64 usage, 65 unreadable input."""
+reason code, 64 usage, 65 unreadable input. `task merge` is no kernel command: it runs the coordinator's merge of an
+approved task (coordinator/worktrees/effects.py) and prints ``{"status": "merged", …}`` or the refusal."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from taskkernel.coordinator.cli.common import Exit, emit, fail, get_ctx, say, warn
+from taskkernel.coordinator.cli.common import reject as refuse
 
 if TYPE_CHECKING:
     from taskkernel.kernel.verbs import TaskVerbs, VerbOutcome
@@ -34,7 +36,7 @@ BODY_FILE = typer.Option(None, "--body-file", help="Read the body from this file
 def attach(app: typer.Typer) -> None:
     for name, command in (("create", create), ("claim", claim), ("report", report), ("submit", submit),
                           ("approve", approve), ("reject", reject), ("reopen", reopen), ("archive", archive),
-                          ("amend", amend)):
+                          ("amend", amend), ("retry", retry), ("merge", merge)):
         app.command(name)(command)
 
 
@@ -184,3 +186,44 @@ def amend(ctx: typer.Context, task_id: str,
     if not payload:
         fail(Exit.USAGE, "amend needs at least one of --subject, --body, --body-file, --priority, --risk, --ref")
     _act(ctx, "amend", task_id, payload, expect_rev, round_, key)
+
+
+def retry(ctx: typer.Context, task_id: str,
+          reason: str | None = typer.Option(None, "--reason", help="Why another run should do better (recorded)."),
+          expect_rev: int | None = EXPECT_REV, round_: int | None = ROUND, key: str | None = KEY) -> None:
+    """Try an active or in-review task again: lift its round's block and make a new run due (ADMIN or the task's
+    done authority); refused, with what to fix, where a run cannot help."""
+    _act(ctx, "retry", task_id, {"reason": reason} if reason else None, expect_rev, round_, key)
+
+
+def merge(ctx: typer.Context, task_id: str) -> None:
+    """Merge an approved task's reviewed commit into its base now, as `up` does on approval: after a merge that
+    failed (a local edit in the base's checkout) once the cause is fixed (ADMIN or the task's done authority)."""
+    from taskkernel.coordinator.worktrees.effects import MERGED, WORKTREE_EFFECT, WorktreeEffects
+    from taskkernel.coordinator.worktrees.manager import Worktrees
+    from taskkernel.kernel.outbox import dead_letters, retry_dead_letter
+
+    c = get_ctx(ctx)
+    db = c.current_database()
+    principal, kernel, root = c.principal(), c.kernel(), c.workspace().root
+    doc = kernel.task(task_id)
+    if doc is None:
+        refuse("task_not_found", f"{task_id} does not exist (see `taskkernel task list`)")
+    if not principal.is_admin and principal.role != doc["authority"]["done_authority"]:
+        refuse("role_not_authorized", f"merge of {task_id} needs done_authority ({doc['authority']['done_authority']})"
+               f" or ADMIN, not {principal.role}", task_id=task_id)
+    approvals = [ev.global_pos for ev in kernel.history(task_id)
+                 if ev.type == "task_approved" and ev.data.get("from") == "review"]
+    if doc["state"] != "done" or not approvals:
+        refuse("illegal_transition", f"{task_id} is {doc['state']}: only an approved (done) task is merged",
+               task_id=task_id)
+    excludes = c.workspace().config.worktrees.patterns()
+    outcome = WorktreeEffects(kernel, Worktrees(db, root, excludes), {}).merge_approved(doc, approvals[-1])
+    if outcome.status != MERGED:
+        refuse(outcome.reason or "merge_failed", outcome.message, task_id=task_id)
+    for letter in dead_letters(db):  # the effect that gave up on this merge: run again, it finds the merge done
+        if letter["task_id"] == task_id and letter["effect"] == WORKTREE_EFFECT:
+            retry_dead_letter(db, letter["effect_key"], principal.id)
+    emit({"status": "merged", "task_id": task_id, "branch": outcome.branch, "base": outcome.base,
+          "commit": outcome.commit, "how": outcome.how, "message": outcome.message}, generic=False)
+    say(("merged", "green"), f" {task_id}: {outcome.message}")

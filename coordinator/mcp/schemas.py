@@ -118,6 +118,10 @@ class ArchiveArgs(TaskArgs):
     reason: str | None = Field(None, min_length=1, description="Why it is archived (default: \"archived\").")
 
 
+class RetryArgs(TaskArgs):
+    reason: str | None = Field(None, min_length=1, description="Why another run should do better (recorded).")
+
+
 class AddProgressArgs(Args):
     text: str = Field(min_length=1, description="Where you are: what is done, what comes next.")
     completed_tool_calls: Count = Field(0, description="Tool calls completed so far.")

@@ -33,6 +33,7 @@ from taskkernel.coordinator.mcp.results import (
 from taskkernel.coordinator.workspace import Workspace
 from taskkernel.kernel.commands import TaskCommandKernel
 from taskkernel.kernel.gate import TraceIndex, evaluate
+from taskkernel.kernel.history import history_entry
 from taskkernel.kernel.model.commands import CommandType
 from taskkernel.kernel.model.principal import Principal
 from taskkernel.kernel.permissions import DEFAULT_SESSION
@@ -67,7 +68,7 @@ class Tool:
 
 def _task_tool(verb: str, what: str, args: type[S.Args] = S.TaskArgs, destructive: bool = False) -> Tool:
     name = {"claim": "claim_task", "submit": "submit_task", "approve": "approve_task", "reject": "reject_task",
-            "archive": "archive_task"}[verb]
+            "archive": "archive_task", "retry": "retry_task"}[verb]
     return Tool(name, f"{verb.capitalize()} a task", what, args, S.CommandOut, False, destructive)
 
 
@@ -99,6 +100,9 @@ TOOLS: tuple[Tool, ...] = (
                S.RejectArgs),
     _task_tool("archive", "Archive a done task (its archive authority), with an optional reason." + _COMMAND_NOTE,
                S.ArchiveArgs, destructive=True),
+    _task_tool("retry", "Try an active or in-review task again (ADMIN or its done authority): its round's block is "
+               "lifted and a new run of its driver (active) or done authority (review) is due; retry_cannot_help "
+               "says what to fix when a run cannot help." + _COMMAND_NOTE, S.RetryArgs),
     Tool("add_progress", "Record progress", "A progress checkpoint in your session (text, completed tool calls, "
          "done): the anchor resume continues from after a compaction.", S.AddProgressArgs, S.ProgressOut, False),
     Tool("resume", "Where to resume", "The resume answer for your session: the anchor (the last checkpoint before "
@@ -253,6 +257,9 @@ class TaskTools:
 
     def archive_task(self, p: Principal, a: S.ArchiveArgs) -> Outcome:
         return self._act(p, "archive", a, {"reason": a.reason or "archived"})
+
+    def retry_task(self, p: Principal, a: S.RetryArgs) -> Outcome:
+        return self._act(p, "retry", a, {"reason": a.reason} if a.reason else None)
 
     def perform(self, p: Principal, a: S.PerformArgs) -> Outcome:
         doc = self.kernel.task(a.task_id)
@@ -421,9 +428,7 @@ def _report(data: dict[str, Any], at: str | None) -> dict[str, Any]:
 def _history(ev: Any) -> dict[str, Any]:
     """One history entry as `taskkernel task show` lists it (a reason cut at HISTORY_REASON_CHARS, with
     ``reason_truncated``: the whole one is in `taskkernel task show`)."""
-    entry = {"revision": ev.stream_version, "global_pos": ev.global_pos, "type": ev.type, "by": ev.data.get("by"),
-             "at": ev.recorded_at, **{k: v for k, v in ev.data.items()
-                                      if k in ("from", "round", "reason", "report_id", "status")}}
+    entry = history_entry(ev)
     if isinstance(entry.get("reason"), str) and len(entry["reason"]) > HISTORY_REASON_CHARS:
         entry.update(reason=entry["reason"][:HISTORY_REASON_CHARS] + "…", reason_truncated=True)
     return entry

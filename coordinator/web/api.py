@@ -8,6 +8,7 @@ verb) with 404 or 409 (coordinator/web/actions.py).
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import AsyncIterator
@@ -159,7 +160,7 @@ async def grant(request: Request, task_id: str) -> Any:
     404: {"description": "no such task"}, 409: {"description": "refused by the kernel: reason says why"}},
     openapi_extra=JSON_BODY)
 async def task_verb(request: Request, task_id: str, verb: str) -> Any:
-    """A task verb (claim, report, submit, approve, reject, reopen, archive, amend) with the verb's fields as the
+    """A task verb (claim, report, submit, approve, reject, reopen, archive, amend, retry) with the verb's fields as the
     JSON body (``{"reason": "…"}`` for reject), answered like `taskkernel submit`."""
     board, caller, fields = await acting(request)
     status, doc = await anyio.to_thread.run_sync(board.actions.task_verb, caller.principal, task_id, verb, fields)
@@ -259,8 +260,8 @@ async def needs_you(request: Request, role: str | None = None) -> Any:
             raise Refused(403, ReasonCode.ROLE_NOT_AUTHORIZED.value, "only an unscoped ADMIN may look at another "
                           f"role's inbox (caller: {principal.id}, asked for {who})")
         who = principal.role
-    found = await anyio.to_thread.run_sync(waiting, board.db, board.grant_sessions, who, principal or LOCAL_OWNER,
-                                           INBOX_LIMIT)
+    found = await anyio.to_thread.run_sync(functools.partial(
+        waiting, board.db, board.grant_sessions, who, principal or LOCAL_OWNER, INBOX_LIMIT, workspace=board.ws))
     return {"status": "ok", "role": who, **found}
 
 

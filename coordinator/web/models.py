@@ -44,6 +44,12 @@ class HistoryEntry(SQLModel):
     reason: str | None = None
     report_id: str | None = None
     status: str | None = None
+    branch: str | None = None  # task_merged / merge_failed (kernel/history.py)
+    base: str | None = None
+    commit: str | None = None
+    how: str | None = None
+    error: str | None = None
+    note: str | None = None  # what happened, in a line: "merged into main at e68f502abcd1"
 
 
 class Report(SQLModel):
@@ -234,13 +240,16 @@ class SessionInput(SQLModel):
 
 
 class NeedsYou(SQLModel):
-    """`taskkernel inbox`'s document: reviews to decide, approvals that need a grant, blocked tasks."""
+    """`taskkernel inbox`'s document: reviews to decide, approvals that need a grant, blocked and stalled tasks,
+    effects given up on."""
 
     status: str = "ok"
     role: str | None
     reviews: list[dict[str, Any]]
     needs_grant: list[dict[str, Any]]
     blocked: list[dict[str, Any]]
+    stalled: list[dict[str, Any]] = []
+    dead_letters: list[dict[str, Any]] = []
     counts: dict[str, int]
     truncated: bool
 

@@ -2,13 +2,14 @@
 buttons), sign-in and sign-out.
 
 A page shows the buttons its viewer's role may use (the kernel still judges every click): approve, reject and
-reopen for the task's done_authority, archive for its archive_authority, a grant for ADMIN where an approval
-needs one, pause and resume on schedules, cancel on a root task's active goal. Every form carries the sign-in's
-CSRF token.
+reopen for the task's done_authority (and retry, on an active or in-review task), archive for its
+archive_authority, a grant for ADMIN where an approval needs one, pause and resume on schedules, cancel on a root
+task's active goal. Every form carries the sign-in's CSRF token.
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -118,6 +119,7 @@ async def task_page(request: Request, task_id: str) -> Response:
     can = {
         "decide": doc["state"] == "review" and may(caller, authority.get("done_authority")),
         "reopen": doc["state"] == "done" and may(caller, authority.get("done_authority")),
+        "retry": doc["state"] in ("active", "review") and may(caller, authority.get("done_authority")),
         "archive": doc["state"] == "done" and may(caller, authority.get("archive_authority")),
         "grant": doc["state"] == "review" and doc["risk_level"] in ("high", "irreversible") and caller is not None
         and caller.principal.is_admin,
@@ -205,7 +207,8 @@ async def needs_page(request: Request) -> Response:
     board, caller = await reading(request)
     principal = caller.principal if caller else LOCAL_OWNER
     role = None if principal.is_admin else principal.role
-    found = await anyio.to_thread.run_sync(waiting, board.db, board.grant_sessions, role, principal, NEEDS_LIMIT)
+    found = await anyio.to_thread.run_sync(functools.partial(
+        waiting, board.db, board.grant_sessions, role, principal, NEEDS_LIMIT, workspace=board.ws))
     return await page(request, "needs.html", caller, needs=found, role=role)
 
 

@@ -17,6 +17,7 @@ from taskkernel.coordinator.inbox import approval_refusals
 from taskkernel.coordinator.runners.history import page_runs, run_detail
 from taskkernel.coordinator.workspace import Workspace
 from taskkernel.kernel.canonical import sha256_hex
+from taskkernel.kernel.history import history_note
 from taskkernel.kernel.model.principal import LOCAL_OWNER, Principal
 from taskkernel.kernel.model.task import TaskState
 from taskkernel.kernel.permissions import permission_scope
@@ -121,7 +122,8 @@ def task_page(db: Database, ws: Workspace | None, log: SessionLog, task_id: str,
                for r in doc.get("reports", ())]
     timeline = [{"global_pos": ev.global_pos, "revision": ev.stream_version, "type": ev.type, "at": ev.recorded_at,
                  "by": ev.data.get("by") or ev.meta.get("actor"), "reason": ev.data.get("reason"),
-                 "status": ev.data.get("status"), "round": ev.data.get("round")} for ev in events]
+                 "status": ev.data.get("status"), "round": ev.data.get("round"),
+                 "note": history_note(ev.type, ev.data)} for ev in events]
     grants = grants_for(log, task_id)
     return {"task": doc, "timeline": timeline, "reports": reports, "children": children_tree(db, task_id),
             "gate": gate_verdicts(db, task_id), "grants": readable_grants(log, reader, grants),

@@ -4,17 +4,25 @@ report recorded, and only while the task is still done in the approved round (a 
 reopen merges nothing). A branch that does not merge puts the task back to work (reopened, a new round) with a
 `blocked` report starting ``merge_conflict:``; a base checkout that cannot move (local changes) fails the effect,
 which the relay retries and logs (`outbox_effect_failed`) until a person clears the checkout. An archive removes
-the worktree and keeps the branch."""
+the worktree and keeps the branch.
+
+The task's history says what became of the merge: the coordinator records ``task_merged`` {branch, base, commit,
+how} when it landed and ``merge_failed`` {error} when it waits for a person (kernel/records.py: no credential may
+write either). `taskkernel task merge ID` runs the same merge (``merge_approved``) once the cause is fixed."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from taskkernel.coordinator.config import OnApprove, RunnerSpec
+from taskkernel.coordinator.worktrees.git import GitError
 from taskkernel.coordinator.worktrees.manager import Worktrees
+from taskkernel.kernel.canonical import sha256_hex
 from taskkernel.kernel.commands import EffectRule, TaskCommandKernel
 from taskkernel.kernel.logging import get_logger
+from taskkernel.kernel.model.commands import CommandResult
 from taskkernel.kernel.model.principal import Principal
 from taskkernel.kernel.model.task import current_done_report
 
@@ -25,6 +33,28 @@ WORKTREE_RULE = EffectRule(WORKTREE_EFFECT, frozenset({"task_approved", "task_ar
 MERGE_CONFLICT = "merge_conflict"  # the branch does not merge into its base
 MERGE_FAILED = "merge_failed"  # the approved report recorded no diff (git failed when it was taken)
 COORDINATOR = "coordinator"  # the agent name the coordinator's own commands are recorded under
+MERGED, FAILED, REOPENED = "merged", "failed", "reopened"  # what ``merge_approved`` did
+
+
+@dataclass(frozen=True)
+class MergeOutcome:
+    """What a merge of an approved task came to: ``merged`` (``commit`` is the base's new head), ``failed`` (nothing
+    moved; it waits for a person: ``merge_failed`` is on the task) or ``reopened`` (back to work: ``reason`` is
+    ``merge_conflict`` or ``merge_failed``, the blocked report says why)."""
+
+    status: str
+    message: str
+    reason: str | None = None
+    branch: str | None = None
+    base: str | None = None
+    commit: str | None = None
+    how: str | None = None
+
+
+def recorder(doc: dict[str, Any]) -> Principal:
+    """Who records a merge: the coordinator, in-process, for the task's done authority (the same principal from the
+    outbox effect and from `task merge`, so the record of one merge is one command whichever ran it)."""
+    return Principal(doc["authority"]["done_authority"], COORDINATOR, internal=True)
 
 
 class WorktreeEffects:
@@ -50,27 +80,74 @@ class WorktreeEffects:
             log.info("worktree_merge_skipped", task_id=task_id, reason="the task moved since its approval",
                      state=doc["state"], round=doc["round"], approved_round=payload["round"])
             return
+        outcome = self.merge_approved(doc, payload["global_pos"])
+        if outcome.status == FAILED:  # the base's checkout cannot move (local changes): a person can fix that
+            raise RuntimeError(outcome.message)
+
+    def merge_approved(self, doc: dict[str, Any], approval_pos: int) -> MergeOutcome:
+        """Merge the commit the approved done report recorded into the task's base and record what came of it.
+        ``approval_pos``: the approval's position, which names the records (a retried merge replays them)."""
+        task_id = doc["task_id"]
+        wt = self.worktrees.get(task_id)
+        if wt is None:
+            return MergeOutcome(FAILED, f"{task_id} has no worktree: nothing to merge", MERGE_FAILED)
         report = current_done_report(doc)
         diff = (report or {}).get("diff") or {}
         if not diff.get("head"):  # nothing reviewed to merge: the work must be reported again
             why = f"the approved report recorded no diff to merge ({diff.get('error') or 'none was taken'})"
             log.warning("worktree_merge_failed", task_id=task_id, reason=why)
             self._back_to_work(doc, f"{MERGE_FAILED}: {why}", "Report done again: its diff is what a merge takes.",
-                               payload["global_pos"])
-            return
-        merged = self.worktrees.merge(task_id, diff["head"], doc["subject"])
-        if merged.ok:
+                               approval_pos)
+            return MergeOutcome(REOPENED, f"{why}: the task was reopened", MERGE_FAILED, wt.branch, wt.base_branch)
+        try:
+            merged = self.worktrees.merge(task_id, diff["head"], doc["subject"])
+        except (GitError, OSError) as exc:
+            return self._waits(doc, approval_pos, wt.branch, wt.base_branch, f"git failed: {exc}")
+        if merged.ok and merged.commit:
             log.info("worktree_merged", task_id=task_id, branch=wt.branch, base=wt.base_branch, commit=merged.commit,
                      how=merged.message)
-        elif merged.conflicted:
+            self._record(doc, approval_pos, "merged", "record_merge", {
+                "branch": wt.branch, "base": wt.base_branch, "commit": merged.commit, "how": merged.message})
+            return MergeOutcome(MERGED, f"merged into {wt.base_branch} at {(merged.commit or '')[:12]}", None,
+                                wt.branch, wt.base_branch, merged.commit, merged.message)
+        if merged.ok:  # no repository to merge in: nothing was there to do
+            return MergeOutcome(MERGED, merged.message, None, wt.branch, wt.base_branch)
+        if merged.conflicted:
             log.warning("worktree_merge_conflict", task_id=task_id, branch=wt.branch, base=wt.base_branch,
                         conflicts=list(merged.conflicts), message=merged.message)
             files = ", ".join(merged.conflicts[:20]) or "see the message"
             self._back_to_work(doc, f"{MERGE_CONFLICT}: {merged.message}; conflicting files: {files}",
                                f"Nothing was merged. Bring {wt.base_branch} into {wt.branch} in the task's worktree, "
-                               "resolve the conflicts, and report done again.", payload["global_pos"])
-        else:  # the base's checkout cannot move (local changes): the agent cannot fix that, a person can
-            raise RuntimeError(f"merge of {wt.branch} into {wt.base_branch} waits: {merged.message}")
+                               "resolve the conflicts, and report done again.", approval_pos)
+            return MergeOutcome(REOPENED, f"{merged.message}: the task was reopened", MERGE_CONFLICT, wt.branch,
+                                wt.base_branch)
+        return self._waits(doc, approval_pos, wt.branch, wt.base_branch,
+                           f"merge of {wt.branch} into {wt.base_branch} waits: {merged.message}")
+
+    def _waits(self, doc: dict[str, Any], pos: int, branch: str, base: str, error: str) -> MergeOutcome:
+        """Nothing moved and nothing an agent could fix: say so on the task (``merge_failed``; the same error again
+        replays the record), for a person to fix, then `taskkernel task merge ID`."""
+        log.warning("worktree_merge_waits", task_id=doc["task_id"], branch=branch, base=base, error=error)
+        self._record(doc, pos, f"failed:{sha256_hex(error)[:16]}", "record_merge_failure", {"error": error[:4000]})
+        return MergeOutcome(FAILED, error, MERGE_FAILED, branch, base)
+
+    def _record(self, doc: dict[str, Any], pos: int, what: str, kind: str, payload: dict[str, Any]) -> None:
+        """Record a merge's outcome on the task as the coordinator (judged against the task as it is now)."""
+        task_id = doc["task_id"]
+        result: CommandResult | None = None
+        for _ in range(5):
+            now = self.kernel.task(task_id)
+            if now is None:
+                return
+            result = self.kernel.submit({
+                "type": kind, "task_id": task_id, "thread_key": now["thread_key"], "expected_revision": now["revision"],
+                "round": now["round"], "idempotency_key": f"merge:{task_id}:{pos}:{what}", "payload": payload},
+                recorder(now))
+            if result.reason != "stale_task_revision":
+                break
+        if result is not None and not result.ok:
+            log.error("merge_record_refused", task_id=task_id, kind=kind, reason=result.reason,
+                      message=result.message)
 
     def _back_to_work(self, doc: dict[str, Any], reason: str, advice: str, pos: int) -> None:
         """Reopen the approved task (as its done authority) and say why in a blocked report (as its driver)."""

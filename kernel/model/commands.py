@@ -48,10 +48,15 @@ class CommandType(StrEnum):
     PERFORM = "perform"
     ADOPT_TASK = "adopt_task"
     ATTACH_RECORD = "attach_record"
+    RETRY = "retry"
+    RECORD_MERGE = "record_merge"
+    RECORD_MERGE_FAILURE = "record_merge_failure"
 
 
 # Commands that bring a task into existence (no expected_revision/round; task_id optional).
 CREATING = frozenset({CommandType.CREATE_TASK, CommandType.ADOPT_TASK})
+# What the coordinator alone records (a merge it did or could not do): never from a credential (kernel/records.py).
+COORDINATOR_ONLY = frozenset({CommandType.RECORD_MERGE, CommandType.RECORD_MERGE_FAILURE})
 
 
 class Priority(StrEnum):
@@ -191,6 +196,12 @@ class OptionalReasonPayload(_Strict):
     reason: Reason | None = None  # why a done task goes back to work (reopen), when the caller says
 
 
+class RetryPayload(_Strict):
+    """`task retry`: why the task deserves another run (recorded as ``reason``, null when not given)."""
+
+    reason: Reason | None = None
+
+
 class ReportPayload(_Strict):
     status: ReportStatus
     body: Body = ""
@@ -211,6 +222,22 @@ class AmendPayload(_Strict):
         if not self.model_dump(exclude_none=True):
             raise ValueError("amend needs at least one field to change")
         return self
+
+
+class MergedPayload(_Strict):
+    """A merge the coordinator did on approval (``task_merged``): the task's branch, the base it went into, the
+    base's new head and how (``fast-forward``, ``merge commit``, ``already in the base``)."""
+
+    branch: str = Field(min_length=1, max_length=300)
+    base: str = Field(min_length=1, max_length=300)
+    commit: str = Field(pattern=r"^[0-9a-f]{40,64}$")
+    how: str = Field(min_length=1, max_length=100)
+
+
+class MergeFailurePayload(_Strict):
+    """A merge on approval that waits for a person (``merge_failed``): why, as git or the checkout said."""
+
+    error: Reason
 
 
 class RequiredState(_Strict):
@@ -249,6 +276,9 @@ PAYLOAD_MODELS: dict[CommandType, type[BaseModel]] = {
     CommandType.PERFORM: PerformPayload,
     CommandType.ADOPT_TASK: AdoptTaskPayload,
     CommandType.ATTACH_RECORD: AttachRecordPayload,
+    CommandType.RETRY: RetryPayload,
+    CommandType.RECORD_MERGE: MergedPayload,
+    CommandType.RECORD_MERGE_FAILURE: MergeFailurePayload,
 }
 
 # Payload keys through which a caller might try to speak for someone else (check 2).

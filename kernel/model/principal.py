@@ -15,6 +15,8 @@ class Principal:
     # A credential may be scoped to one task (and round): the runner's token for its dispatch.
     task_id: str | None = None
     round: int | None = None
+    # Built in-process by the coordinator for what it alone records (kernel/records.py); never from a credential.
+    internal: bool = False
 
     @property
     def id(self) -> str:

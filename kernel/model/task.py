@@ -6,9 +6,13 @@ from events must reproduce byte for byte; ``apply`` is the only place that shape
 ``blocked`` is derived here too, so the read model, a rebuild and `verify` agree: null, or the latest report of
 the current round when its status is ``blocked`` (``{report_id, reason, by, at}``: ``reason`` is the first
 non-blank line of the report's body, at most BLOCKED_REASON_MAX characters). A later report of another status
-clears it, and so does every event that moves the task or starts a round; an amend or an authorized action does
-not. ``state`` stays the lifecycle state. A document stored before the field existed lacks the key: readers and
-the projection comparison take a missing ``blocked`` for null.
+clears it, and so does every event that moves the task or starts a round, and a retry (``task_retried``); an amend
+or an authorized action does not. ``state`` stays the lifecycle state. A document stored before the field existed
+lacks the key: readers and the projection comparison take a missing ``blocked`` for null.
+
+``merge`` (absent until the coordinator records one) is the last merge of the task on approval: ``{status: merged,
+round, branch, base, commit, how, at}`` (``task_merged``) or ``{status: failed, round, error, at}``
+(``merge_failed``: the merge waits for a person; `task merge` retries it).
 """
 
 from __future__ import annotations
@@ -53,6 +57,9 @@ IN_PLACE: dict[CommandType, frozenset[str]] = {
     CommandType.AMEND: frozenset({TaskState.INBOX, TaskState.ACTIVE, TaskState.REVIEW, TaskState.DONE}),
     CommandType.PERFORM: frozenset({TaskState.ACTIVE}),
     CommandType.ATTACH_RECORD: frozenset(TaskState),
+    CommandType.RETRY: frozenset({TaskState.ACTIVE, TaskState.REVIEW}),  # a done task is finished (kernel/retry.py)
+    CommandType.RECORD_MERGE: frozenset({TaskState.DONE}),  # merges follow an approval
+    CommandType.RECORD_MERGE_FAILURE: frozenset({TaskState.DONE}),
 }
 # The record of what already happened (an imported workspace): ADMIN only, and judged as history, so a
 # terminal task (or parent) still takes it; lifecycle and role rules judge new work, not the past.
@@ -69,8 +76,11 @@ AUTHORITY_FOR: dict[CommandType, str] = {
     CommandType.FORCE_ARCHIVE: "archive_authority",
     CommandType.AMEND: "done_authority",
     CommandType.PERFORM: "driver",
+    CommandType.RETRY: "done_authority",  # whoever decides the task decides it is worth another run
 }
 STARTS_ROUND = frozenset({CommandType.CLAIM, CommandType.REJECT, CommandType.REOPEN})
+# Commands whose event records the round it happened in (it starts none).
+IN_ROUND = frozenset({CommandType.RETRY, CommandType.RECORD_MERGE, CommandType.RECORD_MERGE_FAILURE})
 
 EVENT_FOR: dict[CommandType, str] = {
     CommandType.CREATE_TASK: "task_created",
@@ -86,6 +96,9 @@ EVENT_FOR: dict[CommandType, str] = {
     CommandType.PERFORM: "action_authorized",
     CommandType.ADOPT_TASK: "task_adopted",
     CommandType.ATTACH_RECORD: "record_attached",
+    CommandType.RETRY: "task_retried",
+    CommandType.RECORD_MERGE: "task_merged",
+    CommandType.RECORD_MERGE_FAILURE: "merge_failed",
 }
 REPORT_STATUSES = frozenset(s.value for s in ReportStatus)
 BLOCKED_REASON_MAX = 300
@@ -182,6 +195,13 @@ def apply(doc: dict[str, Any] | None, event_type: str, data: dict[str, Any], rev
                                    "by": data["author"], "imported": True})
             doc["blocked"] = _blocked_by(data["record_id"], data["status"], data.get("body"), data["author"],
                                          recorded_at)
+    elif event_type == "task_retried":
+        doc["blocked"] = None  # a new run is due: the round's block is lifted
+    elif event_type == "task_merged":
+        doc["merge"] = {"status": "merged", "round": data["round"], "branch": data["branch"], "base": data["base"],
+                        "commit": data["commit"], "how": data["how"], "at": recorded_at}
+    elif event_type == "merge_failed":
+        doc["merge"] = {"status": "failed", "round": data["round"], "error": data["error"], "at": recorded_at}
     elif event_type == "action_authorized":
         doc.setdefault("actions", []).append({"action_id": data["action_id"], "operation": data["operation"],
                                               "entity": data["entity"], "round": data["round"]})
