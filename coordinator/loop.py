@@ -114,7 +114,8 @@ class Coordinator:
         self.dispatcher = Dispatcher(self.kernel, workspace.root, specs,
                                      owner=self.owner, leader=team.leader, handlers=handlers,
                                      task_file=self._task_file, max_runs=workspace.config.kernel.max_runs,
-                                     on_run_done=lambda: self._wake_soon(), settled=self._projected)
+                                     on_run_done=lambda: self._wake_soon(), settled=self._projected,
+                                     worktree_excludes=workspace.config.worktrees.patterns())
         self.stages: dict[str, Stage] = {}  # further adapters (scheduler) register here
         self.failing: dict[str, StageFailure] = {}  # by StageFailure.key: what fails now, for logs and the live view
         folder_cfg = workspace.config.folders

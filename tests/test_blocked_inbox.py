@@ -157,7 +157,10 @@ def test_inbox_lists_reviews_grants_and_blocked_tasks_per_role(team: tuple[Path,
     [grant] = mine["needs_grant"]
     assert (grant["task_id"], grant["permission"], grant["risk_level"]) == (risky, "approve", "high")
     assert grant["grant_command"].startswith("taskkernel session accept admin --kind allow ")
-    assert mine["counts"] == {"reviews": 2, "needs_grant": 1, "blocked": 0} and mine["truncated"] is False
+    assert mine["counts"] == {"reviews": 2, "needs_grant": 1, "blocked": 0, "stalled": 0, "dead_letters": 0}
+    assert mine["truncated"] is False
+    assert {r["waits_for_person"] for r in mine["reviews"]} == {
+        "PM has no runner: waiting for a person, or add [roles.PM] to taskkernel.toml"}
     refused = as_role(pm, "task", "approve", risky, cwd=ws)  # the kernel agrees: and its hint is the same command
     assert (refused.code, refused.json["reason"], refused.json["hint"]) == (2, "permission_required",
                                                                             grant["grant_command"])

@@ -178,7 +178,7 @@ def test_up_on_a_terminal_shows_runs_retries_and_keeps_log_lines_above_the_view(
             return re.compile(rf"^\s*{task_id}\s+" + r"\s+".join(cells) + r"\s*$")
 
         dev_running = row(dev, "DEV", "dev-agent", "1/3", r"(\d+)s / 2m00s")
-        waiting = row(pm, "inbox", "PM", "Nobody runs PM")
+        waiting = row(pm, "inbox", "PM", "Nobody runs PM", "no runner")
         term.wait_for(lambda s: all(any(r.match(line) for line in s) for r in (
             dev_running, row(qa, "QA", "qa-agent", "1/3", r"\d+s / 1m00s"), waiting)))
 
@@ -213,8 +213,9 @@ def test_up_on_a_terminal_shows_runs_retries_and_keeps_log_lines_above_the_view(
     finally:
         term.close()
     screen = term.screen()
-    assert any(re.match(r"^\S+\s+\[info\s*\]\s+run_finished\s.*ok=True", line) and dev in " ".join(screen[i:i + 2])
-               for i, line in enumerate(screen)), "the agent let go finished within the grace"
+    # it exited 0 without a report: finished within the grace (not interrupted), and judged `no_report`
+    assert any(re.match(r"^\S+\s+\[info\s*\]\s+run_finished\s", line) and dev in (whole := " ".join(screen[i:i + 3]))
+               and "error_code=no_report" in whole for i, line in enumerate(screen)), "finished within the grace"
 
 
 def _act(c: Coordinator, task_id: str, role: str, kind: str, **payload: object) -> None:
@@ -254,8 +255,8 @@ def test_the_view_lists_blocked_tasks_waiting_reviews_refusals_and_failing_stage
     assert "Running: nothing" in lines
     assert re.search(rf"^{stuck}\s+DEV\s+need the API key$", text, re.M), text
     assert "Waiting for a human (4)" in lines  # the review ADMIN decides, three PM tasks (no runner for either)
-    assert re.search(rf"^{judged}\s+review\s+ADMIN\s+Judge me$", text, re.M), text
-    assert re.search(rf"^{inbox[0]}\s+inbox\s+PM\s+Plan 0$", text, re.M), text
+    assert re.search(rf"^{judged}\s+review\s+ADMIN\s+Judge me\s+a person's$", text, re.M), text
+    assert re.search(rf"^{inbox[0]}\s+inbox\s+PM\s+Plan 0\s+no runner$", text, re.M), text
     assert "+2 more" in lines and inbox[1] not in text
     assert re.search(rf"^\d\d:\d\d:\d\d\s+dispatch_refused\s+{inbox[0]}\s+role_not_authorized$", text, re.M), text
     assert "failing ingest: OSError: disk full" in lines

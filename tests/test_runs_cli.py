@@ -35,7 +35,9 @@ def team(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("runs")
     ws = new_workspace(tmp)
     good = write_agent(tmp / "good.py", """
-        import json, sys
+        import json, os, subprocess, sys
+        subprocess.run([sys.executable, "-m", "taskkernel", "task", "report", os.environ["TASKKERNEL_TASK_ID"],
+                        "--status", "done", "--body", "ok"], check=True, capture_output=True)
         print("working on it", flush=True)
         print("colour \\x1b[31mred\\x1b[0m and a bell \\a", flush=True)
         print("to stderr too", file=sys.stderr, flush=True)

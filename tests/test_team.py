@@ -28,6 +28,10 @@ def agent(tmp: Path, name: str, body: str) -> str:
     return str(path)
 
 
+# what an agent does to end its run with an outcome: a run that exits 0 without a report failed `no_report`
+REPORT_DONE = f'{sys.executable} -m taskkernel task report "$TASKKERNEL_TASK_ID" --status done --body ok > /dev/null'
+
+
 def runner(script: str, **extra: Any) -> dict[str, Any]:
     return {"runner": "command", "argv": [script], "max_attempts": 1, **extra}
 
@@ -55,7 +59,8 @@ def test_a_hung_agent_does_not_hold_up_another_role_and_a_stop_loses_nothing(tmp
     """OPS hangs; a DEV task created after it finishes meanwhile. SIGTERM: `up` stops dispatching, waits its
     grace, then stops the hung agent (exit 130, status interrupted, the run named); the next start runs it
     again exactly once."""
-    hung = agent(tmp_path, "hung", f'if [ ! -e {tmp_path}/second ]; then touch {tmp_path}/second; sleep 60; fi')
+    hung = agent(tmp_path, "hung", f'if [ ! -e {tmp_path}/second ]; then touch {tmp_path}/second; sleep 60; fi\n'
+                                   + REPORT_DONE)
     fast = agent(tmp_path, "fast", "true")
     ws = make_workspace(tmp_path / "ws", {"OPS": runner(hung, timeout=120, max_attempts=2), "DEV": runner(fast)})
     set_kernel(ws.root, shutdown_grace=1)
@@ -135,7 +140,8 @@ def test_timeouts_terminate_then_kill_and_a_silent_agent_is_stopped_by_its_heart
 
 def test_errors_no_retry_can_fix_block_at_once_and_once_waits_for_due_retries(tmp_path: Path) -> None:
     failing = agent(tmp_path, "failing", "exit 7")
-    flaky = agent(tmp_path, "flaky", f'if [ ! -e {tmp_path}/flaked ]; then touch {tmp_path}/flaked; exit 1; fi')
+    flaky = agent(tmp_path, "flaky", f'if [ ! -e {tmp_path}/flaked ]; then touch {tmp_path}/flaked; exit 1; fi\n'
+                                     + REPORT_DONE)
     ws = make_workspace(tmp_path / "ws", {
         "DEV": {"runner": "command", "argv": [str(tmp_path / "missing-{task_id}")], "max_attempts": 3},
         "QA": runner(failing, max_attempts=3, non_retryable_exit_codes=[7]),
@@ -200,7 +206,7 @@ def test_cli_verbs_with_the_run_token_are_heartbeats(tmp_path: Path) -> None:
     # other processes' heartbeats once a second: 5 s of silence is well clear of one step
     steps = agent(tmp_path, "steps", "for i in 1 2 3 4 5 6; do sleep 1; "
                                      f'{cli} task report "$TASKKERNEL_TASK_ID" --status in_progress --body "step $i" '
-                                     "> /dev/null || exit 9; done")
+                                     "> /dev/null || exit 9; done\n" + REPORT_DONE)
     ws = make_workspace(tmp_path / "ws", {"DEV": runner(steps, timeout=120, heartbeat_timeout=5)})
     task = admin_task(coordinator(ws), subject="long", recipient="DEV")
     done = taskkernel("up", str(ws.root), "--once", cwd=tmp_path)
@@ -218,7 +224,8 @@ def test_cli_verbs_with_the_run_token_are_heartbeats(tmp_path: Path) -> None:
 def test_once_waits_for_a_retry_scheduled_after_a_long_attempt(tmp_path: Path) -> None:
     """--once-wait counts from when nothing runs any more, not from the start: an attempt longer than the wait
     still gets its retry."""
-    slow = agent(tmp_path, "slow", f'if [ ! -e {tmp_path}/tried ]; then touch {tmp_path}/tried; sleep 3; exit 1; fi')
+    slow = agent(tmp_path, "slow", f'if [ ! -e {tmp_path}/tried ]; then touch {tmp_path}/tried; sleep 3; exit 1; fi\n'
+                                   + REPORT_DONE)
     ws = make_workspace(tmp_path / "ws", {"DEV": runner(slow, max_attempts=2, backoff=1)})
     task = admin_task(coordinator(ws), subject="slow", recipient="DEV")
     done = taskkernel("up", str(ws.root), "--once", "--once-wait", "2", cwd=tmp_path)
@@ -283,6 +290,7 @@ def test_a_long_scripted_run_is_never_taken_over_by_its_own_coordinator(tmp_path
     def slow(ctx: Any) -> str:
         calls.append(time.time())
         time.sleep(2.5)
+        ctx.submit("submit_report", status="done", body="slept")
         return "slept"
 
     c.dispatcher.handlers["DEV"] = slow

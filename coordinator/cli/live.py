@@ -1,9 +1,11 @@
 """The live view of `taskkernel up` on a terminal: what a supervisor needs to see, refreshed after each pass.
 
 Sections, most urgent first: the runs **running** here (elapsed against their timeout), **retries due** (a
-failed attempt waiting for its backoff), **blocked tasks** (their reason), tasks **waiting for a human** (a review
-whose done authority, or an inbox/active task whose recipient, has no runner), the **last refusals and
-quarantines**, and the stages failing now. Above them one line of task counts per state.
+failed attempt waiting for its backoff), **blocked tasks** (active or in review, their reason), **stalled tasks**
+(runs of the round ended and nothing moves them: coordinator/inbox.py ``stalled``), tasks **waiting for a human**
+(a review whose done authority has no runner, may not approve, or is the scripted leader and approving would
+merge; an inbox/active task whose recipient has no runner), the **last refusals and quarantines**, and the stages
+failing now. Above them one line of task counts per state.
 
 It stays cheap however large the store: every refresh is one read transaction (one snapshot) of a few bounded
 queries, at most ``rows`` rows per section with "+N more", and the running runs and refusals come from memory
@@ -28,9 +30,12 @@ from rich.table import Table
 from rich.text import Text
 
 from taskkernel.coordinator.cli.output import oneline, safe
+from taskkernel.coordinator.config import OnApprove, RunnerKind
+from taskkernel.coordinator.inbox import stalled
 from taskkernel.coordinator.runners.ledger import RunState
-from taskkernel.coordinator.tables import runs
+from taskkernel.coordinator.tables import runs, worktrees
 from taskkernel.kernel.logging import get_logger
+from taskkernel.kernel.model.commands import CommandType
 from taskkernel.kernel.queries import blocked_now, doc_text
 from taskkernel.kernel.store.schema import tasks
 
@@ -118,7 +123,7 @@ def live_view(coordinator: Coordinator, totals: Mapping[str, int], notices: Noti
     """The whole view: title, counts, then each section (empty ones say so in one line or are left out); data
     under the terminal rule (output.py), cell by cell and again as a whole."""
     t = time.time() if now is None else now
-    snap = read_snapshot(coordinator.db, set(coordinator.dispatcher.specs), rows)
+    snap = read_snapshot(coordinator.db, set(coordinator.dispatcher.specs), rows, undecided=deciders(coordinator))
     root = str(coordinator.workspace.root)
     title = Text.assemble(("taskkernel up", "bold"), f": {oneline(root)}")
     if coordinator.failing:
@@ -148,23 +153,49 @@ class Snapshot:
     blocked: list[dict[str, Any]]
     waiting: list[dict[str, Any]]
     waiting_total: int
+    blocked_total: int = 0  # active and in review
+    stalled: list[dict[str, Any]] | None = None
+    stalled_total: int = 0
 
 
-def read_snapshot(db: Database, runners: set[str], rows: int) -> Snapshot:
-    """One snapshot, bounded queries: counts per state, the first ``rows`` retries due (soonest first), blocked
-    tasks and tasks waiting for a human (task id order), and how many of each there are."""
+@dataclass(frozen=True)
+class Undecided:
+    """Roles with a runner whose agent will not decide a review: ``cannot`` may not approve; ``scripted`` run the
+    built-in scripted agent, which never approves a merge, and ``merging`` drive tasks whose approval merges."""
+
+    cannot: frozenset[str] = frozenset()
+    scripted: frozenset[str] = frozenset()
+    merging: frozenset[str] = frozenset()
+
+
+def deciders(coordinator: Coordinator) -> Undecided:
+    specs, roles = coordinator.dispatcher.specs, coordinator.kernel.roles
+    return Undecided(frozenset(r for r in specs if not roles.get(r).may_issue(CommandType.APPROVE)),
+                     frozenset(r for r, s in specs.items() if s.runner is RunnerKind.SCRIPTED),
+                     frozenset(r for r, s in specs.items() if s.on_approve is OnApprove.MERGE))
+
+
+def read_snapshot(db: Database, runners: set[str], rows: int, undecided: Undecided | None = None) -> Snapshot:
+    """One snapshot, bounded queries: counts per state, the first ``rows`` retries due (soonest first), blocked,
+    stalled and waiting-for-a-human tasks (task id order), and how many of each there are."""
     pg = db.is_postgres
+    u = undecided or Undecided()
     is_blocked = blocked_now(pg)
+    marker = doc_text(("blocked", "report_id"), pg)
+    any_blocked = sa.and_(tasks.c.state.in_(("active", "review")), marker.is_not(None))
     retrying = sa.and_(runs.c.state == RunState.PENDING.value, runs.c.attempt >= 1)
+    decider = sa.func.coalesce(doc_text(("authority", "done_authority"), pg), "")
+    merges = sa.and_(decider.in_(sorted(u.scripted)), doc_text(("authority", "driver"), pg).in_(sorted(u.merging)),
+                     sa.exists().where(worktrees.c.task_id == tasks.c.task_id, worktrees.c.state != "archived"))
     waiting = sa.or_(
-        sa.and_(tasks.c.state == "review", sa.func.coalesce(doc_text(("authority", "done_authority"), pg), "")
-                .not_in(sorted(runners))),
-        sa.and_(tasks.c.state.in_(("inbox", "active")), tasks.c.recipient.not_in(sorted(runners)),
-                doc_text(("blocked", "report_id"), pg).is_(None)))
+        sa.and_(tasks.c.state == "review", sa.or_(decider.not_in(sorted(runners)), decider.in_(sorted(u.cannot)),
+                                                  merges)),
+        sa.and_(tasks.c.state.in_(("inbox", "active")), tasks.c.recipient.not_in(sorted(runners)), marker.is_(None)))
     with db.snapshot() as conn:
         states = {str(s): int(n) for s, n in conn.execute(
             sa.select(tasks.c.state, sa.func.count()).group_by(tasks.c.state))}
         states["blocked"] = int(conn.execute(sa.select(sa.func.count()).where(is_blocked)).scalar_one())
+        blocked_total = int(conn.execute(sa.select(sa.func.count()).where(any_blocked)).scalar_one())
         states["active"] = states.get("active", 0) - states["blocked"]
         retries = [dict(r._mapping) for r in conn.execute(
             sa.select(runs.c.task_id, runs.c.role, runs.c.attempt, runs.c.max_attempts, runs.c.not_before,
@@ -174,15 +205,27 @@ def read_snapshot(db: Database, runners: set[str], rows: int) -> Snapshot:
         blocked = [dict(r._mapping) for r in conn.execute(
             sa.select(tasks.c.task_id, doc_text(("authority", "driver"), pg).label("driver"),
                       doc_text(("blocked", "reason"), pg).label("reason"))
-            .where(is_blocked).order_by(tasks.c.task_id).limit(rows))]
+            .where(any_blocked).order_by(tasks.c.task_id).limit(rows))]
         found = [dict(r._mapping) for r in conn.execute(
             sa.select(tasks.c.task_id, tasks.c.state, tasks.c.recipient,
                       doc_text(("authority", "done_authority"), pg).label("done_authority"),
-                      doc_text(("subject",), pg).label("subject"))
+                      doc_text(("subject",), pg).label("subject"), merges.label("merges"))
             .where(waiting).order_by(tasks.c.task_id).limit(rows))]
         waiting_total = len(found) if len(found) < rows else int(conn.execute(
             sa.select(sa.func.count()).select_from(tasks).where(waiting)).scalar_one())
-    return Snapshot(states, retries, retries_total, blocked, found, waiting_total)
+        stuck, stuck_total = stalled(conn, pg, None, rows)
+    for r in found:
+        r["why"] = _why_waiting(r, runners, u)
+    return Snapshot(states, retries, retries_total, blocked, found, waiting_total, blocked_total, stuck, stuck_total)
+
+
+def _why_waiting(r: dict[str, Any], runners: set[str], u: Undecided) -> str:
+    who = (r["done_authority"] if r["state"] == "review" else r["recipient"]) or ""
+    if who == "ADMIN":
+        return "a person's"
+    if who not in runners:
+        return "no runner"
+    return "may not approve" if who in u.cannot else "approval merges" if r["merges"] else ""
 
 
 def _running(coordinator: Coordinator, rows: int, now: float) -> RenderableType:
@@ -209,19 +252,25 @@ def _sections(snap: Snapshot, now: float) -> list[RenderableType]:
                           Text(due_in(r["not_before"], now)), Text(oneline(r["error_code"] or "")))
         _more(table, snap.retries_total - len(snap.retries))
         out.append(table)
-    blocked_total = snap.states.get("blocked", 0)
     if snap.blocked:
-        table = _table(f"Blocked tasks ({blocked_total})", "task", "driver", "reason")
+        table = _table(f"Blocked tasks ({snap.blocked_total})", "task", "driver", "reason")
         for r in snap.blocked:
             table.add_row(Text(r["task_id"]), Text(oneline(r["driver"] or "")), Text(oneline(r["reason"] or "")))
-        _more(table, blocked_total - len(snap.blocked))
+        _more(table, snap.blocked_total - len(snap.blocked))
+        out.append(table)
+    if snap.stalled:
+        table = _table(f"Stalled tasks ({snap.stalled_total})", "task", "state", "waiting on", "cause")
+        for r in snap.stalled:
+            table.add_row(Text(r["task_id"]), Text(r["state"]), Text(oneline(r["waiting_on"] or "")),
+                          Text(oneline(r["cause"])))
+        _more(table, snap.stalled_total - len(snap.stalled))
         out.append(table)
     if snap.waiting:
-        table = _table(f"Waiting for a human ({snap.waiting_total})", "task", "state", "who", "subject")
+        table = _table(f"Waiting for a human ({snap.waiting_total})", "task", "state", "who", "subject", "why")
         for r in snap.waiting:
             who = r["done_authority"] if r["state"] == "review" else r["recipient"]
             table.add_row(Text(r["task_id"]), Text(r["state"]), Text(oneline(who or "")),
-                          Text(oneline(r["subject"] or "")))
+                          Text(oneline(r["subject"] or "")), Text(r["why"], style="dim"))
         _more(table, snap.waiting_total - len(snap.waiting))
         out.append(table)
     return out

@@ -24,6 +24,7 @@ class AgentContext:
     run_id: str
     workspace: Path
     task_file: Path
+    merges_into: str | None = None  # the base branch approving this task would merge into (None: nothing merges)
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1), repr=False)
 
     def __post_init__(self) -> None:

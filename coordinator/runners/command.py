@@ -60,6 +60,8 @@ class ErrorCode(StrEnum):
     INTERNAL_ERROR = "internal_error"
     ATTEMPTS_EXHAUSTED = "attempts_exhausted"
     GOAL_ENDED = "goal_ended"  # the task's goal was cancelled or ran out of budget: no run starts
+    NO_REPORT = "no_report"  # an execute run ended (even exit 0) with its task still active and nothing reported
+    NO_DECISION = "no_decision"  # a review run ended with its task still in review, neither approved nor rejected
 
 
 NON_RETRYABLE = frozenset({ErrorCode.NON_RETRYABLE_EXIT, ErrorCode.BINARY_MISSING, ErrorCode.PLACEHOLDER_UNKNOWN,

@@ -2,8 +2,10 @@
 
 Dispatch is a claim submitted through the kernel on the agent's behalf (the agent is recorded
 as `by`); the claim's outbox row, written in the same transaction, becomes a run in the run
-ledger. Runs are retried with exponential backoff up to the role's bound; after that the task
-gets a `blocked` report with the reason: never a silent infinite retry.
+ledger. A run is judged by what it left on its task, not by its exit code alone (runners/outcomes.py:
+`no_report`, `no_decision`). Runs are retried with exponential backoff up to the role's bound; after
+that the task gets a `blocked` report with the reason and the agent's last output: never a silent
+infinite retry, never a silent stall. A review run is never started for a role that cannot decide.
 
 A run happens once even across coordinator crashes: whoever takes over an expired lease first
 revokes the previous holder's token (`stale_lease`) and terminates its agent, and only then runs.
@@ -33,6 +35,15 @@ from taskkernel.coordinator.runners.command import (
 from taskkernel.coordinator.runners.config import RunnerKind, RunnerSpec
 from taskkernel.coordinator.runners.launch import Launch, LaunchProblem, prepare
 from taskkernel.coordinator.runners.ledger import ClaimedRun, Orphan, Purpose, RunLedger
+from taskkernel.coordinator.runners.outcomes import (
+    blocked_body,
+    file_blocked,
+    last_output,
+    merge_base_of,
+    missing_outcome,
+    still_relevant,
+    undecidable,
+)
 from taskkernel.coordinator.runners.pool import Running, RunPool
 from taskkernel.coordinator.runners.prompt import build_prompt, prompt_fields
 from taskkernel.coordinator.runners.scripted import ScriptedAgent, agent_for
@@ -43,6 +54,7 @@ from taskkernel.kernel.commands import EffectRule, TaskCommandKernel
 from taskkernel.kernel.credentials import STALE_LEASE, issue_token, revoke_hash, revoke_token, token_hash
 from taskkernel.kernel.goals import GoalService
 from taskkernel.kernel.logging import get_logger
+from taskkernel.kernel.model.commands import CommandType
 from taskkernel.kernel.model.principal import Principal
 from taskkernel.kernel.outbox import OutboxRelay
 from taskkernel.kernel.store.schema import tasks
@@ -54,7 +66,7 @@ log = get_logger(__name__)
 WAKE_EFFECT = "agent_wake"
 WAKE_RULE = EffectRule(WAKE_EFFECT, frozenset({
     "task_claimed", "task_submitted", "task_rejected", "task_reopened", "task_approved", "task_archived",
-    "task_force_archived"}))
+    "task_force_archived", "task_retried"}))
 ORPHAN_GRACE_S = 5.0  # between SIGTERM and SIGKILL for an agent a crashed coordinator left running
 
 
@@ -64,7 +76,8 @@ class Dispatcher:
                  task_file: Callable[[dict[str, Any]], Path] | None = None,
                  goals: GoalService | None = None, max_runs: int = 4,
                  on_run_done: Callable[[], None] | None = None,
-                 settled: Callable[[int, threading.Event], None] | None = None) -> None:
+                 settled: Callable[[int, threading.Event], None] | None = None,
+                 worktree_excludes: list[str] | None = None) -> None:
         self.kernel = kernel
         self.db = kernel.db
         self.workspace = workspace
@@ -78,7 +91,7 @@ class Dispatcher:
         self.ledger = RunLedger(self.db, owner, lease_seconds=max(leases.values(), default=660.0),
                                 role_leases=leases)
         self.host = host_identity()
-        self.worktrees = Worktrees(self.db, workspace)
+        self.worktrees = Worktrees(self.db, workspace, worktree_excludes)
         self.relay = OutboxRelay(self.db, {WAKE_EFFECT: self._on_wake,
                                            WORKTREE_EFFECT: WorktreeEffects(kernel, self.worktrees, specs)})
         self.pool = RunPool(max_runs, {role: spec.concurrency for role, spec in specs.items()}, on_run_done)
@@ -158,7 +171,7 @@ class Dispatcher:
                 self.ledger.retry_later(run, self.specs[run.role].backoff, f"internal error: {exc}", None,
                                         ErrorCode.INTERNAL_ERROR)
             else:
-                self.ledger.block(run, f"internal error: {exc}", ErrorCode.INTERNAL_ERROR)
+                self._give_up(run, f"internal error: {exc}", ErrorCode.INTERNAL_ERROR)
 
     def drain(self) -> list[Running]:
         """A shutdown began: start no run; what is still running."""
@@ -174,9 +187,10 @@ class Dispatcher:
         event = payload["event_type"]
         if event in ("task_approved", "task_archived") and doc["task_id"] == doc["root"]:
             self.goals.root_finished(doc["root"])
-        if event in ("task_claimed", "task_rejected", "task_reopened"):
+        retried = event == "task_retried"  # a person cleared the round's block: the task is due for a new run
+        if event in ("task_claimed", "task_rejected", "task_reopened") or (retried and doc["state"] == "active"):
             targets.append((doc, doc["authority"]["driver"], Purpose.EXECUTE))
-        elif event == "task_submitted":
+        elif event == "task_submitted" or (retried and doc["state"] == "review"):
             targets.append((doc, doc["authority"]["done_authority"], Purpose.REVIEW))
         if event in ("task_approved", "task_archived", "task_force_archived") and doc["parent"]:
             parent = self.kernel.task(doc["parent"])
@@ -185,13 +199,28 @@ class Dispatcher:
         with self.db.write() as uow:
             for target, role, purpose in targets:
                 spec = self.specs.get(role)
-                if spec is None:
+                if spec is None or (purpose is Purpose.REVIEW and self._waits_for_person(role, target)):
                     continue
                 # the round the event happened in, not the task's round now (a late relay must not
-                # turn two events of different rounds into two runs of the same round)
+                # turn two events of different rounds into two runs of the same round); a retry's run id is keyed
+                # by its own event, so it gets fresh attempts
                 round_ = payload["round"] if target is doc else target["round"]
                 run_id = f"{target['task_id']}:r{round_}:{purpose.value}:{payload['global_pos']}"
                 self.ledger.enqueue(uow, run_id, target["task_id"], round_, role, purpose, spec.max_attempts)
+
+    def _waits_for_person(self, role: str, doc: dict[str, Any]) -> bool:
+        """Whether a review of ``doc`` by ``role`` is left for a person (logged with why): the role may not approve,
+        or its scripted agent would approve a merge into the base branch (runners/outcomes.py ``undecidable``)."""
+        why = undecidable(role, self.kernel.roles.get(role).may_issue(CommandType.APPROVE), self.specs.get(role),
+                          merge_base_of(doc, self.specs, self._worktree_base))
+        if why is not None:
+            log.warning("review_waits_for_person", task_id=doc["task_id"], role=role, reason=why)
+        return why is not None
+
+    def _worktree_base(self, task_id: str) -> str | None:
+        """The base branch of the task's worktree while it has one (a merged one merges again after a reopen)."""
+        wt = self.worktrees.get(task_id) if self.worktrees.repo is not None else None
+        return wt.base_branch if wt is not None and wt.state != "archived" else None
 
     # -- running -----------------------------------------------------------------------------
     def _run(self, run: ClaimedRun, stop: threading.Event) -> None:
@@ -201,19 +230,22 @@ class Dispatcher:
         if self.settled is not None and run.source_pos is not None:
             self.settled(run.source_pos, stop)  # the agent reads its TASK file where its waking event put it
         doc = self.kernel.task(run.task_id)
-        if doc is None or not self._still_relevant(run, doc):
-            self.ledger.succeed(run, None)  # the world moved on: nothing to do for this wake
+        if doc is None or not still_relevant(run, doc) or (
+                run.purpose is Purpose.REVIEW and self._waits_for_person(run.role, doc)):
+            self.ledger.succeed(run, None)  # the world moved on, or no agent may decide: nothing to run
             return
         if run.exhausted:
-            self._give_up(run, doc, "attempts exhausted after repeated crashes or lost leases",
+            self._give_up(run, "attempts exhausted after repeated crashes or lost leases",
                           ErrorCode.ATTEMPTS_EXHAUSTED)
             return
         allowed, why = self.goals.allows_work(doc["root"])
         if not allowed:
-            self._give_up(run, doc, why or "goal ended", ErrorCode.GOAL_ENDED)
+            self._give_up(run, why or "goal ended", ErrorCode.GOAL_ENDED)
             return
         goal_id = self.goals.active_goal(doc["root"])  # the goal this run's verdict will be bound to
         outcome = self._execute(spec, run, doc, stop)
+        if outcome.ok and (missing := missing_outcome(self.kernel, run, len(doc["reports"]))) is not None:
+            outcome.ok, outcome.code, outcome.error = False, *missing
         self._record_usage(run, doc, outcome)
         log.info("run_finished", run_id=run.run_id, task_id=run.task_id, role=run.role, attempt=run.attempt,
                  ok=outcome.ok, exit_code=outcome.exit_code, wall_ms=outcome.wall_ms, error_code=outcome.code,
@@ -230,15 +262,16 @@ class Dispatcher:
         if outcome.ok:
             self.ledger.succeed(run, outcome.exit_code)
         elif not outcome.retryable:
-            self._give_up(run, doc, f"{outcome.code}: {outcome.error}", outcome.code or ErrorCode.EXIT_CODE)
+            self._give_up(run, f"{outcome.code}: {outcome.error}", outcome.code or ErrorCode.EXIT_CODE,
+                          outcome.summary)
         elif run.attempt < run.max_attempts:
             delay = spec.backoff * (2 ** (run.attempt - 1))
             self.ledger.retry_later(run, delay, outcome.error or "failed", outcome.exit_code, outcome.code)
             log.warning("run_retry", run_id=run.run_id, task_id=run.task_id, role=run.role, attempt=run.attempt,
                         error_code=outcome.code, error=outcome.error, delay_s=delay)
         else:
-            self._give_up(run, doc, f"{run.attempt} attempts failed; last: {outcome.error}",
-                          ErrorCode.ATTEMPTS_EXHAUSTED)
+            self._give_up(run, f"{run.attempt} attempts failed; last: {outcome.error}",
+                          ErrorCode.ATTEMPTS_EXHAUSTED, outcome.summary)
 
     def _reap(self, run: ClaimedRun, orphan: Orphan) -> bool:
         """Fence out what the previous holder left: its token first (from then on the orphan's reports are
@@ -258,11 +291,6 @@ class Dispatcher:
         log.warning("orphan_reaped", run_id=run.run_id, pgid=orphan.pgid, result=result)
         return True
 
-    @staticmethod
-    def _still_relevant(run: ClaimedRun, doc: dict[str, Any]) -> bool:
-        wanted = {Purpose.EXECUTE: "active", Purpose.REVIEW: "review", Purpose.CHILDREN: "active"}[run.purpose]
-        return doc["state"] == wanted and doc["round"] == run.round
-
     def _execute(self, spec: RunnerSpec, run: ClaimedRun, doc: dict[str, Any], stop: threading.Event) -> Outcome:
         if stop.is_set():  # stopped before the agent started: nothing of it ran
             return Outcome(False, None, 0, "interrupted by a shutdown before the agent started",
@@ -271,7 +299,8 @@ class Dispatcher:
         task_file = self.task_file(doc)
         if spec.runner is RunnerKind.SCRIPTED:
             agent = self.handlers.get(run.role) or agent_for(run.role, self.leader)
-            ctx = AgentContext(self.kernel, principal, doc, run.purpose, run.run_id, self.workspace, task_file)
+            ctx = AgentContext(self.kernel, principal, doc, run.purpose, run.run_id, self.workspace, task_file,
+                               merges_into=merge_base_of(doc, self.specs, self._worktree_base))
             started = time.monotonic()
             try:
                 summary = agent(ctx)
@@ -327,29 +356,14 @@ class Dispatcher:
         return prepare(spec, run_dir=log_dir, workdir=workdir, workspace=self.workspace, token=token,
                        prompt=build_prompt(spec.prompt, fields), placeholders=placeholders, run_vars=run_vars)
 
-    def _give_up(self, run: ClaimedRun, doc: dict[str, Any], reason: str, code: ErrorCode) -> None:
+    def _give_up(self, run: ClaimedRun, reason: str, code: ErrorCode, summary: str = "") -> None:
+        """The run failed for good: recorded so in the ledger, and (ADR-0002's report gate: the session is over
+        without the outcome it was for) said on the task by a `blocked` report quoting the agent's last output."""
         if not self.ledger.block(run, reason, code):
             return  # our lease was lost: whoever holds the run now decides
         log.error("run_blocked", run_id=run.run_id, task_id=run.task_id, role=run.role, error_code=code,
                   reason=reason)
-        if run.purpose is not Purpose.EXECUTE:
-            return
-        # ADR-0002's report gate: the session is over and no done report came, so say so on the task.
-        # The agent may have moved the task on before failing, so judge against the task as it is now.
-        principal = Principal(run.role, "coordinator", run.task_id, run.round)
-        for _ in range(5):
-            current = self.kernel.task(doc["task_id"])
-            if current is None or current["state"] != "active" or current["round"] != run.round:
-                return
-            result = self.kernel.submit({
-                "type": "submit_report", "task_id": current["task_id"], "thread_key": current["thread_key"],
-                "expected_revision": current["revision"], "round": current["round"],
-                "idempotency_key": f"blocked:{run.run_id}",
-                "payload": {"status": "blocked", "body": f"runner gave up: {reason}"}}, principal)
-            if result.reason != "stale_task_revision":
-                if not result.ok:
-                    log.error("blocked_report_refused", run_id=run.run_id, reason=result.reason)
-                return
+        file_blocked(self.kernel, run, blocked_body(run, reason, last_output(self.workspace, run, summary)))
 
     def _record_usage(self, run: ClaimedRun, doc: dict[str, Any], outcome: Outcome) -> None:
         u = outcome.usage

@@ -3,13 +3,14 @@
 Its parts, each also a field of a role's own ``prompt`` template (PROMPT_FIELDS): the task's subject and body,
 the chain of parents up to the root, the acceptance criteria (the body's "Acceptance"/"验收" section), why the
 task came back when this round is a rework (the reject or reopen reason of the round, and a blocked report the
-coordinator filed, such as a merge conflict), and how to report: the MCP tools, or the CLI verbs when MCP is off.
+coordinator filed, such as a merge conflict), what a reviewer judges (the round's done report: its body and the
+diffstat of the change, files and +/-), and how to report: the MCP tools, or the CLI verbs when MCP is off.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from taskkernel.coordinator.runners.ledger import Purpose
@@ -19,6 +20,7 @@ _ACCEPTANCE = re.compile(r"^(#{1,6})\s*(?:\d+\s*[·.)]\s*)?(?:验收|acceptance|
                          re.IGNORECASE)
 _HEADING = re.compile(r"^(#{1,6})\s")
 _EXCERPT = 300
+DIFF_FILES_LISTED = 50  # what the report's event keeps of a diff's files
 
 DEFAULT_TEMPLATE = """\
 You are the {role} agent of a taskkernel team, working on task {task_id} (round {round}). {purpose}
@@ -32,7 +34,7 @@ You are the {role} agent of a taskkernel team, working on task {task_id} (round 
 
 ## Acceptance criteria
 {acceptance}
-{rework}
+{rework}{review}
 ## Working folder
 {workdir}
 
@@ -92,6 +94,38 @@ def rework_reason(doc: dict[str, Any], history: Iterable[tuple[str, dict[str, An
                       *(f"Reported since: {b}" for b in blocked if b)])
 
 
+def submitted_work(doc: dict[str, Any], history: Iterable[tuple[str, dict[str, Any]]]) -> str | None:
+    """What a reviewer judges: the round's latest done report, its body and the diffstat of its change (the diff the
+    coordinator recorded: files with +/-, the totals, or why git could not take it); None without one."""
+    done: Mapping[str, Any] | None = None
+    for event_type, data in history:
+        if event_type == "report_submitted" and data.get("round") == doc["round"] and data.get("status") == "done":
+            done = data
+    if done is None:
+        return None
+    lines = [f"Done report of round {doc['round']} by {done.get('by') or 'the driver'}:", "",
+             str(done.get("body") or "").strip() or "(no body)"]
+    diff = done.get("diff")
+    if isinstance(diff, Mapping):
+        lines += ["", *diffstat(diff)]
+    return "\n".join(lines)
+
+
+def diffstat(diff: Mapping[str, Any]) -> list[str]:
+    """A recorded diff as `git diff --stat` would sum it up: one line per file, then the totals."""
+    if diff.get("error"):
+        return [f"Diff: none recorded ({diff['error']})"]
+    files = diff.get("files") or []
+    shown = [f"  {f.get('path')} | " + ("binary" if f.get("binary") else
+                                        f"+{f.get('insertions', 0)} -{f.get('deletions', 0)}")
+             for f in files[:DIFF_FILES_LISTED]]
+    total = int(diff.get("files_changed") or len(files))
+    if total > len(shown):
+        shown.append(f"  … {total - len(shown)} more file(s)")
+    return [f"Diff {diff.get('range') or ''}".rstrip() + ":", *shown,
+            f"  {total} file(s) changed, +{diff.get('insertions', 0)} -{diff.get('deletions', 0)}"]
+
+
 def how_to_report(task_id: str, mcp: bool) -> str:
     if mcp:
         return (f"Use the tools of the `taskkernel` MCP server: `get_task` (task_id {task_id}) reads the task, "
@@ -109,13 +143,15 @@ def how_to_report(task_id: str, mcp: bool) -> str:
 def prompt_fields(doc: dict[str, Any], purpose: Purpose, role: str, *, task: Callable[[str], dict[str, Any] | None],
                   history: Iterable[tuple[str, dict[str, Any]]], mcp: bool, workdir: str) -> dict[str, str]:
     """Every field a template may name (PROMPT_FIELDS), filled from the task as it is now."""
+    events = list(history)  # read twice: the rework and the submitted work
     chain = parents_of(doc, task)
     shown = chain if len(chain) <= PARENTS_SHOWN else [*chain[:PARENTS_SHOWN - 1], chain[-1]]
     lines = [f"- {p['task_id']} ({p['state']}, {p['recipient']}): {p['subject']} — {_excerpt(p['body'])}"
              for p in shown]
     if len(chain) > PARENTS_SHOWN:
         lines.insert(PARENTS_SHOWN - 1, f"- … {len(chain) - PARENTS_SHOWN} more between")
-    rework = rework_reason(doc, history)
+    rework = rework_reason(doc, events)
+    submitted = submitted_work(doc, events) if purpose is Purpose.REVIEW else None
     return {
         "task_id": doc["task_id"], "subject": doc["subject"], "body": doc["body"] or "(no body)",
         "round": str(doc["round"]), "role": role,
@@ -123,6 +159,7 @@ def prompt_fields(doc: dict[str, Any], purpose: Purpose, role: str, *, task: Cal
         "parents": "\n".join(lines) if lines else "It is a root task (no parent).",
         "acceptance": acceptance_of(doc["body"] or "") or "None stated apart from the body above.",
         "rework": f"\n## Why this task came back\n{rework}\n" if rework else "",
+        "review": f"\n## The work to review\n{submitted}\n" if submitted else "",
         "how_to_report": how_to_report(doc["task_id"], mcp), "workdir": workdir,
     }
 

@@ -1,8 +1,13 @@
-"""Deterministic built-in agents (no network, no model) used by the demo and the tests.
+"""Deterministic built-in agents (no network, no model) used by the demo and the tests (docs/runs.md,
+"The built-in scripted agents").
 
 A leader splits work into a build child and, once that is accepted, a check child; it reviews
 its branches and submits its own task when every child is done. Workers do their task and
 report: DEV writes a real artifact under workspace/, QA checks that artifact.
+
+The leader's review reads no diff, so it never approves a task whose approval would merge a branch into the base
+(the driver's runner has ``on_approve = "merge"`` and the task has a worktree): that waits for a person or a
+configured reviewer role. The dispatcher does not even start such a review (runners/outcomes.py ``undecidable``).
 """
 
 from __future__ import annotations
@@ -50,6 +55,8 @@ def _review(ctx: AgentContext) -> str:
     doc = ctx.refresh()
     if doc["state"] != "review":
         return "nothing to review"
+    if ctx.merges_into is not None:  # a judgment on code it cannot read: a person's, or a reviewer role's
+        return f"left for a person: approval merges into {ctx.merges_into}"
     done = [r for r in doc["reports"] if r["round"] == doc["round"] and r["status"] == "done"]
     if done:
         ctx.submit("approve")

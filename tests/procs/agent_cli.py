@@ -14,6 +14,10 @@ What it does is read from the task's body, one instruction per line:
   after-report write <path> <text>   the same write, after the report and the submit
   crash-once            the first time for this task: write `crash.txt`, then exit 1 without a report
   fail-json             exit 0, but the JSON output reports an error (Claude Code: is_error true)
+  no-tool-call          print a success result and exit 0 without any tool call (the model answered in text)
+  no-tool-call-once     the same, the first time for this task only
+A review run (TASKKERNEL_PURPOSE=review) follows `review approve|reject|silent` (default silent: it reads the task
+and exits 0 without deciding, as a reviewer whose tools failed it would).
 Every start is recorded (argv, cwd, environment, prompt, MCP server, start time) as JSON under $STANDIN_RECORDS,
 which the wrapper script sets (nothing of the test's environment reaches the agent through the coordinator), and a
 finished run's end time beside it.
@@ -95,6 +99,31 @@ def follow(line: str, round_: str) -> None:
         Path(words[1]).unlink()
 
 
+def answered_in_text(body: str, records: Path, task_id: str) -> bool:
+    """`no-tool-call`, or `no-tool-call-once` the first time: the model answered without calling any tool."""
+    lines = body.splitlines()
+    if "no-tool-call" in lines:
+        return True
+    marker = records / f"{task_id}.answered"
+    if "no-tool-call-once" in lines and not marker.exists():
+        marker.write_text("answered in text\n")
+        return True
+    return False
+
+
+async def review(session: ClientSession, task_id: str, body: str) -> str:
+    verdict = next((line.split(" ", 1)[1] for line in body.splitlines() if line.startswith("review ")), "silent")
+    if verdict == "approve":
+        decided = await session.call_tool("approve_task", {"task_id": task_id})
+    elif verdict == "reject":
+        decided = await session.call_tool("reject_task", {"task_id": task_id, "reason": "not good enough"})
+    else:
+        return "ok"
+    if decided.is_error:
+        fail(f"{verdict} refused: {decided.content}", 3)
+    return "ok"
+
+
 async def work(server: dict[str, Any], task_id: str, round_: str, crashed_before: bool, marker: Path) -> str:
     params = StdioServerParameters(command=server["command"], args=server["args"], env=server.get("env"))
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
@@ -102,6 +131,8 @@ async def work(server: dict[str, Any], task_id: str, round_: str, crashed_before
         got = await session.call_tool("get_task", {"task_id": task_id})
         doc = got.structured_content or {}
         body = (doc.get("task") or doc).get("body", "")
+        if os.environ.get("TASKKERNEL_PURPOSE") == "review":
+            return await review(session, task_id, body)
         for line in body.splitlines():
             if line == "crash-once" and not crashed_before:
                 Path("crash.txt").write_text("left by a crashed attempt\n", encoding="utf-8")
@@ -121,10 +152,14 @@ async def work(server: dict[str, Any], task_id: str, round_: str, crashed_before
         return "fail-json" if "fail-json" in body.split() else "ok"
 
 
+TEXT_ANSWER = "I would add the greeting to hello.txt: shall I go ahead?"
+
+
 def output(cli: str, outcome: str) -> None:
     if cli == "claude":
         print(json.dumps({"type": "result", "subtype": "success", "is_error": outcome == "fail-json",
-                          "duration_ms": 132, "duration_api_ms": 27, "num_turns": 3, "result": "DONE",
+                          "duration_ms": 132, "duration_api_ms": 27, "num_turns": 3,
+                          "result": TEXT_ANSWER if outcome == "text" else "DONE",
                           "stop_reason": "end_turn", "session_id": str(uuid.uuid4()), "total_cost_usd": 0.0123,
                           "usage": {**USAGE, "service_tier": "standard"}, "permission_denials": [],
                           "terminal_reason": "completed"}))
@@ -166,6 +201,11 @@ def main() -> None:
     name.with_suffix(".json").write_text(json.dumps(record))
     if server is None:
         fail("no taskkernel MCP server was configured")
+    body = prompt.split("\n## Where this task sits", 1)[0]  # the task's body as the prompt gives it
+    if os.environ.get("TASKKERNEL_PURPOSE") != "review" and answered_in_text(body, records, task_id):
+        output(cli, "text")
+        name.with_suffix(".end").write_text(str(time.time()))
+        return
     outcome = asyncio.run(work(server, task_id, round_, crashed_before, marker))
     output(cli, outcome)
     name.with_suffix(".end").write_text(str(time.time()))
