@@ -1,6 +1,7 @@
 """taskkernel.toml as one validated model (docs/config.md).
 
-Every table and key the code reads is declared here; anything else is an error, never silently ignored. A file
+Every table and key the code reads is declared here (the roles' tables) or in config_tables.py (the others, each
+needing nothing of this module); anything else is an error, never silently ignored. A file
 that is not TOML, or does not fit the model, is one ``ConfigError`` whose message names the file, the table, the
 key and the line, and suggests the near miss (``taskkernel.toml, line 5: [rols.PM] is not a table taskkernel
 knows; did you mean [roles.PM]?``).
@@ -12,7 +13,6 @@ has) is checked by `up` before it starts and by `doctor` (taskkernel.coordinator
 
 from __future__ import annotations
 
-import difflib
 import json
 import re
 import string
@@ -21,10 +21,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, ValidationError, model_validator
 
+from taskkernel.coordinator.config_tables import (  # noqa: F401 - re-exported: the file's tables, one import away
+    DEFAULT_EXCLUDES,
+    FoldersTable,
+    GateTable,
+    KernelTable,
+    McpTable,
+    SchedulerTable,
+    ServeTable,
+    Table,
+    TeamTable,
+    WorktreesTable,
+    near,
+)
 from taskkernel.coordinator.fcop.filenames import BROADCAST, RESERVED_ROLES, is_role_code
 
 CONFIG_NAME = "taskkernel.toml"
@@ -37,10 +50,9 @@ PLACEHOLDERS = ("task_file", "task_id", "round", "workspace", "role", "purpose",
                 "workdir")
 # What a role's prompt template may name (taskkernel.coordinator.runners.prompt builds each part).
 PROMPT_FIELDS = ("task_id", "subject", "body", "round", "role", "purpose", "parents", "acceptance", "rework",
-                 "how_to_report", "workdir")
+                 "how_to_report", "workdir", "review")
 NOT_TEAM = RESERVED_ROLES | {BROADCAST}  # the human owner, the system and a broadcast are no team roles
 MAX_ROLE_LEN = 32  # the kernel's role codes (kernel/model/commands.py)
-RISK_LEVELS = ("low", "medium", "high")  # irreversible tasks protect every operation: nothing to configure
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RESERVED_ENV_PREFIX = "TASKKERNEL_"  # the runner's own variables: the run's token and task, never the database URL
 
@@ -101,13 +113,6 @@ class ConfigError(WorkspaceNotFound, ValueError):
                 "line": first.line if first else None, "problems": [p.as_json() for p in self.problems]}
 
 
-def near(word: str, candidates: Sequence[str]) -> str | None:
-    """The candidate ``word`` is most likely a misspelling of (case-insensitive), if any is close enough."""
-    lowered = {c.lower(): c for c in candidates}
-    found = difflib.get_close_matches(word.lower(), list(lowered), n=1, cutoff=0.6)
-    return lowered[found[0]] if found else None
-
-
 def placeholder_problem(arg: str, known: Sequence[str] = PLACEHOLDERS) -> str | None:
     """Why ``arg`` (one element of a runner's argv, or a prompt template) is not a valid template, or None."""
     try:
@@ -129,44 +134,6 @@ def placeholder_problem(arg: str, known: Sequence[str] = PLACEHOLDERS) -> str | 
 def argv_fields(arg: str) -> set[str]:
     """The placeholders one (valid) argv element names."""
     return {f for _, f, _, _ in string.Formatter().parse(arg) if f}
-
-
-class _Table(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class KernelTable(_Table):
-    """``[kernel]``: where the store is and how it behaves."""
-
-    durability: Literal["full", "process"] = "full"
-    # Absent: a workspace written before the setting existed keeps the old meaning (no token = the local owner).
-    require_token: bool = False
-    database: str | None = Field(default=None, min_length=1)
-    max_runs: int = Field(default=4, ge=1, le=256)  # agent runs at once in this coordinator, all roles together
-    # Seconds `up` waits after the first SIGINT/SIGTERM for running agents to finish before stopping them.
-    shutdown_grace: float = Field(default=30.0, ge=0, le=86400, allow_inf_nan=False)
-
-    @field_validator("database")
-    @classmethod
-    def _url(cls, value: str | None) -> str | None:
-        if value is not None:
-            from sqlalchemy.engine import make_url  # only when a URL is configured
-            from sqlalchemy.exc import ArgumentError
-
-            try:
-                make_url(value)
-            except ArgumentError:
-                raise ValueError("not a database URL (sqlite:///path/to/file.db or "
-                                 "postgresql+psycopg://user@host/db)") from None
-        return value
-
-
-class TeamTable(_Table):
-    """``[team]``: used when the FCoP folder has no fcop.json (which takes precedence)."""
-
-    name: str = Field(default="custom", min_length=1)
-    leader: str
-    roles: list[str] = Field(min_length=1)
 
 
 class RunnerKind(StrEnum):
@@ -201,7 +168,7 @@ _SPAWN_ONLY = ("argv", "cwd", "env", "pass_env", "run_as", "kill_grace", "heartb
 _PRESET_ONLY = ("model", "allowed_tools", "args")
 
 
-class RunnerSpec(_Table):
+class RunnerSpec(Table):
     """``[roles.<ROLE>]``: how one role's agent is run (docs/roles.md). Placeholders in argv: see PLACEHOLDERS."""
 
     runner: RunnerKind = Field(strict=False)  # "command" or "scripted" (TOML gives the value, not the enum)
@@ -289,87 +256,7 @@ class RunnerSpec(_Table):
         return self.lease if self.lease is not None else self.timeout + 60.0
 
 
-class GateTable(_Table):
-    """``[gate]``: the session grants are read from and which operations need a grant (docs/gate.md)."""
-
-    session: str = Field(default="admin", min_length=1, max_length=200)
-    protected: dict[str, list[str]] = Field(default_factory=dict)  # risk level -> operations needing a grant
-    roles: dict[str, list[str]] = Field(default_factory=dict)  # role -> operations protected for it too
-
-    @field_validator("protected")
-    @classmethod
-    def _levels(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
-        for key in value:
-            if key == "irreversible":
-                raise ValueError("irreversible tasks protect every operation already: nothing to configure")
-            if key not in RISK_LEVELS:
-                guess = near(key, RISK_LEVELS)
-                raise ValueError(f"{key} is not a risk level ({', '.join(RISK_LEVELS)})"
-                                 + (f"; did you mean {guess}?" if guess else ""))
-        return value
-
-    @field_validator("protected", "roles")
-    @classmethod
-    def _operations(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
-        for key, ops in value.items():
-            if any(not op.strip() or op != op.strip() for op in ops):
-                raise ValueError(f"{key}: operations are non-empty names without surrounding spaces (\"*\": all)")
-        return value
-
-
-class FoldersTable(_Table):
-    """``[folders]``: the FCoP folder adapter."""
-
-    enabled: bool = True
-    submit_on_done_report: bool = True
-
-
-class SchedulerTable(_Table):
-    """``[scheduler]``: the durable automations."""
-
-    max_clock_skew: str | int | None = None  # a duration ("1d", "6h") or seconds; default one day
-
-    @field_validator("max_clock_skew")
-    @classmethod
-    def _duration(cls, value: str | int | None) -> str | int | None:
-        if value is not None:
-            from taskkernel.scheduler.models import SchedulerException, parse_duration
-
-            try:
-                parse_duration(value)
-            except SchedulerException as exc:
-                raise ValueError(exc.message) from None
-        return value
-
-    def as_mapping(self) -> dict[str, Any]:
-        return self.model_dump(exclude_none=True)
-
-
-MIN_OUTPUT_BUDGET = 1024  # a refusal, a summary and a cursor must always fit
-MAX_OUTPUT_BUDGET = 16 * 2**20
-
-
-class McpTable(_Table):
-    """``[mcp]``: the MCP server (`taskkernel mcp`, docs/mcp.md)."""
-
-    # Bytes of one tool result's structured content; past it lists are cut (truncated, next_cursor) and long
-    # texts are cut with a pointer to get_task.
-    output_budget: int = Field(default=16384, ge=MIN_OUTPUT_BUDGET, le=MAX_OUTPUT_BUDGET)
-
-
-class ServeTable(_Table):
-    """``[serve]``: the web board (`taskkernel serve`, docs/web.md)."""
-
-    # Every page and API route needs a signed-in credential (else 401 / the sign-in page). Required before the
-    # board may listen beyond loopback (--host other than 127.0.0.1/::1/localhost).
-    require_login: bool = False
-    # Host names the board answers besides the address it listens on (and, on loopback, 127.0.0.1, localhost and
-    # ::1): the public name a TLS proxy in front passes on. Any other Host is refused (DNS rebinding).
-    hosts: list[Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9.:\[\]-]+$")]] = Field(
-        default_factory=list)
-
-
-class TaskkernelConfig(_Table):
+class TaskkernelConfig(Table):
     """The whole file. Every table is optional; an empty file is a valid (all defaults) configuration."""
 
     kernel: KernelTable = Field(default_factory=KernelTable)
@@ -380,6 +267,7 @@ class TaskkernelConfig(_Table):
     scheduler: SchedulerTable = Field(default_factory=SchedulerTable)
     mcp: McpTable = Field(default_factory=McpTable)
     serve: ServeTable = Field(default_factory=ServeTable)
+    worktrees: WorktreesTable = Field(default_factory=WorktreesTable)
     _lines: dict[tuple[str, str | None], int] = PrivateAttr(default_factory=dict)
 
     def line_of(self, table: str | None, key: str | None = None) -> int | None:
@@ -392,7 +280,8 @@ class TaskkernelConfig(_Table):
 
 TABLES: dict[str, type[BaseModel]] = {
     "kernel": KernelTable, "team": TeamTable, "roles": RunnerSpec, "gate": GateTable, "folders": FoldersTable,
-    "scheduler": SchedulerTable, "mcp": McpTable, "serve": ServeTable}
+    "scheduler": SchedulerTable, "mcp": McpTable, "serve": ServeTable,
+    "worktrees": WorktreesTable}
 
 
 # -- loading -----------------------------------------------------------------------------------------

@@ -61,8 +61,38 @@ require_token = true
 # prompt built from the task, registers the kernel's MCP server with the run's own token, keeps it to its
 # working folder and reads usage and cost from its JSON output. Of the coordinator's environment it passes on
 # {agent}; never the database URL.
-# [roles.DEV]
-# runner = "{runner}"
+{roles}{role_keys}{other_runners}
+# The execution gate (docs/gate.md): where grants are read and which operations need one.
+# [gate]
+# session = "admin"
+# protected = {{ low = ["write", "delete", "deploy", "force_push", "migrate"], high = ["*"] }}
+# roles = {{ DEV = ["deploy"] }}              # operations protected for a role whatever the task's risk
+
+# The FCoP folder adapter (docs/folders.md).
+# [folders]
+# enabled = true
+# submit_on_done_report = true              # a REPORT file with status done also submits the task
+
+# Durable automations (docs/scheduler.md).
+# [scheduler]
+# max_clock_skew = "1d"                     # how far ahead of the clock a schedule's watermark may stand
+
+# The MCP server, `taskkernel mcp` (docs/mcp.md).
+# [mcp]
+# output_budget = 16384                     # bytes of one tool result; longer lists and texts are cut, with a pointer
+
+# The web board, `taskkernel serve` (docs/web.md).
+# [serve]
+# require_login = false                     # true: every page needs a sign-in; required for a --host beyond loopback
+# hosts = ["board.example.com"]             # Host names a TLS proxy in front passes on (others are refused)
+
+# What a task's worktree commits (docs/agents.md#what-a-worktree-commits): every file the repository would track,
+# less build caches and environments (__pycache__/, .venv/, node_modules/, … : the defaults), whatever git ignores.
+# [worktrees]
+# exclude = ["build/", "*.log"]             # more untracked files never committed (gitignore patterns)
+# drop_defaults = ["*.egg-info/"]           # defaults this repository does commit
+"""
+ROLE_KEYS = """\
 # Preset options: the CLI's model, extra arguments for its command line, and tools of its own it may use unasked.
 # model = {model}
 # args = {args}
@@ -89,6 +119,8 @@ require_token = true
 # max_attempts = 3                          # then the task gets a blocked report
 # backoff = 2.0                             # seconds before attempt n+1: backoff * 2**(n-1)
 # agent = "dev-1"                           # recorded as `by` (default: dev-agent)
+"""
+OTHER_RUNNERS = """\
 #
 # Any program: runner = "command" with argv (the same placeholders).
 # [roles.QA]
@@ -98,30 +130,6 @@ require_token = true
 #
 # [roles.OPS]
 # runner = "scripted"                       # the built-in agent, or the role package's handler
-
-# The execution gate (docs/gate.md): where grants are read and which operations need one.
-# [gate]
-# session = "admin"
-# protected = {{ low = ["write", "delete", "deploy", "force_push", "migrate"], high = ["*"] }}
-# roles = {{ DEV = ["deploy"] }}              # operations protected for a role whatever the task's risk
-
-# The FCoP folder adapter (docs/folders.md).
-# [folders]
-# enabled = true
-# submit_on_done_report = true              # a REPORT file with status done also submits the task
-
-# Durable automations (docs/scheduler.md).
-# [scheduler]
-# max_clock_skew = "1d"                     # how far ahead of the clock a schedule's watermark may stand
-
-# The MCP server, `taskkernel mcp` (docs/mcp.md).
-# [mcp]
-# output_budget = 16384                     # bytes of one tool result; longer lists and texts are cut, with a pointer
-
-# The web board, `taskkernel serve` (docs/web.md).
-# [serve]
-# require_login = false                     # true: every page needs a sign-in; required for a --host beyond loopback
-# hosts = ["board.example.com"]             # Host names a TLS proxy in front passes on (others are refused)
 """
 TEAM_EXAMPLE = """
 # The team, when the FCoP folder has no fcop.json (which takes precedence).
@@ -132,15 +140,58 @@ TEAM_EXAMPLE = """
 """
 
 
-def config_template(database: str | None = None, team: str | None = None, agents: str | None = None) -> str:
+@dataclass(frozen=True)
+class AgentTeam:
+    """The team `init --agents` writes a runner for: its leader and roles, and whether the workspace is in a git
+    repository (then every role works in its own worktree and an approval merges its branch)."""
+
+    leader: str
+    roles: list[str]
+    git: bool
+
+
+def config_template(database: str | None = None, team: str | None = None, agents: str | None = None,
+                    agent_team: AgentTeam | None = None) -> str:
     """The commented taskkernel.toml `init` writes: every table, with examples that validate when uncommented.
     ``database``: the URL to name in [kernel]; ``team``: a [team] table to write instead of its example;
-    ``agents``: the agent CLI the role examples use (one of AGENT_CHOICES; default claude-code)."""
+    ``agents``: the agent CLI the role examples use (one of AGENT_CHOICES; default claude-code); with
+    ``agent_team`` (`init --agents`) each of its roles gets a table running that CLI, so `up` runs the team as
+    soon as the CLI is on PATH (role_tables)."""
     runner = RunnerKind(agents or RunnerKind.CLAUDE_CODE.value)
     example = AGENT_EXAMPLES[runner]
-    text = TEMPLATE.format(team=team if team is not None else TEAM_EXAMPLE, runner=runner.value, argv=example.argv,
-                           model=example.model, args=example.args, allowed_tools=example.allowed_tools,
-                           agent=example.credentials)
+    fields = {"runner": runner.value, "argv": example.argv, "model": example.model, "args": example.args,
+              "allowed_tools": example.allowed_tools}
+    if agent_team is None:
+        roles, keys = f'# [roles.DEV]\n# runner = "{runner.value}"\n', ROLE_KEYS
+        others = OTHER_RUNNERS
+    else:
+        roles, set_keys = role_tables(runner, agent_team)
+        keys = "#\n# More keys, for any of the tables above:\n" + "".join(
+            line + "\n" for line in ROLE_KEYS.splitlines() if line.removeprefix("# ").split(" = ")[0] not in set_keys)
+        others = OTHER_RUNNERS.replace("[roles.QA]", "[roles.<ROLE>]").replace("[roles.OPS]", "[roles.<ROLE>]")
+    text = TEMPLATE.format(team=team if team is not None else TEAM_EXAMPLE, agent=example.credentials,
+                           roles=roles, role_keys=keys.format(**fields), other_runners=others.format(**fields))
     if database is not None:
         text = text.replace('# database = "postgresql+psycopg://user@host/db"', f"database = {json.dumps(database)}")
     return text
+
+
+AGENT_TIMEOUT = 1800  # seconds: a coding agent's task often takes longer than the default 600
+
+
+def role_tables(runner: RunnerKind, team: AgentTeam) -> tuple[str, set[str]]:
+    """A ``[roles.<ROLE>]`` table running ``runner`` for the leader and for every other role of ``team``, and the
+    keys they set. The leader breaks work down and reviews the tasks it hands out (a task's done authority is
+    who created it); a task a person creates waits for that person's approval. In a git repository each task has
+    its worktree and an approval merges the reviewed commit into the base branch."""
+    keys = {"runner": json.dumps(runner.value), "timeout": str(AGENT_TIMEOUT),
+            **({"on_approve": '"merge"'} if team.git else {})}
+    body = "".join(f"{k} = {v}\n" for k, v in keys.items())
+    merge = ("# Each task works in its own git worktree; an approval merges the reviewed commit into the base "
+             "branch.\n" if team.git else "# Outside a git repository every run works in the workspace itself (no "
+             "worktree, no merge).\n")
+    head = (f"# The team runs on {runner.value} (`init --agents {runner.value}`): one table per role.\n{merge}"
+            f"# The leader, {team.leader}, breaks work down and reviews the tasks it hands out; a task a person "
+            "creates\n# waits for that person's approval (`taskkernel inbox`, `task approve`).\n")
+    order = [team.leader, *(r for r in team.roles if r != team.leader)]
+    return head + "\n".join(f"[roles.{role}]\n{body}" for role in order), set(keys)

@@ -21,12 +21,13 @@ from taskkernel.coordinator.config import (
     MAX_ROLE_LEN,
     NOT_TEAM,
     ConfigError,
+    RunnerKind,
     TaskkernelConfig,
     TeamTable,
     WorkspaceNotFound,
     load_config,
 )
-from taskkernel.coordinator.config_template import config_template
+from taskkernel.coordinator.config_template import AgentTeam, config_template, role_tables
 from taskkernel.coordinator.fcop.detect import CONFIG_NAME as FCOP_CONFIG
 from taskkernel.coordinator.fcop.detect import G2_MARKERS, LIFECYCLE_DIR, find_workspace_root
 from taskkernel.coordinator.fcop.errors import FcopError
@@ -298,11 +299,15 @@ def init_workspace(root: Path, team: str | None = None, database: str | None = N
         _lay_out(fcop, team or DEFAULT_TEAM)
     (root / "workspace").mkdir(exist_ok=True)
     note = None
+    agent_team = None if agents is None else AgentTeam(chosen.leader, chosen.roles, _in_git(root))
     if not config_path.exists():
-        text = config_template(database, chosen.toml() if to_config else None, agents)
+        text = config_template(database, chosen.toml() if to_config else None, agents, agent_team)
         write_private(config_path, text.encode("utf-8"))  # may hold a password
     elif to_config:
         note = f"{config_path} exists and was left as it is; to use this team, add:{chosen.toml()}"
+    elif agents is not None and agent_team is not None and not config.roles:
+        tables, _ = role_tables(RunnerKind(agents), agent_team)
+        note = f"{config_path} exists and was left as it is; to run the team on {agents}, add:\n{tables}"
     ignored = ignore_state_dir(root)
     ws = Workspace.load(root)
     effective = ws.team()
@@ -311,15 +316,19 @@ def init_workspace(root: Path, team: str | None = None, database: str | None = N
     return Initialized(ws, chosen, fcop, not existing, note, ignored)
 
 
+def _in_git(root: Path) -> bool:
+    from taskkernel.coordinator.worktrees.git import toplevel
+
+    return toplevel(root) is not None
+
+
 IGNORE_LINE = f"/{STATE_DIR}/"
 
 
 def ignore_state_dir(root: Path) -> bool:
     """In a git repository, keep ``.taskkernel/`` (database, run logs, worktrees, evidence) out of every commit:
     the line is added to ``root/.gitignore`` unless a line there already names it. Returns whether it added it."""
-    from taskkernel.coordinator.worktrees.git import toplevel
-
-    if toplevel(root) is None:
+    if not _in_git(root):
         return False
     path = root / ".gitignore"
     text = path.read_text(encoding="utf-8") if path.exists() else ""

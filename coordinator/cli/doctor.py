@@ -23,10 +23,13 @@ from taskkernel.coordinator.cli.common import Exit, emit, get_ctx, say, warn
 from taskkernel.coordinator.cli.output import oneline
 from taskkernel.coordinator.config import CONFIG_NAME, ConfigError, Problem, WorkspaceNotFound
 from taskkernel.coordinator.workspace import STATE_DIR, Team, Workspace
+from taskkernel.coordinator.worktrees.protected import SCRATCH_INDEX, WORKTREES_DIR
 
 Status = Literal["ok", "warn", "fail"]
 OPEN_STATES = ("inbox", "active", "review")
 LISTED = 20  # items a check lists in full; the count says how many there are
+# Passed to an agent CLI with its credentials (runners/presets.py), but none of them authenticates it.
+NOT_A_CREDENTIAL = frozenset({"HTTPS_PROXY", "NO_PROXY", "ANTHROPIC_BASE_URL"})
 
 
 @dataclass
@@ -68,12 +71,20 @@ def _mode(path: Path) -> int | None:
 
 
 def _private_files(root: Path) -> Iterator[Path]:
+    """taskkernel.toml and what .taskkernel/ holds, but the task checkouts under ``.taskkernel/worktrees/``: those
+    are the repository's files as an agent left them (modes, symlinks and all), reached only through the private
+    folders above them; the lock and the ignore file beside them are the coordinator's and are checked, a
+    scratch index being written there (git's own mode, a copy of a task's tree) is not."""
     yield root / CONFIG_NAME
     state = root / STATE_DIR
     yield state
     if state.is_dir() and not state.is_symlink():
+        checkouts = state / WORKTREES_DIR
         for folder, dirs, files in os.walk(state):
             base = Path(folder)
+            if base == checkouts:
+                dirs.clear()
+                files = [f for f in files if not f.startswith(SCRATCH_INDEX)]
             yield from (base / d for d in dirs)
             yield from (base / f for f in files)
 
@@ -226,11 +237,34 @@ def check_runners(ws: Workspace, registry: Any) -> list[Check]:
             checks.append(Check(label, "ok", "scripted: runs inside the coordinator"))
         else:
             program, _ = binary_of(spec, name.upper(), ws.root)
-            checks.append(Check(label, "ok", f"runs {program}" if program else
-                                "argv[0] depends on the task: checked when a run starts", {"program": program}))
+            runs = f"runs {program}" if program else "argv[0] depends on the task: checked when a run starts"
+            names, given = _credentials(spec)
+            extra = {"program": program, **({"credentials": names, "credentials_set": given} if names else {})}
+            if names and not given:
+                checks.append(Check(label, "warn", f"{runs}; no credential variable of the {spec.runner.value} CLI "
+                                    f"is set ({', '.join(names)}): set one where `up` runs, or log the CLI in as "
+                                    "this user (its login under HOME is what it uses then)", extra))
+            else:
+                checks.append(Check(label, "ok", runs, extra))
     for rest in problems.values():  # [gate] roles naming roles the team lacks
         checks.append(Check("gate", "fail", "; ".join(p.render() for p in rest), _problems(rest)))
     return checks
+
+
+def _credentials(spec: Any) -> tuple[list[str], list[str]]:
+    """(the variables that authenticate a preset's CLI, those of them its agent gets: from the coordinator's
+    environment as the preset passes them, or the role's ``env`` and ``pass_env``). Both empty for a runner that
+    is no preset. A cloud's switch (``CLAUDE_CODE_USE_BEDROCK``) stands for the credentials it selects."""
+    from taskkernel.coordinator.runners.presets import preset_of
+
+    if not spec.runner.is_preset:
+        return [], []
+    preset = preset_of(spec)
+    names = [n for n in preset.credential_vars if n not in NOT_A_CREDENTIAL]
+    names += [switch for switch, _ in preset.switched_vars]
+    given = {*(n for n in (*preset.credentials(os.environ), *spec.pass_env) if os.environ.get(n)),
+             *(n for n, v in spec.env.items() if v)}
+    return names, [n for n in names if n in given]
 
 
 # -- checks that read the database -------------------------------------------------------------------------

@@ -37,6 +37,7 @@ from taskkernel.kernel.model.task import TARGET_STATE_OF_EVENT, TaskState, task_
 from taskkernel.kernel.private import write_private
 from taskkernel.kernel.reasons import KernelError, ReasonCode
 from taskkernel.kernel.store.events import RecordedEvent
+from taskkernel.kernel.text import terminal_text
 
 STATES = (*(s.value for s in TaskState), "blocked")  # = kernel.queries.LIST_STATES (not imported: no SQLAlchemy here)
 POLL_SECONDS = 0.2  # how often `log --follow` and `task watch` look for new events
@@ -59,11 +60,11 @@ def init(ctx: typer.Context, directory: Path = typer.Argument(Path("."), help="W
                                   help=f"Team preset: {', '.join(TEAM_PRESETS)} (default for a new FCoP "
                                        f"workspace: {DEFAULT_TEAM})."),
          agents: str = typer.Option(None, "--agents", show_default=False,
-                                    help=f"The agent CLI the runner examples use: {', '.join(AGENT_CHOICES)} "
-                                         "(default claude-code).")) -> None:
+                                    help=f"Run every role of the team on this agent CLI: {', '.join(AGENT_CHOICES)} "
+                                         "(without it, no role runs until you add its table).")) -> None:
     """Create the workspace: .taskkernel/kernel.db, taskkernel.toml and, in a project without any, the FCoP
     folders. An existing FCoP workspace (fcop/ or docs/agents/) is left exactly as it is. Inside a git
-    repository, .taskkernel/ is added to .gitignore."""
+    repository, .taskkernel/ is added to .gitignore. With --agents, taskkernel.toml runs every role on that CLI."""
     if team is not None and team not in TEAM_PRESETS:
         fail(Exit.USAGE, f"unknown team preset {team!r}; choose one of {', '.join(TEAM_PRESETS)}")
     if agents is not None and agents not in AGENT_CHOICES:
@@ -88,12 +89,16 @@ def init(ctx: typer.Context, directory: Path = typer.Argument(Path("."), help="W
             write_private(ws.owner_token_path, (owner_token + "\n").encode("ascii"))
     emit({"status": "ok", "workspace": str(ws.root), "database": c.database().url, "fcop_root": str(done.fcop_root),
           "fcop_created": done.laid_out, "team": t.name, "leader": t.leader, "roles": t.roles,
-          "team_source": t.source, "gitignored": done.gitignored}, generic=False)
+          "team_source": t.source, "gitignored": done.gitignored,
+          "runners": {role.upper(): spec.runner.value for role, spec in ws.config.roles.items()}}, generic=False)
     where = "laid out" if done.laid_out else "found (left as it is)"
     say(("workspace ready", "green"), f" at {ws.root}; FCoP folder {done.fcop_root} {where}")
     say(f"team {t.name} from {t.source}: leader {t.leader}, roles {', '.join(t.roles)}")
     if done.gitignored:
         say("added .taskkernel/ to .gitignore (database, run logs and worktrees are never committed)")
+    if agents is not None and ws.config.roles:
+        say(f"roles {', '.join(r.upper() for r in ws.config.roles)} run {agents}: `taskkernel doctor` says what is "
+            "still missing (the CLI on PATH, a credential), then `taskkernel up`")
     if done.note:
         say(("note:", "yellow"), f" {done.note}")
 
@@ -194,13 +199,24 @@ def _render_task(doc: dict[str, Any]) -> None:
     if doc["blocked"]:
         b = doc["blocked"]
         say(("blocked", "red"), f" by {b['by']} at {b['at']} (report {b['report_id']}): {oneline(b['reason'])}")
+    if merge := doc.get("merge"):
+        if merge["status"] == "merged":
+            say(("merged", "green"), f" into {merge['base']} at {merge['commit'][:12]} ({merge['how']}, {merge['at']})")
+        else:
+            say(("merge failed", "red"), f": {oneline(merge['error'])} (fix it, then `taskkernel task merge "
+                f"{doc['task_id']}`)")
     show(table_of({k: doc.get(k) for k in ("sender", "recipient", "priority", "risk_level", "parent", "root",
                                           "thread_key", "assignee", "lease") if doc.get(k) is not None}))
     if doc.get("body"):
         say(doc["body"])  # its lines kept; `say` escapes its control characters (kernel/text.py)
     if doc.get("reports"):
-        show(table_of([{k: v for k, v in r.items() if k != "diff"} for r in doc["reports"]], title="reports"))
+        show(table_of([{k: v for k, v in r.items() if k not in ("diff", "body")} for r in doc["reports"]],
+                      title="reports"))
     for report in doc.get("reports", ()):
+        if report.get("body"):  # what the report says, as a block: its lines kept, under the terminal rule
+            say((f"report {report['report_id']}", "bold"), f" ({report['status']} by {report['by']}, "
+                f"round {report['round']}):")
+            say(report["body"])
         if report.get("diff"):
             _render_diff(report)
     if doc.get("records"):
@@ -217,13 +233,40 @@ def _render_diff(report: dict[str, Any]) -> None:
     say(("diff", "bold"), f" of {report['report_id']} ({d['branch']} against {d['base']}, {d['range']}): "
         f"{d['files_changed']} file(s) changed, +{d['insertions']} -{d['deletions']}; patch {d['patch']}")
     for f in d.get("files", ()):
-        say(f"  {oneline(f['path'])} | " + ("binary" if f.get("binary") else f"+{f['insertions']} -{f['deletions']}"))
+        binary = f"binary, {f['bytes']} bytes" if "bytes" in f else "binary"
+        say(f"  {oneline(f['path'])} | " + (binary if f.get("binary") else f"+{f['insertions']} -{f['deletions']}"))
     if d["files_changed"] > len(d.get("files", ())):
         say(f"  … {d['files_changed'] - len(d.get('files', ()))} more in the patch")
     if d.get("protected"):  # what the agent wrote over the coordinator's own files: never merged, worth a look
         say(("left out", "red"), f": {d['protected_count']} path(s) of the coordinator's own files the agent wrote")
         for p in d["protected"]:
             say(f"  {oneline(p['path'])} ({p['reason']})")
+
+
+@task_app.command("diff")
+def task_diff(ctx: typer.Context, task_id: str,
+              round_: int | None = typer.Option(None, "--round", min=0, max=2**31,
+                                                help="The done report of this round (default: the latest round "
+                                                     "with a recorded diff).")) -> None:
+    """The patch a task's done report recorded, checked against its recorded SHA-256 (like `gh pr diff`)."""
+    from taskkernel.coordinator.cli import output
+    from taskkernel.kernel.queries import PatchRefused, recorded_patch
+
+    c = get_ctx(ctx)
+    ws = c.workspace()  # the patch files live in its evidence folder
+    found = recorded_patch(c.database(), ws.root, ws.state_dir / "evidence", task_id, round_)
+    if isinstance(found, PatchRefused):
+        reject(found.code, found.message, task_id=task_id)
+    text = found.patch.decode("utf-8", errors="replace")
+    if output._json_forced:  # asked for (a pipe alone gets the patch itself, as `gh pr diff` prints it)
+        emit({"task_id": found.task_id, "round": found.round, "report_id": found.report_id, "patch": text,
+              "patch_sha256": found.patch_sha256, "files": found.files})
+    elif sys.stdout.isatty():  # a patch is data: it may not drive the terminal (its lines and tabs kept)
+        sys.stdout.write(terminal_text(text, lines=True) + ("" if text.endswith("\n") else "\n"))
+    else:  # byte for byte what was recorded, for `git apply` and friends
+        sys.stdout.flush()
+        sys.stdout.buffer.write(found.patch)
+    sys.stdout.flush()
 
 
 @task_app.command("list")

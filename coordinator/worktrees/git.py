@@ -15,6 +15,8 @@ instead of trying to spot dangerous keys in it:
   (``includeIf`` is evaluated by git per work tree and branch, so the union is read, not one evaluation):
   filters become no-ops, diff drivers empty, merge drivers ``false`` (the file conflicts, nothing runs); git
   2.39 cannot be told to skip attributes files (``--attr-source`` came in 2.40), so the names are disarmed;
+- no user's ignore file (``core.excludesFile``): what a worktree commits depends on the repository and the
+  workspace's configuration (``Worktrees.exclude_file``), never on whose machine the coordinator runs;
 - a small environment: the coordinator's secrets (the database URL, tokens) never reach git or what it starts.
 """
 
@@ -29,6 +31,7 @@ from pathlib import Path
 
 _FIXED = {
     "core.hooksPath": "/dev/null", "core.fsmonitor": "false", "core.attributesFile": "/dev/null",
+    "core.excludesFile": "/dev/null",  # not the user's ~/.config/git/ignore: a worktree names the coordinator's own
     "core.pager": "cat", "core.askPass": "", "core.sshCommand": "", "core.alternateRefsCommand": "",
     "credential.helper": "", "protocol.allow": "never", "diff.external": "", "submodule.recurse": "false",
     "commit.gpgSign": "false", "tag.gpgSign": "false", "merge.verifySignatures": "false",

@@ -6,7 +6,10 @@
   reused; anything else at its path (a creation cut short, a folder planted) is set aside and the worktree made
   again from the task branch, never written into.
 - ``evidence``: at a done report, the worktree's uncommitted changes are committed on the task branch and the diff
-  against the base is recorded (commit range, diffstat, the patch as a file under ``.taskkernel/evidence/``);
+  against the base is recorded (commit range, diffstat with each binary file's size, the patch as a file under
+  ``.taskkernel/evidence/``, binary files named in it, never encoded); what is committed is what the repository
+  would track, less build caches and environments (``exclude``, read by git as its ``core.excludesFile``), so a
+  run that only ran the tests commits nothing;
 - ``merge``: on approval, exactly the commit the approved report recorded, into the base: a fast-forward, or a
   merge commit computed without touching any checkout (``git merge-tree``); a conflict changes nothing;
 - ``archive``: the worktree removed (anything left uncommitted first committed), the branch kept.
@@ -23,16 +26,23 @@ import contextlib
 import fcntl
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 
+from taskkernel.coordinator.config_tables import DEFAULT_EXCLUDES
 from taskkernel.coordinator.tables import worktrees
 from taskkernel.coordinator.worktrees.git import GitError, Ran, RepoGit, git, toplevel
-from taskkernel.coordinator.worktrees.protected import IGNORE_RULES, ProtectedPaths
+from taskkernel.coordinator.worktrees.protected import (
+    IGNORE_RULES,
+    SCRATCH_INDEX,
+    STATE_DIR,
+    WORKTREES_DIR,
+    ProtectedPaths,
+)
 from taskkernel.kernel.canonical import sha256_hex, utc_now_iso
 from taskkernel.kernel.private import private_dir
 from taskkernel.kernel.store.db import Database
@@ -68,10 +78,15 @@ class Merged:
 
 
 class Worktrees:
-    def __init__(self, db: Database, root: Path) -> None:
+    """``exclude``: gitignore patterns for untracked files no worktree commits (``[worktrees]`` of
+    taskkernel.toml, ``WorktreesTable.patterns()``); None: the defaults (build caches and environments)."""
+
+    def __init__(self, db: Database, root: Path, exclude: Sequence[str] | None = None) -> None:
         self.db = db
         self.root = root.resolve()
-        self.home = self.root / ".taskkernel" / "worktrees"
+        self.home = self.root / STATE_DIR / WORKTREES_DIR
+        self.exclude = tuple(DEFAULT_EXCLUDES if exclude is None else exclude)
+        self._exclude_file: Path | None = None
         self._repo: Path | None | bool = False  # False: not looked up yet
         self._common: Path | None = None
         self._git: RepoGit | None = None
@@ -212,7 +227,9 @@ class Worktrees:
             head, kept_out = self._keep_out(wt, base, head, protected, round_)
             left_out |= kept_out
             files, added, removed = self._numstat(wt, base, head)
-            patch = self._in(wt, "diff", "--binary", "--no-ext-diff", "--no-textconv", base, head).raw
+            self._sizes(wt, base, head, [f for f in files[:FILES_LISTED] if f.get("binary")])
+            # without --binary: a binary file is one line ("Binary files … differ"), never base85 patch text
+            patch = self._in(wt, "diff", "--no-ext-diff", "--no-textconv", base, head).raw
             where = self._write_patch(task_id, round_, patch)
             commits = int(self._in(wt, "rev-list", "--count", f"{base}..{head}").out.strip())
         except (GitError, OSError, ValueError) as exc:
@@ -243,8 +260,20 @@ class Worktrees:
         if not wt.path.is_dir() or wt.path.is_symlink():
             raise GitError("git_failed", f"the worktree {wt.path} is missing")
         pinned = {"GIT_COMMON_DIR": str(self.common_dir), **(env or {})}  # never the admin folder's `commondir`
-        return self.git.run(wt.path, f"--git-dir={wt.git_dir}", f"--work-tree={wt.path}", *args, ok=ok, env=pinned,
-                            stdin=stdin)
+        return self.git.run(wt.path, "-c", f"core.excludesFile={self.exclude_file()}", f"--git-dir={wt.git_dir}",
+                            f"--work-tree={wt.path}", *args, ok=ok, env=pinned, stdin=stdin)
+
+    def exclude_file(self) -> Path:
+        """The ignore file every git command on a worktree reads as its ``core.excludesFile`` (lowest precedence:
+        the repository's own ``.gitignore`` and ``info/exclude`` win): ``self.exclude``, written once in the
+        private worktrees folder under a name holding its hash (processes configured alike share it, processes
+        configured otherwise never overwrite it)."""
+        if self._exclude_file is None:
+            text = "".join(f"{p}\n" for p in self.exclude).encode("utf-8")
+            target = private_dir(self.home) / f"exclude-{sha256_hex(text)[:16]}"
+            _write_once(target, text)
+            self._exclude_file = target
+        return self._exclude_file
 
     def _commit_pending(self, wt: Worktree, message: str, author: str) -> bool:
         """Commit what the agent left: never the coordinator's own paths (whatever .gitignore says), never into a
@@ -279,7 +308,7 @@ class Worktrees:
         hits = touched(lambda *a: self._in(wt, *a), base, head, protected)
         if not hits:
             return head, {}
-        index = self.home / f".index-{wt.task_id}-{os.getpid()}-{threading.get_ident()}"
+        index = self.home / f"{SCRATCH_INDEX}{wt.task_id}-{os.getpid()}-{threading.get_ident()}"
         scratch = {"GIT_INDEX_FILE": str(index), "GIT_LITERAL_PATHSPECS": "1"}
         try:
             self._in(wt, "read-tree", head, env=scratch)
@@ -313,20 +342,27 @@ class Worktrees:
             removed += 0 if binary else int(dels)
         return files, added, removed
 
+    def _sizes(self, wt: Worktree, base: str, head: str, binary: list[dict[str, Any]]) -> None:
+        """Add ``bytes`` to each binary file's entry: its size at ``head`` (one ``ls-tree`` for all of them), or,
+        for a file the range deletes, at ``base`` with ``deleted: true``."""
+        for commit in (head, base):
+            wanted = {f["path"]: f for f in binary if "bytes" not in f}
+            if not wanted:
+                return
+            out = self._in(wt, "ls-tree", "-r", "-l", "-z", "--full-tree", commit, "--", *wanted,
+                           env={"GIT_LITERAL_PATHSPECS": "1"}).out
+            for entry in filter(None, out.split("\0")):
+                meta, _, path = entry.partition("\t")
+                size = meta.split()[-1]
+                if path in wanted and size.isdigit():
+                    wanted[path].update({"bytes": int(size), **({"deleted": True} if commit == base else {})})
+
     def _write_patch(self, task_id: str, round_: int, patch: bytes) -> Path:
         """The patch under a name that holds its hash, written once: a later diff of the same round (a report that
         is then refused) never changes the file an accepted report names."""
-        folder = private_dir(self.root / ".taskkernel" / "evidence" / task_id)
+        folder = private_dir(self.root / STATE_DIR / "evidence" / task_id)
         target = folder / f"round-{round_}-{sha256_hex(patch)[:16]}.patch"
-        if target.is_file() and not target.is_symlink():
-            return target
-        temp = folder / f".round-{round_}.{os.getpid()}.{threading.get_ident()}.tmp"
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(patch)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(temp, target)
+        _write_once(target, patch)
         return target
 
     # -- merging and archiving -----------------------------------------------------------------
@@ -475,6 +511,21 @@ class Worktrees:
             yield
         finally:
             os.close(fd)
+
+
+def _write_once(target: Path, data: bytes) -> None:
+    """``data`` at ``target`` (0600), unless a file is there already: its name holds the hash of its content, so
+    the file there holds the same bytes. Written whole (a temporary file, synced, renamed): a reader never sees
+    half of it."""
+    if target.is_file() and not target.is_symlink():
+        return
+    temp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(temp, target)
 
 
 def touched(run: Callable[..., Ran], base: str, head: str, protected: ProtectedPaths) -> dict[str, str]:

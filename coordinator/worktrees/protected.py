@@ -26,6 +26,8 @@ from taskkernel.coordinator.fcop.detect import G2_MARKERS, LIFECYCLE_DIR, FcopEr
 ENVELOPE_FOLDERS = ("reports", "reviews", "issues", "history", "shared")  # besides tasks/ and log/ (G2)
 
 STATE_DIR = ".taskkernel"
+WORKTREES_DIR = "worktrees"  # under STATE_DIR: one checkout per task, the agents' files (not private state)
+SCRATCH_INDEX = ".index-"  # a scratch index beside the checkouts while a change is rebuilt (manager.py)
 CONFIG_FILE = "taskkernel.toml"
 IGNORE_FILE = ".gitignore"
 ATTRIBUTES_FILE = ".gitattributes"
