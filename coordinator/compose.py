@@ -2,7 +2,8 @@
 coordinator, every CLI command, the demo, tests) — same roles, same guards, same effect rules.
 
 What the core cannot know is injected here: whether a `task retry` could help is a question of the workspace's
-runners (``runner_check``); a retry wakes an agent as a claim does (``WAKE_RULE`` lists ``task_retried``)."""
+runners and runs (runners/retrycheck.py); a retry wakes an agent as a claim does (``WAKE_RULE`` lists
+``task_retried``)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from taskkernel.coordinator.config import GateTable
 from taskkernel.coordinator.fcop import EnvelopeKind, FcopError, open_workspace
 from taskkernel.coordinator.fcop.numbering import sequences_in_use
 from taskkernel.coordinator.folders.projection import PROJECT_RULE
-from taskkernel.coordinator.runners.config import runner_problems
 from taskkernel.coordinator.runners.dispatcher import WAKE_RULE
+from taskkernel.coordinator.runners.retrycheck import retry_check
 from taskkernel.coordinator.runners.tools import PERFORM_RULE
 from taskkernel.coordinator.workspace import Workspace
 from taskkernel.coordinator.worktrees.effects import WORKTREE_RULE
@@ -24,7 +25,7 @@ from taskkernel.kernel.commands import EffectRule, TaskCommandKernel
 from taskkernel.kernel.model.upcasters import task_upcasters
 from taskkernel.kernel.permissions import HumanGrantGuard
 from taskkernel.kernel.protected import DEFAULT_PROTECTED, GateGuard
-from taskkernel.kernel.retry import REVIEW, RetryGuard, RunnerCheck
+from taskkernel.kernel.retry import RetryGuard
 from taskkernel.kernel.sessionlog import SessionLog
 from taskkernel.kernel.store.db import Database
 from taskkernel.kernel.store.events import EventStore
@@ -50,29 +51,11 @@ def build_kernel(db: Database, workspace: Workspace | None) -> TaskCommandKernel
     # Last: a done report's diff (prepared before the transaction) is recorded once every other check let it through.
     evidence = [DiffEvidence(Worktrees(db, workspace.root, workspace.config.worktrees.patterns()))
                 ] if workspace is not None else []
-    retry = [RetryGuard(runner_check(workspace))] if workspace is not None else []
+    retry = [RetryGuard(retry_check(workspace.config, workspace.root, roles))] if workspace is not None else []
     return TaskCommandKernel(db, roles, effect_rules=STANDARD_EFFECTS, store=store,
                              guards=[HumanGrantGuard(log), gate, *retry, *evidence],
                              preparers=[e.prepare for e in evidence],
                              numbers_in_use=_task_numbers_on_disk(workspace.root) if folders and workspace else None)
-
-
-def runner_check(workspace: Workspace) -> RunnerCheck:
-    """Why a run of a role cannot help here (no ``[roles.X]`` table, or a runner `up` would refuse: its program,
-    working folder, OS user or repository), with what to fix; None when it can. Read from the workspace's
-    taskkernel.toml as this process loaded it."""
-    def check(role: str, purpose: str) -> str | None:
-        tables = {name.upper(): name for name in workspace.config.roles}
-        name = tables.get(role)
-        if name is None:
-            by_hand = "approve or reject it by hand" if purpose == REVIEW else "work it by hand"
-            return (f"{role} has no runner: add [roles.{role}] to taskkernel.toml (docs/agents.md), or {by_hand}")
-        problems = runner_problems(workspace.config, workspace.root).get(name)
-        if not problems:
-            return None
-        return (f"its runner cannot start: {'; '.join(p.text for p in problems)}; fix [roles.{name}] in "
-                "taskkernel.toml (`taskkernel doctor` lists every problem), then retry")
-    return check
 
 
 def _task_numbers_on_disk(root: Path) -> Callable[[str], set[int]]:

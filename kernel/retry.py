@@ -6,9 +6,11 @@ a task in review. It is refused where another run cannot help, each with the rea
 
 - a done task is finished (``task_terminal``; reopen it to work again), an archived one too, and an inbox task has
   no run to repeat (``illegal_transition``, the lifecycle's check);
-- the role that would run has no runner, or its runner cannot start here (``retry_cannot_help``): only the
-  coordinator knows its runners, so that check is injected (``RetryGuard``; the core imports no adapter), and its
-  message says what to fix.
+- the role that would run has no runner, or its runner cannot start here, or a run of the task is already queued
+  or running, or no agent may decide the review (``retry_cannot_help``): only the coordinator knows its runners and
+  runs, so that check is injected (``RetryGuard``; the core imports no adapter), and its message says what to do;
+- a run's task-scoped token may not retry (``role_not_authorized``): an agent retrying its own task would multiply
+  its runs and their attempts.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from taskkernel.kernel.reasons import KernelError, ReasonCode
 from taskkernel.kernel.store.db import UnitOfWork
 
 EXECUTE, REVIEW = "execute", "review"  # the run a retry makes due (the dispatcher's purposes)
-# (role, purpose) -> why a run of that role cannot help now (what to fix), or None: it can.
-RunnerCheck = Callable[[str, str], str | None]
+# (the retry's connection, the task, role, purpose) -> why a run of that role cannot help now (what to do), or None.
+RunnerCheck = Callable[[Any, dict[str, Any], str, str], str | None]
 
 
 def who_runs(doc: dict[str, Any]) -> tuple[str, str]:
@@ -52,8 +54,11 @@ class RetryGuard:
     def __call__(self, uow: UnitOfWork, cmd: Command, doc: dict[str, Any] | None, principal: Principal) -> None:
         if cmd.type is not CommandType.RETRY or doc is None:
             return
+        if principal.task_id is not None:  # an agent retrying its own task would multiply its runs and attempts
+            raise KernelError(ReasonCode.ROLE_NOT_AUTHORIZED, f"a retry of {doc['task_id']} is a person's decision "
+                              "(or an unscoped tool's): a run's task-scoped token may not retry")
         role, purpose = who_runs(doc)
-        why = self.check(role, purpose)
+        why = self.check(uow.conn, doc, role, purpose)
         if why is not None:
             raise KernelError(ReasonCode.RETRY_CANNOT_HELP,
                               f"a retry of {doc['task_id']} would wait for a {purpose} run by {role}, and {why}")

@@ -86,7 +86,7 @@ def test_init_agents_writes_that_clis_examples_and_keeps_state_out_of_git(tmp_pa
     made = run("init", str(repo), "--agents", "codex", cwd=tmp_path)
     assert made.code == 0 and made.json["gitignored"] is True, made.err
     text = (repo / "taskkernel.toml").read_text()
-    assert '# runner = "codex"' in text and "CODEX_API_KEY" in text and '# model = "gpt-5-codex"' in text
+    assert '\nrunner = "codex"\n' in text and "CODEX_API_KEY" in text and '# model = "gpt-5-codex"' in text
     assert (repo / ".gitignore").read_text() == "/.taskkernel/\n"
     status = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--ignored"], capture_output=True,
                             text=True, check=True).stdout

@@ -15,10 +15,12 @@ def test_two_coordinators_share_a_postgres_workspace(pg_url: str, tmp_path: Path
     journal = tmp_path / "journal.log"
     agent = tmp_path / "agent.py"
     agent.write_text(textwrap.dedent(f"""
-        import os, time
+        import os, subprocess, sys, time
         with open({str(journal)!r}, "a") as fh:
             fh.write(os.environ["TASKKERNEL_TASK_ID"] + " " + os.environ["TASKKERNEL_ROUND"] + "\\n")
         time.sleep(0.05)
+        subprocess.run([sys.executable, "-m", "taskkernel", "task", "report", os.environ["TASKKERNEL_TASK_ID"],
+                        "--status", "done", "--body", "ok"], check=True, capture_output=True)  # else: no_report
     """), encoding="utf-8")
     ws = make_workspace(tmp_path / "ws", {"DEV": {"runner": "command", "argv": [sys.executable, str(agent)]}},
                         database=pg_url)

@@ -56,6 +56,8 @@ def test_a_merge_blocked_by_a_local_edit_is_a_dead_letter_until_a_person_fixes_i
 
     listed = team.ok("effects", "list")
     assert listed == {"effects": [dead]}, listed
+    checks = {c["name"]: c for c in json.loads(team.cli("doctor", "--json").stdout)["checks"]}
+    assert checks["dead_letters"]["status"] == "warn" and dead["effect_key"] in checks["dead_letters"]["message"]
     table = run_tty("effects", "list", cwd=team.root)
     assert table.code == 0 and key_and_error(table.out) == (dead["effect_key"], "merge of"), table.out
 

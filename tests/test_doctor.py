@@ -56,7 +56,7 @@ def test_a_fresh_workspace_is_healthy(ws: Path) -> None:
     assert r.code == 0 and r.json["status"] == "ok", r.out
     assert statuses(r) == {"config": "ok", "permissions": "ok", "folders": "ok", "quarantine": "ok", "team": "ok",
                            "runner DEV": "ok", "runner QA": "ok", "database": "ok", "schema": "ok",
-                           "blocked_tasks": "ok"}
+                           "blocked_tasks": "ok", "stalled_tasks": "ok", "dead_letters": "ok"}
     found = checks(r)
     assert found["runner DEV"]["program"] == sys.executable
     assert found["team"]["leader"] == "PM" and found["team"]["without_runner"] == ["OPS", "PM"]

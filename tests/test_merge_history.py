@@ -53,12 +53,16 @@ def test_a_merge_is_recorded_a_failed_one_shows_on_the_task_and_task_merge_lands
     assert doc["history"][-1]["note"] == f"merged into main at {main[:12]}"
     after = team.cli("up", "--once", "--once-wait", "5", "--json", timeout=300)  # the effect that gave up: settled
     assert after.returncode == 0, after.stdout + after.stderr
+    assert "merge_record_refused" not in after.stderr, "the re-run found the merge done and recorded nothing"
     assert team.ok("effects", "list")["effects"] == []
 
     # nobody but the task's done authority (or ADMIN) merges it; and no credential forges a merge record
     dev = team.cli("token", "issue", "DEV").stdout.strip()
     refused = team.cli("task", "merge", b, "--json", env={"TASKKERNEL_TOKEN": dev})
     assert refused.returncode == 2 and json.loads(refused.stdout)["reason"] == "role_not_authorized"
+    run_token = team.cli("token", "issue", "ADMIN", "--task", a).stdout.strip()  # ADMIN's role, another task's run
+    refused = team.cli("task", "merge", b, "--json", env={"TASKKERNEL_TOKEN": run_token})
+    assert refused.returncode == 2 and "not a run's token" in json.loads(refused.stdout)["message"], refused
     revision = team.show(b)["revision"]
     forged = {"type": "record_merge", "task_id": b, "expected_revision": revision, "round": 1,
               "idempotency_key": "forged", "payload": {"branch": f"task/{b}", "base": "main", "commit": "0" * 40,

@@ -79,3 +79,32 @@ def test_a_blocked_task_is_retried_refused_where_a_retry_cannot_help(tmp_path: P
     assert done.code == 2 and done.json["reason"] == "task_terminal" and "reopen" in done.json["message"], done
     inbox = ok("task", "create", "--to", "DEV", "--subject", "later", cwd=ws)["task_id"]
     assert run("task", "retry", inbox, "--json", cwd=ws).json["reason"] == "illegal_transition"
+
+
+def test_a_retry_never_doubles_a_run_and_is_never_an_agents(tmp_path: Path) -> None:
+    """A run waiting out its backoff (or running) is not joined by a second one on the same worktree; a run's
+    task-scoped token may not retry, even as the done authority; an ADMIN review is decided, not retried."""
+    ws = new_workspace(tmp_path)
+    agent = tmp_path / "agent.py"
+    agent.write_text("import sys\nsys.exit(3)\n", encoding="utf-8")
+    append_config(ws, f"\n[roles.DEV]\nrunner = \"command\"\nargv = [{json.dumps(sys.executable)}, "
+                      f"{json.dumps(str(agent))}]\nmax_attempts = 2\nbackoff = 3600\n")
+    tid = ok("task", "create", "--to", "DEV", "--subject", "build it", cwd=ws)["task_id"]
+    assert run("up", "--once", "--once-wait", "0", cwd=ws).code in (0, 1)
+    [waiting] = ok("runs", "list", cwd=ws)
+    assert waiting["state"] == "retrying", waiting
+    queued = run("task", "retry", tid, "--json", cwd=ws)
+    assert queued.code == 2 and queued.json["reason"] == "retry_cannot_help", queued
+    assert f"its run {waiting['run_id']} is queued" in queued.json["message"]
+
+    scoped = run("token", "issue", "ADMIN", "--task", tid, cwd=ws).out.strip()
+    by_agent = as_(scoped, "task", "retry", tid, cwd=ws)
+    assert by_agent.code == 2 and by_agent.json["reason"] == "role_not_authorized", by_agent
+    assert "task-scoped token may not retry" in by_agent.json["message"]
+
+    review = ok("task", "create", "--to", "QA", "--subject", "check it", cwd=ws)["task_id"]
+    ok("task", "claim", review, cwd=ws)
+    ok("task", "report", review, "--status", "done", "--body", "ok", "--submit", cwd=ws)
+    decide = run("task", "retry", review, "--json", cwd=ws)
+    assert decide.code == 2 and decide.json["reason"] == "retry_cannot_help", decide
+    assert f"the review is ADMIN's: decide it (`taskkernel task approve|reject {review}`)" in decide.json["message"]

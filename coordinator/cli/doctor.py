@@ -355,11 +355,35 @@ def check_tasks(db: Any, registry: Any) -> list[Check]:
     out = [Check("blocked_tasks", "warn" if blocked else "ok",
                  f"{len(blocked)} open task(s) blocked: " + ", ".join(b["task_id"] for b in blocked[:5])
                  if blocked else "no blocked tasks", {"tasks": blocked[:LISTED], "count": len(blocked)})]
+    out.extend(check_stalled(db))
     if orphaned:
         out.append(Check("unknown_recipients", "warn", f"{len(orphaned)} open task(s) for roles the team does not "
                          "have: " + ", ".join(f"{o['task_id']} ({o['recipient']})" for o in orphaned[:5]),
                          {"tasks": orphaned[:LISTED], "count": len(orphaned)}))
     return out
+
+
+def check_stalled(db: Any) -> list[Check]:
+    """Tasks nothing moves any more (their runs ended without an outcome, coordinator/inbox.py ``stalled``) and
+    side effects given up on (dead letters): each waits for a person, with the command that tries again."""
+    import sqlalchemy as sa
+
+    from taskkernel.coordinator.inbox import stalled
+    from taskkernel.kernel.outbox import dead_letters
+
+    try:
+        with db.read() as conn:
+            idle, count = stalled(conn, db.is_postgres, None, LISTED)
+        letters = dead_letters(db)
+    except sa.exc.SQLAlchemyError as exc:  # a schema behind this release (see the schema check): not these checks'
+        return [Check("dead_letters", "warn", f"cannot read the outbox or runs: {str(exc).splitlines()[0][:200]}")]
+    return [Check("stalled_tasks", "warn" if count else "ok",
+                  f"{count} task(s) nothing moves: " + ", ".join(t["task_id"] for t in idle[:5])
+                  + " (`taskkernel task retry ID`)" if count else "no stalled tasks", {"tasks": idle, "count": count}),
+            Check("dead_letters", "warn" if letters else "ok",
+                  f"{len(letters)} side effect(s) given up on: " + ", ".join(e["effect_key"] for e in letters[:5])
+                  + " (fix the cause, then `taskkernel effects retry KEY`)" if letters else "no dead letters",
+                  {"effects": letters[:LISTED], "count": len(letters)})]
 
 
 # -- the command ---------------------------------------------------------------------------------------------

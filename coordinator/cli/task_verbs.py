@@ -209,6 +209,9 @@ def merge(ctx: typer.Context, task_id: str) -> None:
     doc = kernel.task(task_id)
     if doc is None:
         refuse("task_not_found", f"{task_id} does not exist (see `taskkernel task list`)")
+    if principal.task_id is not None:  # a run's token: merging into the base is a person's (or a tool's) decision
+        refuse("role_not_authorized", f"merge of {task_id} needs an unscoped credential, not a run's token",
+               task_id=task_id)
     if not principal.is_admin and principal.role != doc["authority"]["done_authority"]:
         refuse("role_not_authorized", f"merge of {task_id} needs done_authority ({doc['authority']['done_authority']})"
                f" or ADMIN, not {principal.role}", task_id=task_id)

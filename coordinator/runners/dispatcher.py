@@ -211,7 +211,8 @@ class Dispatcher:
     def _waits_for_person(self, role: str, doc: dict[str, Any]) -> bool:
         """Whether a review of ``doc`` by ``role`` is left for a person (logged with why): the role may not approve,
         or its scripted agent would approve a merge into the base branch (runners/outcomes.py ``undecidable``)."""
-        why = undecidable(role, self.kernel.roles.get(role).may_issue(CommandType.APPROVE), self.specs.get(role),
+        spec = None if role in self.handlers else self.specs.get(role)  # a role package's reviewer decides itself
+        why = undecidable(role, self.kernel.roles.get(role).may_issue(CommandType.APPROVE), spec,
                           merge_base_of(doc, self.specs, self._worktree_base))
         if why is not None:
             log.warning("review_waits_for_person", task_id=doc["task_id"], role=role, reason=why)

@@ -31,7 +31,7 @@ log = get_logger(__name__)
 WORKTREE_EFFECT = "worktree"
 WORKTREE_RULE = EffectRule(WORKTREE_EFFECT, frozenset({"task_approved", "task_archived", "task_force_archived"}))
 MERGE_CONFLICT = "merge_conflict"  # the branch does not merge into its base
-MERGE_FAILED = "merge_failed"  # the approved report recorded no diff (git failed when it was taken)
+MERGE_FAILED = "merge_failed"  # nothing merged: no diff was recorded, or the base checkout cannot take it
 COORDINATOR = "coordinator"  # the agent name the coordinator's own commands are recorded under
 MERGED, FAILED, REOPENED = "merged", "failed", "reopened"  # what ``merge_approved`` did
 
@@ -106,8 +106,11 @@ class WorktreeEffects:
         if merged.ok and merged.commit:
             log.info("worktree_merged", task_id=task_id, branch=wt.branch, base=wt.base_branch, commit=merged.commit,
                      how=merged.message)
-            self._record(doc, approval_pos, "merged", "record_merge", {
-                "branch": wt.branch, "base": wt.base_branch, "commit": merged.commit, "how": merged.message})
+            recorded = doc.get("merge") or {}
+            if recorded.get("status") != "merged" or recorded.get("round") != doc["round"]:  # once per round: a
+                # re-run (a requeued dead letter, a second `task merge`) finds it "already in the base" at another head
+                self._record(doc, approval_pos, "merged", "record_merge", {
+                    "branch": wt.branch, "base": wt.base_branch, "commit": merged.commit, "how": merged.message})
             return MergeOutcome(MERGED, f"merged into {wt.base_branch} at {(merged.commit or '')[:12]}", None,
                                 wt.branch, wt.base_branch, merged.commit, merged.message)
         if merged.ok:  # no repository to merge in: nothing was there to do
@@ -128,7 +131,8 @@ class WorktreeEffects:
         """Nothing moved and nothing an agent could fix: say so on the task (``merge_failed``; the same error again
         replays the record), for a person to fix, then `taskkernel task merge ID`."""
         log.warning("worktree_merge_waits", task_id=doc["task_id"], branch=branch, base=base, error=error)
-        self._record(doc, pos, f"failed:{sha256_hex(error)[:16]}", "record_merge_failure", {"error": error[:4000]})
+        shown = error.encode("utf-8")[:4000].decode("utf-8", errors="ignore")  # the reason's limit is in bytes
+        self._record(doc, pos, f"failed:{sha256_hex(error)[:16]}", "record_merge_failure", {"error": shown})
         return MergeOutcome(FAILED, error, MERGE_FAILED, branch, base)
 
     def _record(self, doc: dict[str, Any], pos: int, what: str, kind: str, payload: dict[str, Any]) -> None:
