@@ -93,6 +93,7 @@ COMMIT_POLL_S = 0.05  # how often `run` looks at the event log's head
 REFUSED = "_refused"  # suffix of the entries for writes the safe file layer refused (e.g. "ledger_refused")
 _AFTER_RUNS = ("project", "ledger")  # stages a pass runs after starting the due runs
 PROJECTION_WAIT_S = 30.0  # how long a run waits for its TASK file to be projected before starting anyway
+INGEST_WAIT_S = 10.0  # how long, beyond the settle time, a finished run waits for the files it wrote to be taken in
 _CORE_FIELDS = {"dispatch": "dispatched", "wakes": "wakes", "runs": "runs"}  # stage -> PassStats field
 
 
@@ -115,15 +116,20 @@ class Coordinator:
                                      owner=self.owner, leader=team.leader, handlers=handlers,
                                      task_file=self._task_file, max_runs=workspace.config.kernel.max_runs,
                                      on_run_done=lambda: self._wake_soon(), settled=self._projected,
+                                     files_taken=self._files_taken,
                                      worktree_excludes=workspace.config.worktrees.patterns())
         self.stages: dict[str, Stage] = {}  # further adapters (scheduler) register here
         self.failing: dict[str, StageFailure] = {}  # by StageFailure.key: what fails now, for logs and the live view
         folder_cfg = workspace.config.folders
         self.folders: FolderAdapter | None = None
+        self._settle_s = settle_s
+        self._ingest_done = threading.Condition()
+        self._ingested_from = float("-inf")  # when the last finished ingest pass began (time.time())
+        self._pass_wanted = threading.Event()  # a run's worker waits for a pass (run_once passes only when asked)
         if folder_cfg.enabled:
             self.folders = FolderAdapter(self.kernel, workspace.root, settle_s=settle_s, grace_s=grace_s,
                                          submit_on_done_report=folder_cfg.submit_on_done_report)
-            self.add_stage("ingest", self.folders.ingest_pass)
+            self.add_stage("ingest", self._ingest)
         self.tools = OutboxRelay(db, {PERFORM_EFFECT: ToolExecutor(self.kernel, workspace.root)})
         self.add_stage("actions", self.tools.run_pending)
         self.automations = Automations(self.kernel, self.owner, workspace.config.scheduler.as_mapping(),
@@ -159,6 +165,31 @@ class Coordinator:
             time.sleep(0.02)
         if not stop.is_set():
             log.warning("run_started_before_projection", position=position, waited_s=PROJECTION_WAIT_S)
+
+    def _ingest(self) -> int:
+        """The ingest stage, noting when each pass that finished began (``_files_taken`` waits on it)."""
+        assert self.folders is not None
+        began = time.time()
+        try:
+            return self.folders.ingest_pass()
+        finally:
+            with self._ingest_done:
+                self._ingested_from = max(self._ingested_from, began)
+                self._ingest_done.notify_all()
+
+    def _files_taken(self, since: float, stop: threading.Event) -> None:
+        """Wait (a run's worker thread) until an ingest pass that began once the files written before ``since`` had
+        settled has finished, or INGEST_WAIT_S passed: an agent that reports with a REPORT file (FCoP) is judged by
+        its report, not as a run that left none (``no_report``)."""
+        if self.folders is None:
+            return
+        ready = since + self._settle_s
+        deadline = time.monotonic() + self._settle_s + INGEST_WAIT_S
+        with self._ingest_done:
+            while self._ingested_from < ready and time.monotonic() < deadline and not stop.is_set():
+                self._pass_wanted.set()
+                self._wake_soon()
+                self._ingest_done.wait(0.05)
 
     def add_stage(self, name: str, stage: Stage) -> None:
         self.stages[name] = stage
@@ -218,8 +249,10 @@ class Coordinator:
             history.append(stats)
             if stats.progress or pool.finished != finished:  # a run that ended mid-pass left work to see
                 continue
-            if len(pool):
-                pool.wait(finished)  # until a run ends: its task moved, or a slot is free
+            if len(pool):  # until a run ends (its task moved, or a slot is free), or one waits for a pass
+                while not pool.wait(finished, timeout=0.05) and not self._pass_wanted.is_set():
+                    pass
+                self._pass_wanted.clear()
                 continue
             due = self.dispatcher.ledger.next_due(roles) if self.dispatcher.accepting else None
             if due is None:

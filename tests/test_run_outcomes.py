@@ -6,6 +6,8 @@ CLIs (tests/procs/agent_cli.py) reproducing the real failure shapes."""
 from __future__ import annotations
 
 import json
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ from taskkernel.kernel.queries import task_history
 from taskkernel.kernel.store.db import Database
 from taskkernel.kernel.store.schema import outbox
 from tests.agents_support import Team, git, role
+from tests.cli_support import taskkernel
 from tests.coord_support import admin_task, coordinator, make_workspace
 from tests.procs.agent_cli import TEXT_ANSWER
 
@@ -171,3 +174,28 @@ def test_stalled_tasks_and_dead_letters_are_listed(tmp_path: Path) -> None:
     console.print(live_view(c, {}))
     text = console.export_text()
     assert "Stalled tasks (1)" in text and stuck in text, text
+
+
+def test_an_agent_that_reports_with_a_report_file_is_judged_by_that_report(tmp_path: Path) -> None:
+    """An FCoP agent reports by writing a REPORT file and exits: the run waits for the ingest to take the file in
+    before judging it, so the task is in review with its report, not blocked as a run that left none."""
+    agent = tmp_path / "agent.py"
+    agent.write_text(textwrap.dedent("""
+        import os, pathlib
+        task = os.environ["TASKKERNEL_TASK_ID"]
+        day, number = task.split("-")[1:3]
+        report = pathlib.Path(os.environ["TASKKERNEL_WORKSPACE"]) / "fcop" / "reports"
+        report.mkdir(parents=True, exist_ok=True)
+        (report / f"REPORT-{day}-{number}-DEV-to-ADMIN.md").write_text(
+            f"---\\nprotocol: fcop\\nversion: 1\\nsender: DEV\\nrecipient: ADMIN\\nreferences:\\n- {task}\\n"
+            "status: done\\n---\\nDone, by file.\\n", encoding="utf-8")
+    """), encoding="utf-8")
+    ws = make_workspace(tmp_path / "ws", {"DEV": {"runner": "command", "argv": [sys.executable, str(agent)],
+                                                  "max_attempts": 1}})
+    c = coordinator(ws)
+    task = admin_task(c, subject="by file", recipient="DEV")
+    up = taskkernel("up", str(ws.root), "--once", cwd=tmp_path)
+    assert up.returncode == 0, up.stdout + up.stderr
+    doc = c.kernel.task(task)
+    assert doc["state"] == "review" and doc["blocked"] is None, doc
+    assert [r["status"] for r in doc["reports"]] == ["done"]

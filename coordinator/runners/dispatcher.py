@@ -77,7 +77,8 @@ class Dispatcher:
                  goals: GoalService | None = None, max_runs: int = 4,
                  on_run_done: Callable[[], None] | None = None,
                  settled: Callable[[int, threading.Event], None] | None = None,
-                 worktree_excludes: list[str] | None = None) -> None:
+                 worktree_excludes: list[str] | None = None,
+                 files_taken: Callable[[float, threading.Event], None] | None = None) -> None:
         self.kernel = kernel
         self.db = kernel.db
         self.workspace = workspace
@@ -86,6 +87,7 @@ class Dispatcher:
         self.handlers = handlers or {}
         self.task_file = task_file or self.fallback_task_file
         self.settled = settled  # waits until the files reflect the event at a position (the folder projection)
+        self.files_taken = files_taken  # waits until files written before a time are taken in (the folder ingest)
         self.goals = goals or GoalService(self.db, kernel.store)
         leases = {role: spec.lease_seconds for role, spec in specs.items()}
         self.ledger = RunLedger(self.db, owner, lease_seconds=max(leases.values(), default=660.0),
@@ -245,7 +247,11 @@ class Dispatcher:
             return
         goal_id = self.goals.active_goal(doc["root"])  # the goal this run's verdict will be bound to
         outcome = self._execute(spec, run, doc, stop)
-        if outcome.ok and (missing := missing_outcome(self.kernel, run, len(doc["reports"]))) is not None:
+        missing = missing_outcome(self.kernel, run, len(doc["reports"])) if outcome.ok else None
+        if missing is not None and self.files_taken is not None:  # its report may be a file not yet taken in
+            self.files_taken(time.time(), stop)
+            missing = missing_outcome(self.kernel, run, len(doc["reports"]))
+        if missing is not None:
             outcome.ok, outcome.code, outcome.error = False, *missing
         self._record_usage(run, doc, outcome)
         log.info("run_finished", run_id=run.run_id, task_id=run.task_id, role=run.role, attempt=run.attempt,
