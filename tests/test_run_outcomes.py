@@ -75,6 +75,22 @@ def test_a_cli_that_answers_without_a_tool_call_is_retried_then_blocked_with_its
     assert inbox["stalled"] == [], "blocked, with its cause: not silently stalled"
 
 
+def test_task_retry_runs_a_blocked_task_again_and_it_reaches_review(tmp_path: Path) -> None:
+    """The same failure shape once, with one attempt: blocked; the person's `task retry` clears the block, the next
+    `up` runs the agent again, which now works and reports: the task is in review with its diff."""
+    team = Team(tmp_path, f"\n[roles.DEV]\n{role('claude-code', max_attempts=1)}")
+    task = team.task("DEV", "Greeting", "Add the greeting.\nno-tool-call-once\nwrite hello.txt hello")
+    team.up()
+    assert team.show(task)["blocked"] is not None
+    retried = team.ok("task", "retry", task, "--reason", "the MCP tools load now")
+    assert retried["status"] == "accepted"
+    team.up()
+    doc = team.show(task)
+    assert len(team.runs_of(task)) == 2
+    assert doc["state"] == "review" and doc["blocked"] is None, doc
+    assert [f["path"] for f in doc["reports"][-1]["diff"]["files"]] == ["hello.txt"]
+
+
 def test_a_reviewer_that_ends_without_deciding_blocks_the_review_and_got_the_report_and_diffstat(
         tmp_path: Path) -> None:
     """PM reviews DEV's work on Claude Code and exits 0 without approving or rejecting: `no_decision`, retried,
