@@ -61,7 +61,7 @@ def test_a_hung_agent_does_not_hold_up_another_role_and_a_stop_loses_nothing(tmp
     again exactly once."""
     hung = agent(tmp_path, "hung", f'if [ ! -e {tmp_path}/second ]; then touch {tmp_path}/second; sleep 60; fi\n'
                                    + REPORT_DONE)
-    fast = agent(tmp_path, "fast", "true")
+    fast = agent(tmp_path, "fast", REPORT_DONE)
     ws = make_workspace(tmp_path / "ws", {"OPS": runner(hung, timeout=120, max_attempts=2), "DEV": runner(fast)})
     set_kernel(ws.root, shutdown_grace=1)
     c = coordinator(ws)
