@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from taskkernel.coordinator.runners.history import view_state
-from taskkernel.coordinator.runners.outcomes import OPEN, merge_base_of, undecidable
-from taskkernel.coordinator.tables import runs, worktrees
+from taskkernel.coordinator.runners.outcomes import OPEN, merge_base_of, undecidable, worktree_base
+from taskkernel.coordinator.tables import runs
 from taskkernel.kernel.model.commands import Command, CommandType
 from taskkernel.kernel.model.principal import Principal
 from taskkernel.kernel.outbox import dead_letters
@@ -155,11 +155,7 @@ class _Deciders:
 
     def _base(self, task_id: str) -> str | None:
         with self.db.read() as conn:
-            if not sa.inspect(conn).has_table(worktrees.name):
-                return None
-            row = conn.execute(sa.select(worktrees.c.base_branch, worktrees.c.state)
-                               .where(worktrees.c.task_id == task_id)).first()
-        return row.base_branch if row is not None and row.state != "archived" else None
+            return worktree_base(conn, task_id)
 
 
 class _Refusals:

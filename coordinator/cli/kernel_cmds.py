@@ -258,7 +258,7 @@ def task_diff(ctx: typer.Context, task_id: str,
     if isinstance(found, PatchRefused):
         reject(found.code, found.message, task_id=task_id)
     text = found.patch.decode("utf-8", errors="replace")
-    if output._json_forced:  # asked for (a pipe alone gets the patch itself, as `gh pr diff` prints it)
+    if output.json_asked():  # asked for (a pipe alone gets the patch itself, as `gh pr diff` prints it)
         emit({"task_id": found.task_id, "round": found.round, "report_id": found.report_id, "patch": text,
               "patch_sha256": found.patch_sha256, "files": found.files})
     elif sys.stdout.isatty():  # a patch is data: it may not drive the terminal (its lines and tabs kept)

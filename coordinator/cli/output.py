@@ -54,6 +54,11 @@ def json_mode() -> bool:
     return _json_forced or not sys.stdout.isatty()
 
 
+def json_asked() -> bool:
+    """``--json`` was given: a command whose pipe output is raw data (`task diff`) answers in JSON only then."""
+    return _json_forced
+
+
 def human_mode() -> bool:
     return not json_mode()
 

@@ -43,6 +43,7 @@ from taskkernel.coordinator.runners.outcomes import (
     missing_outcome,
     still_relevant,
     undecidable,
+    worktree_base,
 )
 from taskkernel.coordinator.runners.pool import Running, RunPool
 from taskkernel.coordinator.runners.prompt import build_prompt, prompt_fields
@@ -221,9 +222,8 @@ class Dispatcher:
         return why is not None
 
     def _worktree_base(self, task_id: str) -> str | None:
-        """The base branch of the task's worktree while it has one (a merged one merges again after a reopen)."""
-        wt = self.worktrees.get(task_id) if self.worktrees.repo is not None else None
-        return wt.base_branch if wt is not None and wt.state != "archived" else None
+        with self.db.read() as conn:
+            return worktree_base(conn, task_id)
 
     # -- running -----------------------------------------------------------------------------
     def _run(self, run: ClaimedRun, stop: threading.Event) -> None:

@@ -16,10 +16,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import sqlalchemy as sa
+
 from taskkernel.coordinator.config import OnApprove, RunnerKind, RunnerSpec
 from taskkernel.coordinator.runners.command import ErrorCode
 from taskkernel.coordinator.runners.history import run_log_dir, tail
 from taskkernel.coordinator.runners.ledger import ClaimedRun, Purpose
+from taskkernel.coordinator.tables import worktrees
 from taskkernel.kernel.commands import TaskCommandKernel
 from taskkernel.kernel.logging import get_logger
 from taskkernel.kernel.model.principal import Principal
@@ -114,6 +117,15 @@ def undecidable(role: str, may_approve: bool, spec: RunnerSpec | None, merge_bas
     if spec is not None and spec.runner is RunnerKind.SCRIPTED and merge_base is not None:
         return f"approval merges into {merge_base}: waiting for a person"
     return None
+
+
+def worktree_base(conn: sa.Connection, task_id: str) -> str | None:
+    """The base branch of the task's worktree while it has one (a merged one merges again after a reopen)."""
+    if not sa.inspect(conn).has_table(worktrees.name):
+        return None
+    row = conn.execute(sa.select(worktrees.c.base_branch, worktrees.c.state)
+                       .where(worktrees.c.task_id == task_id)).first()
+    return row.base_branch if row is not None and row.state != "archived" else None
 
 
 def merge_base_of(doc: dict[str, Any], specs: dict[str, RunnerSpec],

@@ -16,11 +16,11 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from taskkernel.coordinator.config import OnApprove, TaskkernelConfig
+from taskkernel.coordinator.config import TaskkernelConfig
 from taskkernel.coordinator.runners.config import runner_problems
 from taskkernel.coordinator.runners.ledger import RunState
-from taskkernel.coordinator.runners.outcomes import undecidable
-from taskkernel.coordinator.tables import runs, worktrees
+from taskkernel.coordinator.runners.outcomes import merge_base_of, undecidable, worktree_base
+from taskkernel.coordinator.tables import runs
 from taskkernel.kernel.model.commands import CommandType
 from taskkernel.kernel.model.principal import ADMIN
 from taskkernel.kernel.retry import REVIEW, RunnerCheck
@@ -45,22 +45,13 @@ def retry_check(config: TaskkernelConfig, root: Any, roles: RoleRegistry) -> Run
         if name is None:
             by_hand = "approve or reject it by hand" if purpose == REVIEW else "work it by hand"
             return f"{role} has no runner: add [roles.{role}] to taskkernel.toml (docs/agents.md), or {by_hand}"
+        specs = {code.upper(): spec for code, spec in config.roles.items()}
+        merging = merge_base_of(doc, specs, lambda task: worktree_base(conn, task))
         if purpose == REVIEW and (why := undecidable(role, roles.get(role).may_issue(CommandType.APPROVE),
-                                                     config.roles[name], _merge_base(conn, config, doc))):
+                                                     config.roles[name], merging)):
             return f"{why} (`taskkernel task approve|reject {task_id}`)"
         if problems := runner_problems(config, root).get(name):
             return (f"its runner cannot start: {'; '.join(p.text for p in problems)}; fix [roles.{name}] in "
                     "taskkernel.toml (`taskkernel doctor` lists every problem), then retry")
         return None
     return check
-
-
-def _merge_base(conn: sa.Connection, config: TaskkernelConfig, doc: dict[str, Any]) -> str | None:
-    """The base branch approving ``doc`` would merge into (its driver merges on approval and it has a worktree)."""
-    tables = {name.upper(): spec for name, spec in config.roles.items()}
-    driver = tables.get(doc["authority"]["driver"])
-    if driver is None or driver.on_approve is not OnApprove.MERGE or not sa.inspect(conn).has_table(worktrees.name):
-        return None
-    row = conn.execute(sa.select(worktrees.c.base_branch, worktrees.c.state)
-                       .where(worktrees.c.task_id == doc["task_id"])).first()
-    return row.base_branch if row is not None and row.state != "archived" else None

@@ -16,17 +16,18 @@ from taskkernel.coordinator.config import RunnerSpec
 from taskkernel.coordinator.inbox import approval_refusals
 from taskkernel.coordinator.runners.history import page_runs, run_detail
 from taskkernel.coordinator.workspace import Workspace
-from taskkernel.kernel.canonical import sha256_hex
 from taskkernel.kernel.history import history_note
 from taskkernel.kernel.model.principal import LOCAL_OWNER, Principal
 from taskkernel.kernel.model.task import TaskState
 from taskkernel.kernel.permissions import permission_scope
 from taskkernel.kernel.queries import (
     BLOCKED,
+    PatchRefused,
     count_tasks,
     doc_text,
     event_reader,
     page_tasks,
+    read_patch,
     task_history,
     task_show_document,
 )
@@ -116,8 +117,7 @@ def task_page(db: Database, ws: Workspace | None, log: SessionLog, task_id: str,
     if doc is None:
         return None
     events = task_history(db, task_id)
-    bodies = {ev.data["report_id"]: ev.data.get("body") or "" for ev in events if ev.type == "report_submitted"}
-    reports = [{**r, "body": bodies.get(r["report_id"], ""),
+    reports = [{**r, "body": r.get("body") or "",  # `task show`'s document carries each report's body
                 "patch": patch_text(ws, r["diff"]) if ws is not None and r.get("diff") else None}
                for r in doc.get("reports", ())]
     timeline = [{"global_pos": ev.global_pos, "revision": ev.stream_version, "type": ev.type, "at": ev.recorded_at,
@@ -132,20 +132,11 @@ def task_page(db: Database, ws: Workspace | None, log: SessionLog, task_id: str,
 
 
 def patch_text(ws: Workspace, diff: dict[str, Any]) -> dict[str, Any]:
-    """The patch a done report's diff names, read from the workspace's evidence folder and checked against the hash
-    the report recorded: ``{text, truncated}`` or ``{error}``."""
-    if "patch" not in diff:
-        return {"error": diff.get("error", "no patch recorded")}
-    evidence = (ws.state_dir / "evidence").resolve()
-    path = (ws.root / diff["patch"]).resolve()
-    if not path.is_relative_to(evidence):
-        return {"error": f"{diff['patch']} is not under {evidence}"}
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        return {"error": f"cannot read {diff['patch']}: {exc.strerror or exc}"}
-    if diff.get("patch_sha256") and sha256_hex(data) != diff["patch_sha256"]:
-        return {"error": f"{diff['patch']} no longer matches the hash the report recorded"}
+    """The patch a done report's diff names, proven as `task diff` proves it (kernel/queries.py ``read_patch``):
+    ``{text, truncated}`` or ``{error}``."""
+    data = read_patch(ws.root, ws.state_dir / "evidence", diff)
+    if isinstance(data, PatchRefused):
+        return {"error": data.message}
     return {"text": data[:PATCH_SHOWN].decode("utf-8", errors="replace"), "truncated": len(data) > PATCH_SHOWN}
 
 

@@ -15,6 +15,7 @@ endings).
 
 from __future__ import annotations
 
+import functools
 import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -82,8 +83,13 @@ class ProtectedPaths:
         link standing where one of them (or its parent) must be. Compared case-folded and NFC-normalised: on a
         file system that ignores case or normalises names (macOS), ``FCOP/…`` is written into ``fcop/``."""
         path = _folded(path)
-        return next((why for name, why in {**self.files, **self.folders}.items() if (folded := _folded(name)) == path
-                     or path.startswith(folded + "/") or folded.startswith(path + "/")), None)
+        return next((why for name, why in self._folded if name == path or path.startswith(name + "/")
+                     or name.startswith(path + "/")), None)
+
+    @functools.cached_property
+    def _folded(self) -> tuple[tuple[str, str], ...]:
+        """Every protected file and folder, folded once (``reason`` runs for each path a change touches)."""
+        return tuple((_folded(name), why) for name, why in {**self.files, **self.folders}.items())
 
     def excludes(self) -> list[str]:
         """Pathspecs that leave the protected paths out of a ``git add`` (literal: no name is a pattern)."""
