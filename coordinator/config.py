@@ -25,6 +25,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, PrivateAttr, ValidationError, model_validator
 
+from taskkernel.coordinator.agent_profiles import PROFILE_NAME, AgentProfile, Variant, builtin_profiles
 from taskkernel.coordinator.config_tables import (  # noqa: F401 - re-exported: the file's tables, one import away
     DEFAULT_EXCLUDES,
     FoldersTable,
@@ -137,20 +138,11 @@ def argv_fields(arg: str) -> set[str]:
 
 
 class RunnerKind(StrEnum):
+    """The runners that are not an agent CLI's profile: any other ``runner`` names a profile (the built-in ones in
+    coordinator/agents.toml, or a ``[profiles.<name>]`` table of the file)."""
+
     COMMAND = "command"
     SCRIPTED = "scripted"
-    CLAUDE_CODE = "claude-code"  # the presets: a coding agent CLI run headless (runners/presets.py)
-    CODEX = "codex"
-    GEMINI_CLI = "gemini-cli"
-
-    @property
-    def spawns(self) -> bool:
-        """An agent process the coordinator starts (every runner but the in-process scripted one)."""
-        return self is not RunnerKind.SCRIPTED
-
-    @property
-    def is_preset(self) -> bool:
-        return self not in (RunnerKind.COMMAND, RunnerKind.SCRIPTED)
 
 
 class Isolation(StrEnum):
@@ -165,13 +157,13 @@ class OnApprove(StrEnum):
 
 _SPAWN_ONLY = ("argv", "cwd", "env", "pass_env", "run_as", "kill_grace", "heartbeat_timeout",
                "non_retryable_exit_codes", "isolation", "base_branch", "on_approve", "prompt", "mcp", "args")
-_PRESET_ONLY = ("model", "allowed_tools", "args")
+_PRESET_ONLY = ("model", "allowed_tools", "args", "variant")
 
 
 class RunnerSpec(Table):
     """``[roles.<ROLE>]``: how one role's agent is run (docs/roles.md). Placeholders in argv: see PLACEHOLDERS."""
 
-    runner: RunnerKind = Field(strict=False)  # "command" or "scripted" (TOML gives the value, not the enum)
+    runner: str = Field(pattern=r"^[a-z][a-z0-9-]{0,39}$")  # "command", "scripted", or a profile's name
     argv: list[str] = Field(default_factory=list)
     cwd: str | None = Field(default=None, min_length=1)  # relative to the workspace root
     env: dict[str, str] = Field(default_factory=dict)  # explicit values added to the agent's environment
@@ -190,6 +182,7 @@ class RunnerSpec(Table):
     non_retryable_exit_codes: list[Annotated[int, Field(ge=1, le=255)]] = Field(default_factory=list)  # block at once
     # Preset options (docs/agents.md); `argv` replaces the preset's whole command line.
     model: str | None = Field(default=None, min_length=1)
+    variant: str | None = Field(default=None, min_length=1)  # one of the profile's named variants
     args: list[str] = Field(default_factory=list)  # appended to the preset's command line
     allowed_tools: list[str] = Field(default_factory=list)  # the CLI's own tool names, on top of the kernel's
     # None: a worktree per task for a preset when the workspace is in a git repository, else shared
@@ -198,13 +191,32 @@ class RunnerSpec(Table):
     on_approve: OnApprove = Field(default=OnApprove.KEEP, strict=False)
     prompt: str | None = Field(default=None, min_length=1)  # template with PROMPT_FIELDS; default: runners/prompt.py
     mcp: bool = True  # give the agent the kernel's MCP server (False: it reports with the CLI verbs)
+    _profile: AgentProfile | None = PrivateAttr(default=None)  # a user's [profiles.<name>], set when the file loads
+
+    @property
+    def spawns(self) -> bool:
+        """An agent process the coordinator starts (every runner but the in-process scripted one)."""
+        return self.runner != RunnerKind.SCRIPTED
+
+    @property
+    def is_preset(self) -> bool:
+        """The runner is an agent CLI's profile (not the owner's command, not the scripted agent)."""
+        return self.runner not in (RunnerKind.COMMAND, RunnerKind.SCRIPTED)
+
+    @property
+    def profile(self) -> AgentProfile | None:
+        """The profile ``runner`` names: the file's own, else the built-in one (None: command, scripted, or a name
+        no profile has, which the file's check reports)."""
+        if self._profile is not None or not self.is_preset:
+            return self._profile
+        return builtin_profiles().get(self.runner)
 
     @model_validator(mode="after")
     def _consistent(self) -> RunnerSpec:
-        if self.runner is RunnerKind.COMMAND and (not self.argv or not self.argv[0]):
+        if self.runner == RunnerKind.COMMAND and (not self.argv or not self.argv[0]):
             raise KeyProblem("argv", "a command runner needs argv = [\"program\", …] (its first element: the "
                              "program)")
-        if self.runner.spawns:
+        if self.spawns:
             if "argv" in self.model_fields_set and (not self.argv or not self.argv[0]):
                 raise KeyProblem("argv", "argv replaces the preset's command line: give the program first")
             for arg in self.argv:
@@ -215,9 +227,6 @@ class RunnerSpec(Table):
             if self.on_approve is OnApprove.MERGE and self.isolation_in(repository=True) is Isolation.SHARED:
                 raise KeyProblem("on_approve", "on_approve = \"merge\" merges a task's branch: it needs "
                                  "isolation = \"worktree\"")
-            if self.runner is RunnerKind.CODEX and self.allowed_tools:
-                raise KeyProblem("allowed_tools", "allowed_tools: codex has no allowlist of tools (its sandbox "
-                                 "decides what its commands may do; docs/agents.md)")
             if self.isolation is Isolation.WORKTREE and self.run_as is not None:
                 raise KeyProblem("isolation", "isolation = \"worktree\" with run_as is not supported: the "
                                  "worktree and its branch belong to the coordinator's OS user")
@@ -226,11 +235,11 @@ class RunnerSpec(Table):
             if given:
                 raise KeyProblem(given[0], f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to "
                                  "runners that start a program only (a scripted agent runs inside the coordinator)")
-        if not self.runner.is_preset:
+        if not self.is_preset:
             given = [k for k in _PRESET_ONLY if k in self.model_fields_set]
             if given:
-                raise KeyProblem(given[0], f"{given[0]} is a preset option (claude-code, codex, gemini-cli), not "
-                                 f"one of a {self.runner.value} runner")
+                raise KeyProblem(given[0], f"{given[0]} is an agent CLI's option (a profile's, e.g. claude-code), "
+                                 f"not one of a {self.runner} runner")
         for key, names in (("env", list(self.env)), ("pass_env", self.pass_env)):
             for name in names:
                 if not _ENV_NAME.fullmatch(name):
@@ -245,7 +254,7 @@ class RunnerSpec(Table):
         ``repository`` (not with run_as, whose agent could not write the coordinator's worktree), else shared."""
         if self.isolation is not None:
             return self.isolation
-        if self.runner.is_preset and repository and self.run_as is None:
+        if self.is_preset and repository and self.run_as is None:
             return Isolation.WORKTREE
         return Isolation.SHARED
 
@@ -262,6 +271,7 @@ class TaskkernelConfig(Table):
     kernel: KernelTable = Field(default_factory=KernelTable)
     team: TeamTable | None = None
     roles: dict[str, RunnerSpec] = Field(default_factory=dict)
+    profiles: dict[str, AgentProfile] = Field(default_factory=dict)  # agent CLIs besides the built-in ones
     gate: GateTable = Field(default_factory=GateTable)
     folders: FoldersTable = Field(default_factory=FoldersTable)
     scheduler: SchedulerTable = Field(default_factory=SchedulerTable)
@@ -279,8 +289,8 @@ class TaskkernelConfig(Table):
 
 
 TABLES: dict[str, type[BaseModel]] = {
-    "kernel": KernelTable, "team": TeamTable, "roles": RunnerSpec, "gate": GateTable, "folders": FoldersTable,
-    "scheduler": SchedulerTable, "mcp": McpTable, "serve": ServeTable,
+    "kernel": KernelTable, "team": TeamTable, "roles": RunnerSpec, "profiles": AgentProfile, "gate": GateTable,
+    "folders": FoldersTable, "scheduler": SchedulerTable, "mcp": McpTable, "serve": ServeTable,
     "worktrees": WorktreesTable}
 
 
@@ -339,6 +349,7 @@ def file_problems(config: TaskkernelConfig) -> list[Problem]:
             out.append(config.problem("team", "leader", f"leader must be one of its roles {team.roles}, not "
                                       f"{json.dumps(team.leader)}" + (f"; did you mean {guess}?" if guess else ""),
                                       guess))
+    out += _profile_problems(config)
     seen: dict[str, str] = {}
     for name in config.roles:
         table = f"roles.{name}"
@@ -350,6 +361,39 @@ def file_problems(config: TaskkernelConfig) -> list[Problem]:
     for name in config.gate.roles:
         if why := _not_a_team_role(name):
             out.append(config.problem("gate", "roles", f"roles: {name} {why}"))
+    return out
+
+
+def _profile_problems(config: TaskkernelConfig) -> list[Problem]:
+    """Profile names, and each role's runner, variant and allowed_tools against the profile it names (whose own
+    table the model checked); a role of the file's own profile gets it here."""
+    out: list[Problem] = []
+    for name in config.profiles:
+        if not PROFILE_NAME.fullmatch(name) or name in {k.value for k in RunnerKind}:
+            out.append(config.problem(f"profiles.{name}", None, f"{json.dumps(name)} is not a profile name (lower-"
+                                      "case letters, digits and hyphens; not command or scripted)"))
+    known = {**builtin_profiles(), **config.profiles}
+    for role, spec in config.roles.items():
+        table = f"roles.{role}"
+        if not spec.is_preset:
+            continue
+        profile = known.get(spec.runner)
+        if profile is None:
+            names = [RunnerKind.COMMAND.value, RunnerKind.SCRIPTED.value, *known]
+            guess = near(spec.runner, names)
+            out.append(config.problem(table, "runner", f"runner = {json.dumps(spec.runner)} is not a runner "
+                                      f"taskkernel knows ({', '.join(names)}; or a [profiles.<name>] table)"
+                                      + (f"; did you mean {json.dumps(guess)}?" if guess else ""), guess))
+            continue
+        spec._profile = config.profiles.get(spec.runner)
+        if spec.variant is not None and spec.variant not in profile.variants:
+            guess = near(spec.variant, list(profile.variants))
+            out.append(config.problem(table, "variant", f"variant = {json.dumps(spec.variant)} is not a variant of "
+                                      f"{spec.runner} ({', '.join(profile.variants) or 'it has none'})"
+                                      + (f"; did you mean {json.dumps(guess)}?" if guess else ""), guess))
+        if spec.allowed_tools and not profile.tools_argv:
+            out.append(config.problem(table, "allowed_tools", f"allowed_tools: {spec.runner} has no allowlist of "
+                                      "tools (its sandbox decides what its commands may do; docs/agents.md)"))
     return out
 
 
@@ -407,8 +451,10 @@ def _where(loc: Sequence[str | int]) -> tuple[str | None, str | None, list[str |
     """(table, key, the rest of the path inside the key) of a pydantic error location."""
     if not loc:
         return None, None, []
-    if loc[0] == "roles" and len(loc) >= 2:
-        return f"roles.{loc[1]}", (str(loc[2]) if len(loc) > 2 else None), list(loc[3:])
+    if loc[0] == "profiles" and len(loc) >= 4 and loc[2] == "variants":
+        return f"profiles.{loc[1]}.variants.{loc[3]}", (str(loc[4]) if len(loc) > 4 else None), list(loc[5:])
+    if loc[0] in ("roles", "profiles") and len(loc) >= 2:
+        return f"{loc[0]}.{loc[1]}", (str(loc[2]) if len(loc) > 2 else None), list(loc[3:])
     if len(loc) == 1:
         return str(loc[0]), None, []
     return str(loc[0]), str(loc[1]), list(loc[2:])
@@ -486,7 +532,8 @@ def _unknown(table: str | None, key: str | None, loc: Sequence[str | int], data:
                        + (f"; did you mean to put it under [{owner}]?" if owner else
                           f" and is not a key taskkernel knows (tables: {', '.join(TABLES)})"),
                        _line(lines, "", name), f"[{owner}] {name}" if owner else None)
-    model: type[BaseModel] = TABLES.get((table or "").split(".")[0], BaseModel)
+    model: type[BaseModel] = Variant if ".variants." in (table or "") else TABLES.get((table or "").split(".")[0],
+                                                                                     BaseModel)
     known = list(model.model_fields)
     guess = near(str(key), known)
     where = f"{table}" if table else ""

@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from taskkernel.coordinator.config import RunnerKind
-
 
 @dataclass(frozen=True)
 class AgentExample:
@@ -18,26 +16,27 @@ class AgentExample:
     allowed_tools: str  # a TOML array
     credentials: str  # the provider variables the preset passes when the coordinator has them
     argv: str  # a TOML array: a command line of the owner's own, replacing the preset's
+    variant: str  # one of the profile's named variants (coordinator/agents.toml)
 
 
 AGENT_EXAMPLES = {
-    RunnerKind.CLAUDE_CODE: AgentExample(
+    "claude-code": AgentExample(
         model='"sonnet"', args='["--max-turns", "40"]', allowed_tools='["Bash(git diff:*)", "Bash(pytest:*)"]',
         credentials="ANTHROPIC_API_KEY or CLAUDE_CODE_OAUTH_TOKEN (or Bedrock/Vertex settings)",
         argv='["claude", "-p", "--output-format", "json", "--permission-mode", "acceptEdits", "--mcp-config", '
-             '"{mcp_config}", "--strict-mcp-config", "--allowedTools", "mcp__taskkernel", "--model", "opus"]'),
-    RunnerKind.CODEX: AgentExample(
+             '"{mcp_config}", "--strict-mcp-config", "--allowedTools", "mcp__taskkernel", "--model", "opus"]', variant='"plan"'),
+    "codex": AgentExample(
         model='"gpt-5-codex"', args='["-c", "model_reasoning_effort=\\"high\\""]', allowed_tools="[]",
         credentials="CODEX_API_KEY or OPENAI_API_KEY (after a `codex login` under CODEX_HOME)",
         argv='["codex", "exec", "--json", "--sandbox", "workspace-write", "--skip-git-repo-check", "--cd", '
-             '"{workdir}", "--profile", "team", "-"]'),
-    RunnerKind.GEMINI_CLI: AgentExample(
+             '"{workdir}", "--profile", "team"]', variant='"high"'),
+    "gemini-cli": AgentExample(
         model='"gemini-2.5-pro"', args="[]", allowed_tools='["run_shell_command(git diff)"]',
         credentials="GEMINI_API_KEY or GOOGLE_API_KEY (or Vertex AI settings)",
         argv='["gemini", "--output-format", "json", "--approval-mode", "auto_edit", "--skip-trust", '
-             '"--allowed-mcp-server-names", "taskkernel", "--model", "gemini-2.5-flash"]'),
+             '"--allowed-mcp-server-names", "taskkernel", "--model", "gemini-2.5-flash"]', variant='"plan"'),
 }
-AGENT_CHOICES = tuple(k.value for k in AGENT_EXAMPLES)
+AGENT_CHOICES = tuple(AGENT_EXAMPLES)
 
 TEMPLATE = """\
 # taskkernel workspace configuration. Every table and key: docs/config.md.
@@ -62,6 +61,32 @@ require_token = true
 # working folder and reads usage and cost from its JSON output. Of the coordinator's environment it passes on
 # {agent}; never the database URL.
 {roles}{role_keys}{other_runners}
+# An agent CLI taskkernel ships no profile for (docs/agents.md, "Profiles"): a role's runner = "my-cli" names it.
+# [profiles.my-cli]
+# program = "my-cli"
+# package = "my-cli@1.2.3"                  # where it comes from, for people and `doctor`
+# argv = ["run", "--json", "--cwd", "{{workdir}}"]
+# prompt = "stdin"                          # or "argv": argv then names {{prompt}} or {{prompt_file}}
+# model_argv = ["--model", "{{model}}"]
+# reasoning_argv = ["--effort", "{{reasoning}}"]
+# sandbox = "edit"                          # its default sandbox or permission mode …
+# sandbox_argv = ["--mode", "{{sandbox}}"]  # … and how it is passed
+# tools_argv = ["--allow", "{{tools}}"]     # a role's allowed_tools, with kernel_tools
+# kernel_tools = "mcp__taskkernel"          # how the allowlist names the kernel's own tools
+# mcp_format = "mcpServers"                 # the MCP file's shape: "mcpServers", "gemini-settings", "opencode", "none"
+# mcp_argv = ["--mcp-config", "{{mcp_config}}"]
+# mcp_env = "MY_CLI_MCP_CONFIG"             # a variable naming the MCP file
+# config_home = "MY_CLI_HOME"               # a variable naming a per-run configuration folder …
+# mcp_file = "settings.json"                # … and the MCP file within it
+# credential_vars = ["MY_PROVIDER_API_KEY", "MY_PROVIDER_BASE_URL"]
+# switched_vars = {{ MY_CLOUD = ["MY_CLOUD", "MY_CLOUD_REGION"] }}   # passed only when the first one is set
+# when_set = {{ MY_PROVIDER_BASE_URL = ["--base-url", "{{value}}"] }}  # arguments added when a variable is set
+# env = {{ MY_CLI_NO_UPDATE = "1" }}          # fixed variables for every run
+# output = "usage-json"                     # the parser: usage-json, claude-result, stream-json, codex-events,
+#                                           # gemini-json, opencode-events
+# resume_argv = ["--resume", "{{session_id}}"]
+# variants = {{ fast = {{ model = "small", args = ["--quick"] }} }}
+
 # The execution gate (docs/gate.md): where grants are read and which operations need one.
 # [gate]
 # session = "admin"
@@ -95,6 +120,7 @@ require_token = true
 ROLE_KEYS = """\
 # Preset options: the CLI's model, extra arguments for its command line, and tools of its own it may use unasked.
 # model = {model}
+# variant = {variant}                          # a named variant of the profile: model, reasoning effort, sandbox
 # args = {args}
 # allowed_tools = {allowed_tools}
 # mcp = true                                # false: no MCP server; the prompt teaches the CLI verbs instead
@@ -157,12 +183,12 @@ def config_template(database: str | None = None, team: str | None = None, agents
     ``agents``: the agent CLI the role examples use (one of AGENT_CHOICES; default claude-code); with
     ``agent_team`` (`init --agents`) each of its roles gets a table running that CLI, so `up` runs the team as
     soon as the CLI is on PATH (role_tables)."""
-    runner = RunnerKind(agents or RunnerKind.CLAUDE_CODE.value)
+    runner = agents or "claude-code"
     example = AGENT_EXAMPLES[runner]
-    fields = {"runner": runner.value, "argv": example.argv, "model": example.model, "args": example.args,
-              "allowed_tools": example.allowed_tools}
+    fields = {"runner": runner, "argv": example.argv, "model": example.model, "args": example.args,
+              "allowed_tools": example.allowed_tools, "variant": example.variant}
     if agent_team is None:
-        roles, keys = f'# [roles.DEV]\n# runner = "{runner.value}"\n', ROLE_KEYS
+        roles, keys = f'# [roles.DEV]\n# runner = "{runner}"\n', ROLE_KEYS
         others = OTHER_RUNNERS
     else:
         roles, set_keys = role_tables(runner, agent_team)
@@ -179,18 +205,18 @@ def config_template(database: str | None = None, team: str | None = None, agents
 AGENT_TIMEOUT = 1800  # seconds: a coding agent's task often takes longer than the default 600
 
 
-def role_tables(runner: RunnerKind, team: AgentTeam) -> tuple[str, set[str]]:
+def role_tables(runner: str, team: AgentTeam) -> tuple[str, set[str]]:
     """A ``[roles.<ROLE>]`` table running ``runner`` for the leader and for every other role of ``team``, and the
     keys they set. The leader breaks work down and reviews the tasks it hands out (a task's done authority is
     who created it); a task a person creates waits for that person's approval. In a git repository each task has
     its worktree and an approval merges the reviewed commit into the base branch."""
-    keys = {"runner": json.dumps(runner.value), "timeout": str(AGENT_TIMEOUT),
+    keys = {"runner": json.dumps(runner), "timeout": str(AGENT_TIMEOUT),
             **({"on_approve": '"merge"'} if team.git else {})}
     body = "".join(f"{k} = {v}\n" for k, v in keys.items())
     merge = ("# Each task works in its own git worktree; an approval merges the reviewed commit into the base "
              "branch.\n" if team.git else "# Outside a git repository every run works in the workspace itself (no "
              "worktree, no merge).\n")
-    head = (f"# The team runs on {runner.value} (`init --agents {runner.value}`): one table per role.\n{merge}"
+    head = (f"# The team runs on {runner} (`init --agents {runner}`): one table per role.\n{merge}"
             f"# The leader, {team.leader}, breaks work down and reviews the tasks it hands out; a task a person "
             "creates\n# waits for that person's approval (`taskkernel inbox`, `task approve`).\n")
     order = [team.leader, *(r for r in team.roles if r != team.leader)]

@@ -21,7 +21,6 @@ from taskkernel.coordinator.config import (
     MAX_ROLE_LEN,
     NOT_TEAM,
     ConfigError,
-    RunnerKind,
     TaskkernelConfig,
     TeamTable,
     WorkspaceNotFound,
@@ -306,7 +305,7 @@ def init_workspace(root: Path, team: str | None = None, database: str | None = N
     elif to_config:
         note = f"{config_path} exists and was left as it is; to use this team, add:{chosen.toml()}"
     elif agents is not None and agent_team is not None and not config.roles:
-        tables, _ = role_tables(RunnerKind(agents), agent_team)
+        tables, _ = role_tables(agents, agent_team)
         note = f"{config_path} exists and was left as it is; to run the team on {agents}, add:\n{tables}"
     ignored = ignore_state_dir(root)
     ws = Workspace.load(root)

@@ -10,11 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from taskkernel.coordinator.config import RunnerKind
+from taskkernel.coordinator.agent_profiles import builtin_profiles
 from taskkernel.coordinator.runners.ledger import Purpose
-from taskkernel.coordinator.runners.presets import PRESETS
+from taskkernel.coordinator.runners.presets import ProfileRunner
 from taskkernel.coordinator.runners.prompt import acceptance_of, build_prompt, prompt_fields, rework_reason
 from tests.cli_support import append_config, new_workspace, run, taskkernel
+
+def runner(name: str) -> ProfileRunner:
+    return ProfileRunner(name, builtin_profiles()[name])
+
 
 # The documented shapes (docs/agents.md), as the CLIs print them.
 CLAUDE_OK = json.dumps({"type": "result", "subtype": "success", "is_error": False, "duration_ms": 132,
@@ -35,24 +39,24 @@ GEMINI_OK = json.dumps({"response": "Paris.", "stats": {"models": {
 
 
 def test_each_cli_output_is_read_into_usage_and_cost() -> None:
-    claude = PRESETS[RunnerKind.CLAUDE_CODE].read("some progress text\n" + CLAUDE_OK + "\n")
+    claude = runner("claude-code").read("some progress text\n" + CLAUDE_OK + "\n")
     assert claude.usage == {"tokens_in": 150, "tokens_out": 7, "cost_usd": 0.000489} and claude.error is None
-    codex = PRESETS[RunnerKind.CODEX].read(CODEX_STREAM)
+    codex = runner("codex").read(CODEX_STREAM)
     assert codex.usage == {"tokens_in": 305, "tokens_out": 22} and codex.error is None
-    gemini = PRESETS[RunnerKind.GEMINI_CLI].read("Loaded cached credentials.\n" + GEMINI_OK)
+    gemini = runner("gemini-cli").read("Loaded cached credentials.\n" + GEMINI_OK)
     assert gemini.usage == {"tokens_in": 25000, "tokens_out": 178} and gemini.error is None
 
 
 def test_a_failure_the_cli_reports_in_its_json_is_a_failure() -> None:
     """Claude Code says an API error with subtype "success" and is_error true; Codex with turn.failed."""
     api_error = json.loads(CLAUDE_OK) | {"is_error": True, "result": "API Error: 500 overloaded"}
-    said = PRESETS[RunnerKind.CLAUDE_CODE].read(json.dumps(api_error))
+    said = runner("claude-code").read(json.dumps(api_error))
     assert said.error is not None and "API Error: 500" in said.error and said.usage["cost_usd"] == 0.000489
-    failed = PRESETS[RunnerKind.CODEX].read(json.dumps({"type": "turn.failed", "error": {"message": "quota"}}))
+    failed = runner("codex").read(json.dumps({"type": "turn.failed", "error": {"message": "quota"}}))
     assert failed.error == "codex turn failed: quota"
-    assert PRESETS[RunnerKind.GEMINI_CLI].read("not json at all").usage == {}
+    assert runner("gemini-cli").read("not json at all").usage == {}
     implausible = json.loads(CLAUDE_OK) | {"total_cost_usd": float("inf"), "usage": {"input_tokens": -3}}
-    assert PRESETS[RunnerKind.CLAUDE_CODE].read(json.dumps(implausible)).usage == {}
+    assert runner("claude-code").read(json.dumps(implausible)).usage == {}
 
 
 def test_the_prompt_is_built_from_the_task_its_parents_its_acceptance_and_why_it_came_back() -> None:
@@ -101,7 +105,7 @@ def test_init_agents_writes_that_clis_examples_and_keeps_state_out_of_git(tmp_pa
 
 
 @pytest.mark.parametrize(("table", "expected"), [
-    ('runner = "command"\nargv = ["a"]\nmodel = "x"', "model is a preset option"),
+    ('runner = "command"\nargv = ["a"]\nmodel = "x"', "model is an agent CLI's option"),
     ('runner = "codex"\nisolation = "shared"\non_approve = "merge"', 'on_approve = "merge" merges a task\'s branch'),
     ('runner = "codex"\nprompt = "do {subjet}"', "{subjet} in \"do {subjet}\" is not a placeholder taskkernel fills; "
                                                  "did you mean {subject}?"),
@@ -110,8 +114,8 @@ def test_init_agents_writes_that_clis_examples_and_keeps_state_out_of_git(tmp_pa
     ('runner = "command"\nargv = ["a"]\non_approve = "merge"', 'on_approve = "merge" merges a task\'s branch'),
     ('runner = "claude-code"\nrun_as = "nobody"\non_approve = "merge"', 'on_approve = "merge" merges'),
     ('runner = "codex"\nallowed_tools = ["shell"]', "codex has no allowlist of tools"),
-    ('runner = "scripted"\nmodel = "x"', "model is a preset option (claude-code, codex, gemini-cli), not one of a "
-                                        "scripted runner"),
+    ('runner = "scripted"\nmodel = "x"', "model is an agent CLI's option (a profile's, e.g. "
+                                        "claude-code), not one of a scripted runner"),
 ])
 def test_a_preset_table_that_cannot_work_is_refused_when_the_file_loads(tmp_path: Path, table: str,
                                                                       expected: str) -> None:

@@ -57,16 +57,19 @@ def test_each_preset_runs_its_cli_headless_with_the_kernel_mcp_server_and_record
                             "--model", "sonnet"]
             assert env["ANTHROPIC_API_KEY"] == "anthropic-key" and "CODEX_API_KEY" not in env
         elif cli == "codex":
-            assert argv[:7] == ["exec", "--json", "--sandbox", "workspace-write", "--skip-git-repo-check", "--cd",
-                                str(wt)]
+            assert argv[:7] == ["exec", "--json", "--skip-git-repo-check", "--cd", str(wt), "--sandbox",
+                                "workspace-write"]
             assert 'mcp_servers.taskkernel.default_tools_approval_mode="approve"' in argv
-            assert argv[-3:] == ["--model", "gpt-5-codex", "-"] and env["CODEX_API_KEY"] == "codex-key"
+            assert "mcp_optional_startup_grace_ms=15000" in argv, "Codex waits for the kernel's tools"
+            assert argv[-2:] == ["--model", "gpt-5-codex"] and env["CODEX_API_KEY"] == "codex-key"
         else:
-            assert argv == ["--output-format", "json", "--approval-mode", "auto_edit", "--skip-trust",
+            assert argv == ["--output-format", "json", "--skip-trust", "--approval-mode", "auto_edit",
                             "--allowed-mcp-server-names", "taskkernel"]
-            settings = json.loads(Path(env["GEMINI_CLI_SYSTEM_SETTINGS_PATH"]).read_text()) if Path(
-                env["GEMINI_CLI_SYSTEM_SETTINGS_PATH"]).exists() else None
-            assert settings is None or settings["security"]["auth"]["selectedType"] == "gemini-api-key"
+            assert record["server"] is not None, "the settings in the run's GEMINI_CLI_HOME name the server"
+            home = Path(env["GEMINI_CLI_HOME"])
+            assert home.parent.parent.parent.name == "runs" and home.stat().st_mode & 0o077 == 0
+            settings = json.loads((home / ".gemini" / "settings.json").read_text())
+            assert settings["security"]["auth"]["selectedType"] == "gemini-api-key"
             assert env["GEMINI_API_KEY"] == "gemini-key"
         doc = team.show(task_id)
         assert doc["state"] == "review", doc

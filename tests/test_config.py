@@ -98,8 +98,8 @@ def test_a_toml_syntax_error_is_one_line_and_the_error_envelope(ws: Path) -> Non
      "taskkernel fills; did you mean {task_file}?"),
     ('runner = "command"\nargv = ["agent", "--round={round:03}"]', "placeholders take no conversion or format spec"),
     ('runner = "command"\nargv = ["agent", "{"]', "write {{ and }} for literal braces"),
-    ('runner = "comand"\nargv = ["agent"]', 'runner must be "command", "scripted", "claude-code", "codex" or '
-         '"gemini-cli" (got "comand")'),
+    ('runner = "comand"\nargv = ["agent"]', 'runner = "comand" is not a runner taskkernel knows (command, scripted, '
+     'claude-code, codex, gemini-cli'),
     ('runner = "command"\nargv = ["agent"]\ntimeout = "600"', 'timeout must be a number (got "600")'),
     ('runner = "command"\nargv = ["agent"]\nenv = { TASKKERNEL_DB = "x" }', "env: TASKKERNEL_DB is set by the runner"),
     ('runner = "scripted"\nargv = ["agent"]', "argv applies to runners that start a program only"),
@@ -150,7 +150,7 @@ def test_a_missing_binary_or_a_runner_for_a_role_the_team_lacks_stops_up(ws: Pat
 
 def uncommented(text: str) -> str:
     """The template with every example line turned on ("# [table]" and "# key = value")."""
-    example = re.compile(r"^# (\[[A-Za-z.]+\]|[a-z_]+ = )")
+    example = re.compile(r"^# (\[[A-Za-z.-]+\]|[a-z_]+ = )")
     return "\n".join(line[2:] if example.match(line) else line for line in text.splitlines())
 
 
@@ -165,7 +165,8 @@ def test_init_writes_every_table_and_key_as_a_commented_example_that_validates(w
     document = tomllib.loads(full)
     for table, model in TABLES.items():
         assert re.search(rf"^# \[{table}[.\]]", written, re.M) or table == "kernel", table
-        keys = {k for role in document[table].values() for k in role} if table == "roles" else set(document[table])
+        keys = ({k for each in document[table].values() for k in each} if table in ("roles", "profiles")
+                else set(document[table]))
         assert set(model.model_fields) == keys, (table, set(model.model_fields) ^ keys)
     assert 'database = "sqlite:///x.db"' in config_template("sqlite:///x.db")
     assert "# [team]" not in config_template(team="\n[team]\nleader = \"ME\"\nroles = [\"ME\"]\n")

@@ -11,8 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from taskkernel.coordinator.config import RunnerKind
-from taskkernel.coordinator.runners.presets import PRESETS
+from taskkernel.coordinator.agent_profiles import builtin_profiles
 from tests.agents_support import Team, git
 from tests.cli_support import run, taskkernel
 
@@ -33,10 +32,10 @@ def doctor_checks(cwd: Path, env: dict[str, str]) -> tuple[int, dict[str, dict[s
     return done.returncode, {c["name"]: c for c in json.loads(done.stdout)["checks"]}
 
 
-def no_credentials(kind: RunnerKind) -> dict[str, str]:
+def no_credentials(name: str) -> dict[str, str]:
     """Every variable that could authenticate the CLI, emptied (whatever the machine running the tests has)."""
-    preset = PRESETS[kind]
-    return {n: "" for n in (*preset.credential_vars, *(switch for switch, _ in preset.switched_vars))}
+    profile = builtin_profiles()[name]
+    return {n: "" for n in (*profile.credential_vars, *profile.switched_vars)}
 
 
 def test_init_agents_claude_code_runs_dev_without_editing_the_file(tmp_path: Path) -> None:
@@ -62,7 +61,7 @@ def test_doctor_names_the_cli_missing_from_path_and_a_credential_not_set(tmp_pat
     code, checks = doctor_checks(team.root, {"PATH": f"{bare}{os.pathsep}{git_dir}"})
     assert code == 2 and checks["runner DEV"]["status"] == "fail"
     assert "'claude' (the claude-code CLI) is not on the agent's PATH" in checks["runner DEV"]["message"]
-    empty = no_credentials(RunnerKind.CLAUDE_CODE)
+    empty = no_credentials("claude-code")
     code, checks = doctor_checks(team.root, team.env(**empty))
     assert code == 0 and checks["runner DEV"]["status"] == "warn", checks["runner DEV"]
     assert "ANTHROPIC_API_KEY" in checks["runner DEV"]["message"] and checks["runner DEV"]["credentials_set"] == []

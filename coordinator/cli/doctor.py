@@ -221,6 +221,7 @@ def check_runners(ws: Workspace, registry: Any) -> list[Check]:
     checked with the file), a working folder and an OS user it can use."""
     from taskkernel.coordinator.config import RunnerKind
     from taskkernel.coordinator.runners.config import binary_of, runner_problems, unknown_roles
+    from taskkernel.coordinator.runners.presets import preset_of
 
     problems = runner_problems(ws.config, ws.root)
     if registry is not None:
@@ -233,15 +234,18 @@ def check_runners(ws: Workspace, registry: Any) -> list[Check]:
         found = problems.pop(name, [])
         if found:
             checks.append(Check(label, "fail", "; ".join(p.render() for p in found), _problems(found)))
-        elif spec.runner is RunnerKind.SCRIPTED:
+        elif spec.runner == RunnerKind.SCRIPTED:
             checks.append(Check(label, "ok", "scripted: runs inside the coordinator"))
         else:
             program, _ = binary_of(spec, name.upper(), ws.root)
             runs = f"runs {program}" if program else "argv[0] depends on the task: checked when a run starts"
             names, given = _credentials(spec)
             extra = {"program": program, **({"credentials": names, "credentials_set": given} if names else {})}
-            if names and not given:
-                checks.append(Check(label, "warn", f"{runs}; no credential variable of the {spec.runner.value} CLI "
+            unusable = preset_of(spec).unusable({**os.environ, **spec.env})
+            if unusable:
+                checks.append(Check(label, "fail", f"{runs}; {unusable}", extra))
+            elif names and not given:
+                checks.append(Check(label, "warn", f"{runs}; no credential variable of the {spec.runner} CLI "
                                     f"is set ({', '.join(names)}): set one where `up` runs, or log the CLI in as "
                                     "this user (its login under HOME is what it uses then)", extra))
             else:
@@ -257,11 +261,14 @@ def _credentials(spec: Any) -> tuple[list[str], list[str]]:
     is no preset. A cloud's switch (``CLAUDE_CODE_USE_BEDROCK``) stands for the credentials it selects."""
     from taskkernel.coordinator.runners.presets import preset_of
 
-    if not spec.runner.is_preset:
+    if not spec.is_preset:
+        return [], []
+    profile = spec.profile
+    if profile is None:
         return [], []
     preset = preset_of(spec)
-    names = [n for n in preset.credential_vars if n not in NOT_A_CREDENTIAL]
-    names += [switch for switch, _ in preset.switched_vars]
+    names = [n for n in profile.credential_vars if n not in NOT_A_CREDENTIAL]
+    names += list(profile.switched_vars)
     given = {*(n for n in (*preset.credentials(os.environ), *spec.pass_env) if os.environ.get(n)),
              *(n for n, v in spec.env.items() if v)}
     return names, [n for n in names if n in given]

@@ -90,7 +90,7 @@ def init(ctx: typer.Context, directory: Path = typer.Argument(Path("."), help="W
     emit({"status": "ok", "workspace": str(ws.root), "database": c.database().url, "fcop_root": str(done.fcop_root),
           "fcop_created": done.laid_out, "team": t.name, "leader": t.leader, "roles": t.roles,
           "team_source": t.source, "gitignored": done.gitignored,
-          "runners": {role.upper(): spec.runner.value for role, spec in ws.config.roles.items()}}, generic=False)
+          "runners": {role.upper(): spec.runner for role, spec in ws.config.roles.items()}}, generic=False)
     where = "laid out" if done.laid_out else "found (left as it is)"
     say(("workspace ready", "green"), f" at {ws.root}; FCoP folder {done.fcop_root} {where}")
     say(f"team {t.name} from {t.source}: leader {t.leader}, roles {', '.join(t.roles)}")

@@ -171,7 +171,7 @@ class Undecided:
 def deciders(coordinator: Coordinator) -> Undecided:
     specs, roles = coordinator.dispatcher.specs, coordinator.kernel.roles
     return Undecided(frozenset(r for r in specs if not roles.get(r).may_issue(CommandType.APPROVE)),
-                     frozenset(r for r, s in specs.items() if s.runner is RunnerKind.SCRIPTED),
+                     frozenset(r for r, s in specs.items() if s.runner == RunnerKind.SCRIPTED),
                      frozenset(r for r, s in specs.items() if s.on_approve is OnApprove.MERGE))
 
 

@@ -161,7 +161,7 @@ def run_command(spec: RunnerSpec, launch: Launch, log_dir: Path, supervision: Su
                 _stop_group(proc.pid, spec.kill_grace)
         out.seek(0)
         stdout = out.read()
-    said = launch.preset.read(stdout)
+    said = launch.preset.read(stdout, _tail(log_dir / "stderr.log"))
     if code != 0:
         kind = ErrorCode.NON_RETRYABLE_EXIT if code in spec.non_retryable_exit_codes else ErrorCode.EXIT_CODE
         why = f"exit code {code}" + (f" ({said.error})" if said.error else "")
@@ -170,6 +170,16 @@ def run_command(spec: RunnerSpec, launch: Launch, log_dir: Path, supervision: Su
         return Outcome(False, 0, _ms(started), said.error, said.usage, code=ErrorCode.AGENT_ERROR)
     last = stdout.strip().splitlines()[-1][:200] if stdout.strip() else ""
     return Outcome(True, 0, _ms(started), None, said.usage, last)
+
+
+def _tail(path: Path, limit: int = 1 << 16) -> str:
+    """The end of an output file (a CLI's error is its last words)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - limit))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
 
 
 class _Stopped(Exception):

@@ -77,7 +77,7 @@ def binary_of(spec: RunnerSpec, role: str, root: Path) -> tuple[str | None, str 
     found = shutil.which(program, path=search)
     if found is None:
         if not spec.argv:  # a preset's CLI
-            return None, (f"{program!r} (the {spec.runner.value} CLI) is not on the agent's PATH; install it, or "
+            return None, (f"{program!r} (the {spec.runner} CLI) is not on the agent's PATH; install it, or "
                           "give its full path as argv (docs/agents.md)")
         return None, f"argv[0] {program!r} is not on the agent's PATH; install it or give its full path"
     return found, None
@@ -88,7 +88,7 @@ def runner_problems(config: TaskkernelConfig, root: Path) -> dict[str, list[Prob
     out: dict[str, list[Problem]] = {}
     for name, spec in config.roles.items():
         table, found = f"roles.{name}", []
-        if spec.runner.spawns:
+        if spec.spawns:
             _, missing = binary_of(spec, name.upper(), root)
             if missing:
                 found.append(config.problem(table, "argv", missing))

@@ -158,7 +158,7 @@ class Dispatcher:
         claimed = self.ledger.claim_due(total, slots=per_role, held=self.pool.held())
         for run in claimed:
             spec = self.specs[run.role]
-            timeout = spec.timeout if spec.runner.spawns else None
+            timeout = spec.timeout if spec.spawns else None
             self.pool.start(Running(run, self._agent_name(run.role), timeout), self._run_safely)
         return len(claimed)
 
@@ -304,7 +304,7 @@ class Dispatcher:
                            code=ErrorCode.INTERRUPTED)
         principal = self._principal(run.role, task_id=run.task_id, round_=run.round)
         task_file = self.task_file(doc)
-        if spec.runner is RunnerKind.SCRIPTED:
+        if spec.runner == RunnerKind.SCRIPTED:
             agent = self.handlers.get(run.role) or agent_for(run.role, self.leader)
             ctx = AgentContext(self.kernel, principal, doc, run.purpose, run.run_id, self.workspace, task_file,
                                merges_into=merge_base_of(doc, self.specs, self._worktree_base))

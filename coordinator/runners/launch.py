@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from taskkernel.coordinator.config import RunnerKind, RunnerSpec
+from taskkernel.coordinator.config import RunnerSpec
 from taskkernel.coordinator.runners.command import agent_env
 from taskkernel.coordinator.runners.presets import McpServer, Preset, RunFiles, preset_of
 from taskkernel.kernel.logging import get_logger
@@ -26,6 +26,7 @@ log = get_logger(__name__)
 TOKEN_FILE = "token"
 PROMPT_FILE = "prompt.md"
 MCP_FILE = "mcp.json"
+CONFIG_HOME = "home"  # the per-run configuration folder of a CLI configured through its home (GEMINI_CLI_HOME)
 
 
 class LaunchProblem(Exception):
@@ -71,8 +72,10 @@ def prepare(spec: RunnerSpec, *, run_dir: Path, workdir: Path, workspace: Path, 
     try:
         prompt_file = _write(run_dir / PROMPT_FILE, prompt)
         server = mcp_server(workspace, token_file) if spec.mcp else None
-        mcp_config = _write(run_dir / MCP_FILE, preset.mcp_config(server, agent).decode("utf-8")) if server else None
-        files = RunFiles(workdir, prompt_file, mcp_config, server)
+        home = private_dir(run_dir / CONFIG_HOME) if preset.config_home else None
+        mcp_config = _write(_config_path(run_dir, home, preset), preset.mcp_config(server, agent).decode("utf-8")) \
+            if server else None
+        files = RunFiles(workdir, prompt_file, mcp_config, server, home)
         fill = {**placeholders, "prompt_file": str(prompt_file), "mcp_config": str(mcp_config or ""),
                 "workdir": str(workdir)}
         if spec.argv:
@@ -82,28 +85,23 @@ def prepare(spec: RunnerSpec, *, run_dir: Path, workdir: Path, workspace: Path, 
                 raise LaunchProblem(f"argv placeholder {exc} is unknown (known: {', '.join(fill)})",
                                     retryable=False, placeholder=True) from None
         else:
-            argv = preset.argv(spec, files)
+            argv = preset.argv(spec, files, source)
     except BaseException:
         token_file.unlink(missing_ok=True)  # the run never starts: its token file goes now
         raise
     env = {**agent, **preset.env(files)}
     stdin = prompt_file if preset.prompt_on_stdin else None
-    if mcp_config is not None and spec.runner is RunnerKind.GEMINI_CLI and (loose := _loose_ancestor(mcp_config)):
-        log.warning("gemini_settings_ignored", folder=str(loose),
-                    hint="Gemini CLI ignores a system settings file under a folder others may write to: its agent "
-                         "finds no taskkernel tools; move the workspace to a private folder, or set mcp = false")
     return Launch(argv, workdir, env, stdin, preset, token_file)
 
 
-def _loose_ancestor(path: Path) -> Path | None:
-    """The first folder above ``path`` that group or others may write to (Gemini CLI then skips the file)."""
-    for folder in path.parents:
-        try:
-            if folder.stat().st_mode & 0o022:
-                return folder
-        except OSError:
-            return None
-    return None
+def _config_path(run_dir: Path, home: Path | None, preset: Preset) -> Path:
+    """Where the run's MCP configuration goes: in the run's configuration home for a CLI that reads it there
+    (its folders made private), else beside the prompt."""
+    if home is None or preset.config_home is None:
+        return run_dir / MCP_FILE
+    path = home / preset.config_home[1]
+    private_dir(path.parent)
+    return path
 
 
 def _write(path: Path, text: str) -> Path:

@@ -114,7 +114,7 @@ def undecidable(role: str, may_approve: bool, spec: RunnerSpec | None, merge_bas
     which waits for a person or a configured reviewer role."""
     if not may_approve:
         return f"{role} may not approve: waiting for a person (ADMIN) to decide"
-    if spec is not None and spec.runner is RunnerKind.SCRIPTED and merge_base is not None:
+    if spec is not None and spec.runner == RunnerKind.SCRIPTED and merge_base is not None:
         return f"approval merges into {merge_base}: waiting for a person"
     return None
 

@@ -1,21 +1,22 @@
-"""Agent CLI presets: how Claude Code, Codex and Gemini CLI run headless (docs/agents.md).
+"""Agent CLI runners: how a profile's CLI (coordinator/agents.toml, or a `[profiles.<name>]` table) runs headless,
+and the generic `command` runner (docs/agents.md).
 
-A preset knows, for its CLI: the command line that takes the prompt and answers in JSON, how the run's MCP
+A runner knows, for its CLI: the command line that takes the prompt and answers in JSON, how the run's MCP
 configuration reaches it (the kernel's own server, `taskkernel mcp`, acting as the run's task-scoped token,
-which it reads from a file so no command line holds it), which flags keep it to its working folder, which
-credential variables of its provider it may receive, and how usage, cost and a failure read from its output.
-Each CLI's flags and fields were checked against its documentation; the versions are in docs/agents.md.
+which it reads from a file so no command line holds it), which of the coordinator's variables it may receive,
+and how usage, cost and a failure read from its output (stdout, and stderr for CLIs that write errors there).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from taskkernel.coordinator.agent_profiles import AgentProfile, McpFormat, OutputKind, Variant
 from taskkernel.coordinator.config import RunnerKind, RunnerSpec
 
 MCP_SERVER_NAME = "taskkernel"
@@ -37,12 +38,14 @@ class McpServer:
 
 @dataclass(frozen=True)
 class RunFiles:
-    """What a run hands its agent: the folder it works in, its prompt, and its MCP configuration (None: off)."""
+    """What a run hands its agent: the folder it works in, its prompt, its MCP configuration (None: off) and,
+    for a CLI that reads its configuration from a home of its own, that per-run folder."""
 
     workdir: Path
     prompt_file: Path
     mcp_config: Path | None
     server: McpServer | None
+    config_home: Path | None = None
 
 
 @dataclass
@@ -59,20 +62,16 @@ class Preset:
     or under "usage") is read as usage; the MCP configuration, in the common `mcpServers` JSON, is at
     {mcp_config}."""
 
-    kind = RunnerKind.COMMAND
+    name = RunnerKind.COMMAND.value
     program = ""
     prompt_on_stdin = False
-    credential_vars: tuple[str, ...] = ()  # the provider's variables, passed when the coordinator has them
-    # (switch, variables): passed only when the switch variable is set (a cloud provider's own credentials)
-    switched_vars: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    config_home: tuple[str, str] | None = None  # (variable, file in it) for a CLI configured through its home
 
     def credentials(self, source: Mapping[str, str]) -> tuple[str, ...]:
-        """The variables of ``source`` this CLI may receive: its provider key, and a cloud's credentials only
-        when the variable that selects that cloud is set."""
-        switched = [name for switch, names in self.switched_vars if source.get(switch) for name in names]
-        return tuple(n for n in (*self.credential_vars, *switched) if n in source)
+        """The variables of ``source`` this CLI may receive (none for an owner's command: pass_env says)."""
+        return ()
 
-    def argv(self, spec: RunnerSpec, files: RunFiles) -> list[str]:
+    def argv(self, spec: RunnerSpec, files: RunFiles, source: Mapping[str, str]) -> list[str]:
         return list(spec.argv)
 
     def mcp_config(self, server: McpServer, env: Mapping[str, str]) -> bytes:
@@ -82,151 +81,186 @@ class Preset:
     def env(self, files: RunFiles) -> dict[str, str]:
         return {}
 
-    def read(self, stdout: str) -> AgentResult:
-        for obj in reversed(_json_lines(stdout)):
-            found = obj.get("usage") if isinstance(obj.get("usage"), dict) else obj
-            picked = {k: float(found[k]) for k in ("tokens_in", "tokens_out", "cost_usd") if _plausible(found.get(k))}
-            if picked:
-                return AgentResult(picked)
-        return AgentResult()
+    def unusable(self, env: Mapping[str, str]) -> str | None:
+        """Why the CLI would refuse to run with the configuration a run gives it in ``env`` (None: it would not)."""
+        return None
+
+    def read(self, stdout: str, stderr: str = "") -> AgentResult:
+        return _usage_json(stdout, stderr)
 
 
-class ClaudeCode(Preset):
-    """`claude -p --output-format json`: the prompt on stdin, one result object on stdout with
-    ``total_cost_usd`` (the CLI's own estimate) and ``usage`` (input, cache creation, cache read and output
-    tokens); ``is_error`` true is a failure whatever ``subtype`` says. ``--permission-mode acceptEdits`` lets it
-    edit without a person, only inside its working folder (no ``--add-dir``); it does not approve MCP tools, so
-    the kernel's are allowlisted as ``mcp__taskkernel``. ``--strict-mcp-config``: no server of the user's own
-    configuration joins the run."""
+class ProfileRunner(Preset):
+    """A profile's CLI: the command line assembled from its templates, its variables, its output parser."""
 
-    kind = RunnerKind.CLAUDE_CODE
-    program = "claude"
-    prompt_on_stdin = True
-    credential_vars = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN", "ANTHROPIC_BASE_URL",
-                       "CLAUDE_CONFIG_DIR", "HTTPS_PROXY", "NO_PROXY")
-    switched_vars = (("CLAUDE_CODE_USE_BEDROCK", ("CLAUDE_CODE_USE_BEDROCK", "AWS_REGION", "AWS_PROFILE",
-                                                  "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
-                                                  "AWS_BEARER_TOKEN_BEDROCK")),
-                     ("CLAUDE_CODE_USE_VERTEX", ("CLAUDE_CODE_USE_VERTEX", "ANTHROPIC_VERTEX_PROJECT_ID",
-                                                 "CLOUD_ML_REGION", "GOOGLE_APPLICATION_CREDENTIALS")))
+    def __init__(self, name: str, profile: AgentProfile) -> None:
+        self.name, self.profile = name, profile
+        self.program = profile.program
+        self.prompt_on_stdin = profile.prompt == "stdin"
+        self.config_home = (profile.config_home, profile.mcp_file) if profile.config_home and profile.mcp_file \
+            else None
+        self._parse = _PARSERS[profile.output]
 
-    def argv(self, spec: RunnerSpec, files: RunFiles) -> list[str]:
-        argv = [self.program, "-p", "--output-format", "json", "--permission-mode", "acceptEdits"]
-        if files.mcp_config is not None:
-            argv += ["--mcp-config", str(files.mcp_config), "--strict-mcp-config"]
-        tools = ([f"mcp__{MCP_SERVER_NAME}"] if files.mcp_config is not None else []) + spec.allowed_tools
+    def credentials(self, source: Mapping[str, str]) -> tuple[str, ...]:
+        """Its provider's variables, and a cloud's credentials only when the variable that selects that cloud
+        is set."""
+        switched = [n for switch, names in self.profile.switched_vars.items() if source.get(switch) for n in names]
+        return tuple(n for n in dict.fromkeys((*self.profile.credential_vars, *switched)) if n in source)
+
+    def argv(self, spec: RunnerSpec, files: RunFiles, source: Mapping[str, str]) -> list[str]:
+        p, variant = self.profile, self.variant(spec)
+        fill = {"workdir": str(files.workdir), "prompt_file": str(files.prompt_file),
+                "mcp_config": str(files.mcp_config or ""), "config_home": str(files.config_home or "")}
+        if p.prompt == "argv":
+            fill["prompt"] = files.prompt_file.read_text("utf-8")
+        argv = [p.program, *(a.format(**fill) for a in p.argv)]
+        sandbox = variant.sandbox or p.sandbox
+        if sandbox:
+            argv += _filled(p.sandbox_argv, sandbox=sandbox)
+        if files.server is not None:
+            argv += _filled(p.mcp_argv, **fill, server=MCP_SERVER_NAME, command_json=json.dumps(files.server.command),
+                            args_json=json.dumps(files.server.args))
+        tools = ([p.kernel_tools] if p.kernel_tools and files.server is not None else []) + spec.allowed_tools
         if tools:
-            argv += ["--allowedTools", ",".join(tools)]
-        if spec.model:
-            argv += ["--model", spec.model]
-        return argv + spec.args
+            argv += _filled(p.tools_argv, tools=",".join(tools))
+        if model := spec.model or variant.model:
+            argv += _filled(p.model_argv, model=model)
+        if variant.reasoning:
+            argv += _filled(p.reasoning_argv, reasoning=variant.reasoning)
+        for name, args in p.when_set.items():
+            if value := source.get(name):
+                argv += _filled(args, value=value, value_json=json.dumps(value))
+        return [*argv, *variant.args, *spec.args]
 
-    def read(self, stdout: str) -> AgentResult:
-        for obj in reversed(_json_lines(stdout)):
-            if obj.get("type") != "result":
-                continue
-            usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else {}
-            tokens_in = _sum(usage, "input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
-            out = AgentResult(_figures(tokens_in, _sum(usage, "output_tokens"), obj.get("total_cost_usd")))
-            if obj.get("is_error") is True:  # an API error can come with subtype "success": is_error decides
-                out.error = f"claude reported an error ({obj.get('subtype', '?')}): {_short(obj.get('result'))}"
-            return out
-        return AgentResult()
-
-
-class Codex(Preset):
-    """`codex exec --json -`: the prompt on stdin, a JSON-lines event stream on stdout; each ``turn.completed``
-    carries ``usage`` (input, cached input, output tokens), summed over the run; ``turn.failed`` or ``error`` is a
-    failure. ``--sandbox workspace-write`` lets its commands write only in its working folder (``--cd``) and
-    temporary folders, without network; the MCP server is added with ``-c mcp_servers.taskkernel.*`` overrides
-    (TOML values), its tools approved (``exec`` runs with approval "never"). Codex reports no cost."""
-
-    kind = RunnerKind.CODEX
-    program = "codex"
-    prompt_on_stdin = True
-    credential_vars = ("CODEX_API_KEY", "OPENAI_API_KEY", "CODEX_HOME", "HTTPS_PROXY", "NO_PROXY")
-
-    def argv(self, spec: RunnerSpec, files: RunFiles) -> list[str]:
-        argv = [self.program, "exec", "--json", "--sandbox", "workspace-write", "--skip-git-repo-check",
-                "--cd", str(files.workdir)]
-        if files.server is not None:  # `exec` never asks: the kernel's tools are approved in the configuration
-            base = f"mcp_servers.{MCP_SERVER_NAME}"
-            argv += ["-c", f"{base}.command={json.dumps(files.server.command)}",
-                     "-c", f"{base}.args={json.dumps(files.server.args)}",
-                     "-c", f'{base}.default_tools_approval_mode="approve"']
-        if spec.model:
-            argv += ["--model", spec.model]
-        return [*argv, *spec.args, "-"]
-
-    def read(self, stdout: str) -> AgentResult:
-        tokens_in = tokens_out = 0.0
-        error = None
-        for obj in _json_lines(stdout):
-            kind = obj.get("type")
-            if kind == "turn.completed" and isinstance(obj.get("usage"), dict):
-                tokens_in += _sum(obj["usage"], "input_tokens")
-                tokens_out += _sum(obj["usage"], "output_tokens")
-            elif kind == "turn.failed":
-                error = f"codex turn failed: {_short((obj.get('error') or {}).get('message'))}"
-            elif kind == "error":
-                error = f"codex error: {_short(obj.get('message'))}"
-        return AgentResult(_figures(tokens_in, tokens_out, None), error)
-
-
-class GeminiCli(Preset):
-    """`gemini --output-format json`: the prompt on stdin, one JSON object on stdout with ``response``,
-    ``stats.models.<model>.tokens`` (prompt, candidates, thoughts, …); a failure exits non-zero (its error
-    JSON goes to stderr). ``--approval-mode auto_edit`` lets it edit without a person, only inside its working
-    folder (no ``--include-directories``); ``--skip-trust``, or a headless run in a folder not yet trusted exits
-    55. The MCP server is in a per-run system settings file named by GEMINI_CLI_SYSTEM_SETTINGS_PATH (it takes
-    precedence over the user's and the project's settings), with the auth method when the environment says
-    which; Gemini CLI reports no cost."""
-
-    kind = RunnerKind.GEMINI_CLI
-    program = "gemini"
-    prompt_on_stdin = True
-    credential_vars = ("GEMINI_API_KEY", "GOOGLE_API_KEY", "HTTPS_PROXY", "NO_PROXY")
-    switched_vars = (("GOOGLE_GENAI_USE_VERTEXAI", ("GOOGLE_GENAI_USE_VERTEXAI", "GOOGLE_CLOUD_PROJECT",
-                                                    "GOOGLE_CLOUD_LOCATION", "GOOGLE_APPLICATION_CREDENTIALS")),)
-
-    def argv(self, spec: RunnerSpec, files: RunFiles) -> list[str]:
-        argv = [self.program, "--output-format", "json", "--approval-mode", "auto_edit", "--skip-trust"]
-        if files.mcp_config is not None:
-            argv += ["--allowed-mcp-server-names", MCP_SERVER_NAME]
-        if spec.allowed_tools:
-            argv += ["--allowed-tools", ",".join(spec.allowed_tools)]
-        if spec.model:
-            argv += ["--model", spec.model]
-        return argv + spec.args
+    def variant(self, spec: RunnerSpec) -> Variant:
+        return self.profile.variants[spec.variant] if spec.variant else Variant()
 
     def mcp_config(self, server: McpServer, env: Mapping[str, str]) -> bytes:
-        settings: dict[str, Any] = {"mcpServers": {MCP_SERVER_NAME: {**server.entry(), "trust": True}}}
-        auth = _gemini_auth(env)
-        if auth is not None:  # system settings replace the user's: say which credential the run uses
-            settings["security"] = {"auth": {"selectedType": auth}}
-        return _json(settings)
+        fmt = self.profile.mcp_format
+        if fmt is McpFormat.GEMINI_SETTINGS:
+            settings: dict[str, Any] = {"mcpServers": {MCP_SERVER_NAME: {**server.entry(), "trust": True}}}
+            auth = _gemini_auth(env)
+            if auth is not None:  # the run's own home has no login: say which credential the run uses
+                settings["security"] = {"auth": {"selectedType": auth}}
+            return _json(settings)
+        if fmt is McpFormat.OPENCODE:
+            return _json({"$schema": "https://opencode.ai/config.json", "mcp": {MCP_SERVER_NAME: {
+                "type": "local", "command": [server.command, *server.args], "enabled": True}}})
+        return super().mcp_config(server, env)
 
     def env(self, files: RunFiles) -> dict[str, str]:
-        return {} if files.mcp_config is None else {"GEMINI_CLI_SYSTEM_SETTINGS_PATH": str(files.mcp_config)}
+        out = dict(self.profile.env)
+        if files.mcp_config is not None and self.profile.mcp_env:
+            out[self.profile.mcp_env] = str(files.mcp_config)
+        if files.config_home is not None and self.profile.config_home:
+            out[self.profile.config_home] = str(files.config_home)
+        return out
 
-    def read(self, stdout: str) -> AgentResult:
-        obj = _last_object(stdout)
-        if obj is None:
-            return AgentResult()
-        stats = obj.get("stats")
-        models = stats.get("models") if isinstance(stats, dict) else None
-        tokens_in = tokens_out = 0.0
-        for model in models.values() if isinstance(models, dict) else ():
-            tokens = model.get("tokens") if isinstance(model, dict) else None
-            if isinstance(tokens, dict):
-                tokens_in += _sum(tokens, "prompt")
-                tokens_out += _sum(tokens, "candidates", "thoughts")
-        err = obj.get("error")
-        error = f"gemini error: {_short(err.get('message') if isinstance(err, dict) else err)}" if err else None
-        return AgentResult(_figures(tokens_in, tokens_out, None), error)
+    def unusable(self, env: Mapping[str, str]) -> str | None:
+        if self.profile.mcp_format is McpFormat.GEMINI_SETTINGS and _gemini_auth(env) is None:
+            return (f"{self.program} runs with a configuration home of its own ({self.profile.config_home}), where "
+                    "no login is: set GEMINI_API_KEY (or GOOGLE_GENAI_USE_VERTEXAI with its project), or it exits "
+                    "41 \"Invalid auth method selected\"")
+        return None
+
+    def read(self, stdout: str, stderr: str = "") -> AgentResult:
+        return self._parse(stdout, stderr)
 
 
-PRESETS: Mapping[RunnerKind, Preset] = {p.kind: p for p in (Preset(), ClaudeCode(), Codex(), GeminiCli())}
+def _filled(templates: list[str], **values: str) -> list[str]:
+    return [t.format(**values) for t in templates]
+
+
+# -- output parsers (one per OutputKind) --------------------------------------------------------------
+
+
+def _usage_json(stdout: str, stderr: str) -> AgentResult:
+    for obj in reversed(_json_lines(stdout)):
+        found = obj.get("usage") if isinstance(obj.get("usage"), dict) else obj
+        picked = {k: float(found[k]) for k in ("tokens_in", "tokens_out", "cost_usd") if _plausible(found.get(k))}
+        if picked:
+            return AgentResult(picked)
+    return AgentResult()
+
+
+def _claude_result(stdout: str, stderr: str) -> AgentResult:
+    """Claude Code's result object (the last of a stream-json run): ``total_cost_usd`` (the CLI's own estimate)
+    and ``usage`` (input, cache creation, cache read and output tokens); ``is_error`` true is a failure whatever
+    ``subtype`` says (an API error can come with subtype "success")."""
+    for obj in reversed(_json_lines(stdout)):
+        if obj.get("type") != "result":
+            continue
+        usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else {}
+        tokens_in = _sum(usage, "input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+        out = AgentResult(_figures(tokens_in, _sum(usage, "output_tokens"), obj.get("total_cost_usd")))
+        if obj.get("is_error") is True:
+            out.error = f"claude reported an error ({obj.get('subtype', '?')}): {_short(obj.get('result'))}"
+        return out
+    return AgentResult()
+
+
+def _codex_events(stdout: str, stderr: str) -> AgentResult:
+    """Codex's events: ``turn.completed`` carries ``usage``, summed over the run. A failure is ``turn.failed``,
+    or an ``error`` no later ``turn.completed`` followed: Codex prints error lines for transient retries
+    ("Reconnecting... n/5") and then completes normally."""
+    tokens_in = tokens_out = 0.0
+    error = None
+    for obj in _json_lines(stdout):
+        kind = obj.get("type")
+        if kind == "turn.completed":
+            error = None
+            if isinstance(obj.get("usage"), dict):
+                tokens_in += _sum(obj["usage"], "input_tokens")
+                tokens_out += _sum(obj["usage"], "output_tokens")
+        elif kind == "turn.failed":
+            error = f"codex turn failed: {_short((obj.get('error') or {}).get('message'))}"
+        elif kind == "error":
+            error = f"codex error: {_short(obj.get('message'))}"
+    return AgentResult(_figures(tokens_in, tokens_out, None), error)
+
+
+def _gemini_json(stdout: str, stderr: str) -> AgentResult:
+    """Gemini CLI's object: ``stats.models.<model>.tokens`` (prompt, candidates, thoughts, …), an ``error``;
+    a failed run writes its ``{"error": {…}}`` to stderr instead."""
+    obj = _last_object(stdout) or {}
+    stats = obj.get("stats")
+    models = stats.get("models") if isinstance(stats, dict) else None
+    tokens_in = tokens_out = 0.0
+    for model in models.values() if isinstance(models, dict) else ():
+        tokens = model.get("tokens") if isinstance(model, dict) else None
+        if isinstance(tokens, dict):
+            tokens_in += _sum(tokens, "prompt")
+            tokens_out += _sum(tokens, "candidates", "thoughts")
+    err = obj.get("error") or (_last_object(stderr) or {}).get("error")
+    error = f"gemini error: {_short(err.get('message') if isinstance(err, dict) else err)}" if err else None
+    return AgentResult(_figures(tokens_in, tokens_out, None), error)
+
+
+def _opencode_events(stdout: str, stderr: str) -> AgentResult:
+    """OpenCode's ``--format json`` events: each ``step_finish`` part carries ``tokens`` (input, output,
+    reasoning, cache) and ``cost``, summed; an ``error`` event is a failure."""
+    tokens_in = tokens_out = cost = 0.0
+    error = None
+    for obj in _json_lines(stdout):
+        part: dict[str, Any] = obj["part"] if isinstance(obj.get("part"), dict) else {}
+        if obj.get("type") == "step_finish":
+            tokens: dict[str, Any] = part["tokens"] if isinstance(part.get("tokens"), dict) else {}
+            cache: dict[str, Any] = tokens["cache"] if isinstance(tokens.get("cache"), dict) else {}
+            tokens_in += _sum(tokens, "input") + _sum(cache, "read", "write")
+            tokens_out += _sum(tokens, "output", "reasoning")
+            cost += _sum(part, "cost")
+        elif obj.get("type") == "error":
+            err = obj.get("error")
+            data = err.get("data") if isinstance(err, dict) else None
+            message = data.get("message") if isinstance(data, dict) else err
+            error = f"opencode error: {_short(message)}"
+    return AgentResult(_figures(tokens_in, tokens_out, cost if cost else None), error)
+
+
+_PARSERS: dict[OutputKind, Callable[[str, str], AgentResult]] = {
+    OutputKind.USAGE_JSON: _usage_json, OutputKind.CLAUDE_RESULT: _claude_result,
+    OutputKind.STREAM_JSON: _claude_result, OutputKind.CODEX_EVENTS: _codex_events,
+    OutputKind.GEMINI_JSON: _gemini_json, OutputKind.OPENCODE_EVENTS: _opencode_events}
+COMMAND = Preset()
 
 
 def _gemini_auth(env: Mapping[str, str]) -> str | None:
@@ -239,12 +273,17 @@ def _gemini_auth(env: Mapping[str, str]) -> str | None:
 
 
 def preset_of(spec: RunnerSpec) -> Preset:
-    return PRESETS[spec.runner]
+    """The runner of a spawning role: its profile's CLI, or the generic command runner."""
+    profile = spec.profile
+    return COMMAND if profile is None else ProfileRunner(spec.runner, profile)
 
 
 def program_of(spec: RunnerSpec) -> str:
-    """The program a spawning runner starts: argv[0] when the owner gave argv, else the preset's CLI."""
-    return spec.argv[0] if spec.argv else preset_of(spec).program
+    """The program a spawning runner starts: argv[0] when the owner gave argv, else the profile's CLI."""
+    if spec.argv:
+        return spec.argv[0]
+    profile = spec.profile
+    return profile.program if profile is not None else ""
 
 
 def _json(obj: Any) -> bytes:

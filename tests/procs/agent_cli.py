@@ -3,7 +3,7 @@
 
 Like the real CLI it checks the flags the preset relies on, reads the prompt from stdin, finds the MCP server
 where that CLI is told of it (Claude Code: the --mcp-config file; Codex: the -c mcp_servers.taskkernel.*
-overrides; Gemini CLI: the settings file named by GEMINI_CLI_SYSTEM_SETTINGS_PATH), talks to it with the official
+overrides; Gemini CLI: .gemini/settings.json under GEMINI_CLI_HOME), talks to it with the official
 MCP SDK client, edits files in its working folder and prints the CLI's documented JSON output.
 
 What it does is read from the task's body, one instruction per line:
@@ -64,8 +64,9 @@ def server_of(cli: str, argv: list[str]) -> dict[str, Any] | None:
                 key, value = argv[i + 1][len("mcp_servers.taskkernel."):].split("=", 1)
                 found[key] = tomllib.loads(f"v = {value}")["v"]
         return found or None
-    settings = os.environ.get("GEMINI_CLI_SYSTEM_SETTINGS_PATH")
-    return json.loads(Path(settings).read_text())["mcpServers"]["taskkernel"] if settings else None
+    home = os.environ.get("GEMINI_CLI_HOME")
+    settings = Path(home) / ".gemini" / "settings.json" if home else None
+    return json.loads(settings.read_text())["mcpServers"]["taskkernel"] if settings and settings.exists() else None
 
 
 def check_flags(cli: str, argv: list[str]) -> None:
@@ -77,8 +78,6 @@ def check_flags(cli: str, argv: list[str]) -> None:
     if missing:
         fail(f"{cli}: missing {missing} in {argv}")
     if cli == "codex":
-        if argv[-1] != "-":
-            fail("codex exec: the prompt must be `-` (stdin)")
         os.chdir(value_after(argv, "--cd") or ".")
 
 
