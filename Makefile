@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test soak bench lint typecheck screenshots clean
+.PHONY: setup demo test test-agents agent-clis soak bench lint typecheck screenshots clean
 
 $(BIN)/.installed: pyproject.toml examples/taskkernel-role-reviewer/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,16 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest -q -n auto
+
+# The real agent CLIs the tests drive, at the versions tests/clis/package.json pins (docs/agents.md, "Versions").
+# npm install, not npm ci: the registry lacks some platform packages other machines would use, which npm ci refuses.
+agent-clis: tests/clis/node_modules/.installed
+tests/clis/node_modules/.installed: tests/clis/package.json tests/clis/package-lock.json
+	npm install --prefix tests/clis --no-audit --no-fund --loglevel=error
+	touch $@
+
+test-agents: setup agent-clis  # only the real agent CLIs' tests
+	$(BIN)/python -m pytest -q -n auto -m agent_clis tests/test_real_clis.py
 
 screenshots: setup  # the board's pictures in docs/img, taken by its browser tests
 	TASKKERNEL_SCREENSHOTS=docs $(BIN)/python -m pytest -q tests/test_web_browser.py

@@ -26,7 +26,7 @@ from taskkernel.coordinator.config_tables import Table
 PROFILE_NAME = re.compile(r"[a-z][a-z0-9-]{0,39}")
 _VAR = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # What a profile's command-line templates may name; each list of the profile says which of these it fills.
-ARGV_FIELDS = ("workdir", "prompt_file", "prompt", "mcp_config", "config_home")
+ARGV_FIELDS = ("workdir", "prompt_file", "prompt", "mcp_config", "config_home", "usage_file")
 _FIELDS = {
     "argv": ARGV_FIELDS,
     "model_argv": ("model",),
@@ -44,6 +44,7 @@ class McpFormat(StrEnum):
     MCP_SERVERS = "mcpServers"  # {"mcpServers": {"taskkernel": {"command", "args"}}} (Claude Code, most CLIs)
     GEMINI_SETTINGS = "gemini-settings"  # a settings.json: mcpServers with trust, and the auth method
     OPENCODE = "opencode"  # opencode.json: {"mcp": {"taskkernel": {"type": "local", "command": [...]}}}
+    COPILOT = "copilot"  # mcpServers whose entry says "type": "local" and offers every tool
     NONE = "none"  # no file: the command line carries the server (mcp_argv)
 
 
@@ -56,6 +57,7 @@ class OutputKind(StrEnum):
     GEMINI_JSON = "gemini-json"  # Gemini CLI's one JSON object (its forks' too); errors as JSON on stderr
     OPENCODE_EVENTS = "opencode-events"  # OpenCode's JSON-lines events (step_finish with tokens and cost)
     STREAM_JSON = "stream-json"  # Claude Code-style stream-json events ending in a result object
+    COPILOT_EVENTS = "copilot-events"  # Copilot CLI's JSON-lines events; token counts in its usage file
 
 
 class Variant(Table):

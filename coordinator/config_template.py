@@ -24,7 +24,8 @@ AGENT_EXAMPLES = {
         model='"sonnet"', args='["--max-turns", "40"]', allowed_tools='["Bash(git diff:*)", "Bash(pytest:*)"]',
         credentials="ANTHROPIC_API_KEY or CLAUDE_CODE_OAUTH_TOKEN (or Bedrock/Vertex settings)",
         argv='["claude", "-p", "--output-format", "json", "--permission-mode", "acceptEdits", "--mcp-config", '
-             '"{mcp_config}", "--strict-mcp-config", "--allowedTools", "mcp__taskkernel", "--model", "opus"]', variant='"plan"'),
+             '"{mcp_config}", "--strict-mcp-config", "--allowedTools", "mcp__taskkernel", "--model", "opus"]',
+        variant='"plan"'),
     "codex": AgentExample(
         model='"gpt-5-codex"', args='["-c", "model_reasoning_effort=\\"high\\""]', allowed_tools="[]",
         credentials="CODEX_API_KEY or OPENAI_API_KEY (after a `codex login` under CODEX_HOME)",

@@ -16,6 +16,7 @@ from taskkernel.coordinator.runners.presets import ProfileRunner
 from taskkernel.coordinator.runners.prompt import acceptance_of, build_prompt, prompt_fields, rework_reason
 from tests.cli_support import append_config, new_workspace, run, taskkernel
 
+
 def runner(name: str) -> ProfileRunner:
     return ProfileRunner(name, builtin_profiles()[name])
 
@@ -57,6 +58,42 @@ def test_a_failure_the_cli_reports_in_its_json_is_a_failure() -> None:
     assert runner("gemini-cli").read("not json at all").usage == {}
     implausible = json.loads(CLAUDE_OK) | {"total_cost_usd": float("inf"), "usage": {"input_tokens": -3}}
     assert runner("claude-code").read(json.dumps(implausible)).usage == {}
+
+
+def test_codex_error_lines_a_later_turn_completed_are_transient_retries_not_a_failure() -> None:
+    """Codex prints `error` lines while it reconnects, then completes: only an error nothing completed after fails."""
+    reconnect = {"type": "error", "message": "Reconnecting... 2/5 (stream disconnected before completion)"}
+    done = {"type": "turn.completed", "usage": {"input_tokens": 10, "output_tokens": 2}}
+    recovered = runner("codex").read("\n".join(json.dumps(e) for e in (reconnect, reconnect, done)))
+    assert recovered.error is None and recovered.usage == {"tokens_in": 10, "tokens_out": 2}
+    gave_up = runner("codex").read("\n".join(json.dumps(e) for e in (done, reconnect)))
+    assert gave_up.error == "codex error: Reconnecting... 2/5 (stream disconnected before completion)"
+
+
+def test_the_added_clis_outputs_are_read_into_usage_and_failures() -> None:
+    """The shapes the real CLIs printed (docs/agents.md): Qwen Code's one JSON array, OpenCode's step_finish
+    events, Copilot CLI's usage file, Gemini CLI's error on stderr."""
+    qwen = json.dumps([{"type": "system", "subtype": "init"}, {"type": "result", "subtype": "success",
+                       "is_error": False, "usage": {"input_tokens": 40, "output_tokens": 5,
+                                                    "cache_read_input_tokens": 2}}], indent=2)
+    assert runner("qwen-code").read(qwen).usage == {"tokens_in": 42, "tokens_out": 5}
+    failed = json.loads(qwen)
+    failed[-1] |= {"is_error": True, "subtype": "error_during_execution", "error": {"message": "[API Error: 400]"}}
+    assert "[API Error: 400]" in (runner("qwen-code").read(json.dumps(failed)).error or "")
+    step = {"type": "step_finish", "part": {"tokens": {"input": 100, "output": 7, "reasoning": 3,
+                                                       "cache": {"read": 10, "write": 0}}, "cost": 0.002}}
+    error = {"type": "error", "error": {"name": "APIError", "data": {"message": "Too Many Requests"}}}
+    opencode = runner("opencode").read("\n".join(json.dumps(e) for e in (step, step)))
+    assert opencode.usage == {"tokens_in": 220, "tokens_out": 20, "cost_usd": 0.004} and opencode.error is None
+    assert runner("opencode").read(json.dumps(error)).error == "opencode error: Too Many Requests"
+    usage = json.dumps({"modelMetrics": {"m": {"usage": {"inputTokens": 9, "outputTokens": 4, "cacheReadTokens": 1,
+                                                          "cacheWriteTokens": 0}}}})
+    copilot = runner("copilot").read(json.dumps({"type": "result", "exitCode": 0}), "", usage)
+    assert copilot.usage == {"tokens_in": 10, "tokens_out": 4} and copilot.error is None
+    limited = json.dumps({"type": "session.error", "data": {"errorType": "rate_limit", "message": "429 slow down"}})
+    assert runner("copilot").read(limited).error == "copilot error (rate_limit): 429 slow down"
+    stderr = 'Error when talking to Gemini API\n{"error": {"code": 400, "message": "API key not valid"}}\n'
+    assert runner("gemini-cli").read("", stderr).error == "gemini error: API key not valid"
 
 
 def test_the_prompt_is_built_from_the_task_its_parents_its_acceptance_and_why_it_came_back() -> None:

@@ -79,7 +79,7 @@ def test_list_shows_a_done_run_and_a_retrying_one_newest_first(team: dict[str, A
     retrying, done = rows
     assert (retrying["role"], retrying["purpose"], retrying["attempt"], retrying["max_attempts"]) == (
         "QA", "execute", 1, 3)
-    assert retrying["exit_code"] == 3 and retrying["last_error"] == "exit code 3"
+    assert retrying["exit_code"] == 3 and retrying["last_error"] == "exit code 3: boom on stderr"  # its last words
     assert retrying["retry_at"] > retrying["created_at"] and retrying["ended_at"] is None
     assert (done["exit_code"], done["ended_at"] is not None, done["retry_at"], done["elapsed_s"]) == (
         0, True, None, None)

@@ -161,10 +161,13 @@ def run_command(spec: RunnerSpec, launch: Launch, log_dir: Path, supervision: Su
                 _stop_group(proc.pid, spec.kill_grace)
         out.seek(0)
         stdout = out.read()
-    said = launch.preset.read(stdout, _tail(log_dir / "stderr.log"))
+    stderr = _tail(log_dir / "stderr.log")
+    said = launch.preset.read(stdout, stderr, _tail(launch.usage_file) if launch.usage_file else "")
     if code != 0:
         kind = ErrorCode.NON_RETRYABLE_EXIT if code in spec.non_retryable_exit_codes else ErrorCode.EXIT_CODE
-        why = f"exit code {code}" + (f" ({said.error})" if said.error else "")
+        last_words = next((line.strip() for line in reversed(stderr.splitlines()) if line.strip()), "")
+        why = f"exit code {code}" + (f" ({said.error})" if said.error else f": {last_words[:300]}" if last_words
+                                     else "")
         return Outcome(False, code, _ms(started), why, said.usage, code=kind)
     if said.error:
         return Outcome(False, 0, _ms(started), said.error, said.usage, code=ErrorCode.AGENT_ERROR)

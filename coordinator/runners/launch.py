@@ -26,6 +26,7 @@ log = get_logger(__name__)
 TOKEN_FILE = "token"
 PROMPT_FILE = "prompt.md"
 MCP_FILE = "mcp.json"
+USAGE_FILE = "usage.json"  # where a CLI that writes its token counts to a file writes them (Copilot CLI)
 CONFIG_HOME = "home"  # the per-run configuration folder of a CLI configured through its home (GEMINI_CLI_HOME)
 
 
@@ -45,6 +46,7 @@ class Launch:
     stdin: Path | None  # the prompt, for a CLI that reads it from stdin
     preset: Preset
     token_file: Path
+    usage_file: Path | None = None
 
     def cleanup(self) -> None:
         with contextlib.suppress(OSError):
@@ -75,7 +77,9 @@ def prepare(spec: RunnerSpec, *, run_dir: Path, workdir: Path, workspace: Path, 
         home = private_dir(run_dir / CONFIG_HOME) if preset.config_home else None
         mcp_config = _write(_config_path(run_dir, home, preset), preset.mcp_config(server, agent).decode("utf-8")) \
             if server else None
-        files = RunFiles(workdir, prompt_file, mcp_config, server, home)
+        usage_file = run_dir / USAGE_FILE
+        usage_file.unlink(missing_ok=True)  # an earlier attempt's figures are not this one's
+        files = RunFiles(workdir, prompt_file, mcp_config, server, home, usage_file)
         fill = {**placeholders, "prompt_file": str(prompt_file), "mcp_config": str(mcp_config or ""),
                 "workdir": str(workdir)}
         if spec.argv:
@@ -91,7 +95,7 @@ def prepare(spec: RunnerSpec, *, run_dir: Path, workdir: Path, workspace: Path, 
         raise
     env = {**agent, **preset.env(files)}
     stdin = prompt_file if preset.prompt_on_stdin else None
-    return Launch(argv, workdir, env, stdin, preset, token_file)
+    return Launch(argv, workdir, env, stdin, preset, token_file, usage_file)
 
 
 def _config_path(run_dir: Path, home: Path | None, preset: Preset) -> Path:

@@ -46,6 +46,7 @@ class RunFiles:
     mcp_config: Path | None
     server: McpServer | None
     config_home: Path | None = None
+    usage_file: Path | None = None  # where a CLI that writes its token counts to a file is told to write them
 
 
 @dataclass
@@ -85,8 +86,9 @@ class Preset:
         """Why the CLI would refuse to run with the configuration a run gives it in ``env`` (None: it would not)."""
         return None
 
-    def read(self, stdout: str, stderr: str = "") -> AgentResult:
-        return _usage_json(stdout, stderr)
+    def read(self, stdout: str, stderr: str = "", usage: str = "") -> AgentResult:
+        """Usage and a reported failure from the agent's stdout, the end of its stderr and its usage file."""
+        return _usage_json(stdout, stderr, usage)
 
 
 class ProfileRunner(Preset):
@@ -109,7 +111,8 @@ class ProfileRunner(Preset):
     def argv(self, spec: RunnerSpec, files: RunFiles, source: Mapping[str, str]) -> list[str]:
         p, variant = self.profile, self.variant(spec)
         fill = {"workdir": str(files.workdir), "prompt_file": str(files.prompt_file),
-                "mcp_config": str(files.mcp_config or ""), "config_home": str(files.config_home or "")}
+                "mcp_config": str(files.mcp_config or ""), "config_home": str(files.config_home or ""),
+                "usage_file": str(files.usage_file or "")}
         if p.prompt == "argv":
             fill["prompt"] = files.prompt_file.read_text("utf-8")
         argv = [p.program, *(a.format(**fill) for a in p.argv)]
@@ -142,6 +145,8 @@ class ProfileRunner(Preset):
             if auth is not None:  # the run's own home has no login: say which credential the run uses
                 settings["security"] = {"auth": {"selectedType": auth}}
             return _json(settings)
+        if fmt is McpFormat.COPILOT:
+            return _json({"mcpServers": {MCP_SERVER_NAME: {"type": "local", **server.entry(), "tools": ["*"]}}})
         if fmt is McpFormat.OPENCODE:
             return _json({"$schema": "https://opencode.ai/config.json", "mcp": {MCP_SERVER_NAME: {
                 "type": "local", "command": [server.command, *server.args], "enabled": True}}})
@@ -162,8 +167,8 @@ class ProfileRunner(Preset):
                     "41 \"Invalid auth method selected\"")
         return None
 
-    def read(self, stdout: str, stderr: str = "") -> AgentResult:
-        return self._parse(stdout, stderr)
+    def read(self, stdout: str, stderr: str = "", usage: str = "") -> AgentResult:
+        return self._parse(stdout, stderr, usage)
 
 
 def _filled(templates: list[str], **values: str) -> list[str]:
@@ -173,7 +178,7 @@ def _filled(templates: list[str], **values: str) -> list[str]:
 # -- output parsers (one per OutputKind) --------------------------------------------------------------
 
 
-def _usage_json(stdout: str, stderr: str) -> AgentResult:
+def _usage_json(stdout: str, stderr: str, usage: str) -> AgentResult:
     for obj in reversed(_json_lines(stdout)):
         found = obj.get("usage") if isinstance(obj.get("usage"), dict) else obj
         picked = {k: float(found[k]) for k in ("tokens_in", "tokens_out", "cost_usd") if _plausible(found.get(k))}
@@ -182,23 +187,26 @@ def _usage_json(stdout: str, stderr: str) -> AgentResult:
     return AgentResult()
 
 
-def _claude_result(stdout: str, stderr: str) -> AgentResult:
+def _claude_result(stdout: str, stderr: str, usage: str) -> AgentResult:
     """Claude Code's result object (the last of a stream-json run): ``total_cost_usd`` (the CLI's own estimate)
     and ``usage`` (input, cache creation, cache read and output tokens); ``is_error`` true is a failure whatever
-    ``subtype`` says (an API error can come with subtype "success")."""
-    for obj in reversed(_json_lines(stdout)):
+    ``subtype`` says (an API error can come with subtype "success"). Qwen Code and Droid print the same object,
+    Qwen Code as the last element of one JSON array."""
+    for obj in reversed(_json_lines(stdout) + _array_objects(stdout)):
         if obj.get("type") != "result":
             continue
         usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else {}
         tokens_in = _sum(usage, "input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
         out = AgentResult(_figures(tokens_in, _sum(usage, "output_tokens"), obj.get("total_cost_usd")))
         if obj.get("is_error") is True:
-            out.error = f"claude reported an error ({obj.get('subtype', '?')}): {_short(obj.get('result'))}"
+            err = obj.get("error")
+            said = err.get("message") if isinstance(err, dict) and err.get("message") else obj.get("result")
+            out.error = f"the CLI reported an error ({obj.get('subtype', '?')}): {_short(said)}"
         return out
     return AgentResult()
 
 
-def _codex_events(stdout: str, stderr: str) -> AgentResult:
+def _codex_events(stdout: str, stderr: str, usage: str) -> AgentResult:
     """Codex's events: ``turn.completed`` carries ``usage``, summed over the run. A failure is ``turn.failed``,
     or an ``error`` no later ``turn.completed`` followed: Codex prints error lines for transient retries
     ("Reconnecting... n/5") and then completes normally."""
@@ -218,7 +226,7 @@ def _codex_events(stdout: str, stderr: str) -> AgentResult:
     return AgentResult(_figures(tokens_in, tokens_out, None), error)
 
 
-def _gemini_json(stdout: str, stderr: str) -> AgentResult:
+def _gemini_json(stdout: str, stderr: str, usage: str) -> AgentResult:
     """Gemini CLI's object: ``stats.models.<model>.tokens`` (prompt, candidates, thoughts, …), an ``error``;
     a failed run writes its ``{"error": {…}}`` to stderr instead."""
     obj = _last_object(stdout) or {}
@@ -235,7 +243,7 @@ def _gemini_json(stdout: str, stderr: str) -> AgentResult:
     return AgentResult(_figures(tokens_in, tokens_out, None), error)
 
 
-def _opencode_events(stdout: str, stderr: str) -> AgentResult:
+def _opencode_events(stdout: str, stderr: str, usage: str) -> AgentResult:
     """OpenCode's ``--format json`` events: each ``step_finish`` part carries ``tokens`` (input, output,
     reasoning, cache) and ``cost``, summed; an ``error`` event is a failure."""
     tokens_in = tokens_out = cost = 0.0
@@ -256,10 +264,31 @@ def _opencode_events(stdout: str, stderr: str) -> AgentResult:
     return AgentResult(_figures(tokens_in, tokens_out, cost if cost else None), error)
 
 
-_PARSERS: dict[OutputKind, Callable[[str, str], AgentResult]] = {
+def _copilot_events(stdout: str, stderr: str, usage: str) -> AgentResult:
+    """Copilot CLI's events: a ``session.error`` is a failure unless a later turn ended it; the token counts are in
+    its usage file, ``modelMetrics.<model>.usage`` (input, cache read and write; output)."""
+    error = None
+    for obj in _json_lines(stdout):
+        data = obj.get("data") if isinstance(obj.get("data"), dict) else {}
+        if obj.get("type") == "session.error":
+            error = f"copilot error ({data.get('errorType', '?')}): {_short(data.get('message'))}"
+        elif obj.get("type") == "assistant.turn_end":
+            error = None
+    tokens_in = tokens_out = 0.0
+    metrics = (_last_object(usage) or {}).get("modelMetrics")
+    for model in metrics.values() if isinstance(metrics, dict) else ():
+        counts = model.get("usage") if isinstance(model, dict) else None
+        if isinstance(counts, dict):
+            tokens_in += _sum(counts, "inputTokens", "cacheReadTokens", "cacheWriteTokens")
+            tokens_out += _sum(counts, "outputTokens")
+    return AgentResult(_figures(tokens_in, tokens_out, None), error)
+
+
+_PARSERS: dict[OutputKind, Callable[[str, str, str], AgentResult]] = {
     OutputKind.USAGE_JSON: _usage_json, OutputKind.CLAUDE_RESULT: _claude_result,
     OutputKind.STREAM_JSON: _claude_result, OutputKind.CODEX_EVENTS: _codex_events,
-    OutputKind.GEMINI_JSON: _gemini_json, OutputKind.OPENCODE_EVENTS: _opencode_events}
+    OutputKind.GEMINI_JSON: _gemini_json, OutputKind.OPENCODE_EVENTS: _opencode_events,
+    OutputKind.COPILOT_EVENTS: _copilot_events}
 COMMAND = Preset()
 
 
@@ -303,6 +332,19 @@ def _json_lines(stdout: str) -> list[dict[str, Any]]:
             if isinstance(obj, dict):
                 found.append(obj)
     return found
+
+
+def _array_objects(stdout: str) -> list[dict[str, Any]]:
+    """The objects of a JSON array the output ends with (from its last line that starts one), else none."""
+    text = stdout.strip()
+    if not text.endswith("]"):
+        return []
+    start = text.rfind("\n[") + 1
+    try:
+        found = json.loads(text[start:])
+    except json.JSONDecodeError:
+        return []
+    return [o for o in found if isinstance(o, dict)] if isinstance(found, list) else []
 
 
 def _last_object(stdout: str) -> dict[str, Any] | None:
