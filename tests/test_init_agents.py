@@ -85,3 +85,15 @@ def test_init_agents_outside_git_writes_a_team_that_works_in_the_workspace(tmp_p
     assert again.code == 0 and (other / "taskkernel.toml").read_text() == "[kernel]\ndurability = \"full\"\n"
     assert again.json["runners"] == {}
     assert '[roles.DEV]\nrunner = "codex"' in again.err, again.err
+
+
+def test_doctor_fails_a_gemini_runner_whose_cli_would_refuse_its_configuration(tmp_path: Path) -> None:
+    """Gemini CLI runs with a configuration home of its own: without an API key (or Vertex AI) no login is there
+    and it would exit 41. doctor says so before a run does."""
+    team = agents_team(tmp_path, "gemini-cli")
+    empty = no_credentials("gemini-cli")
+    code, checks = doctor_checks(team.root, team.env(**empty))
+    assert code == 2 and checks["runner DEV"]["status"] == "fail", checks["runner DEV"]
+    assert "GEMINI_API_KEY" in checks["runner DEV"]["message"] and "41" in checks["runner DEV"]["message"]
+    code, checks = doctor_checks(team.root, team.env(**{**empty, "GEMINI_API_KEY": "key"}))
+    assert code == 0 and checks["runner DEV"]["status"] == "ok", checks["runner DEV"]
