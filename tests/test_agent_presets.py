@@ -94,6 +94,9 @@ def test_the_added_clis_outputs_are_read_into_usage_and_failures() -> None:
     assert runner("copilot").read(limited).error == "copilot error (rate_limit): 429 slow down"
     stderr = 'Error when talking to Gemini API\n{"error": {"code": 400, "message": "API key not valid"}}\n'
     assert runner("gemini-cli").read("", stderr).error == "gemini error: API key not valid"
+    retrying = ('Attempt 2 failed with status 429. Retrying with backoff... _ApiError: {"error":{"code":429,'
+                '"message":"quota exceeded","status":"RESOURCE_EXHAUSTED"}}\n    at retryWithBackoff (x.js:1)\n')
+    assert runner("gemini-cli").read("", retrying).error == "gemini error: 429 RESOURCE_EXHAUSTED: quota exceeded"
 
 
 def test_the_prompt_is_built_from_the_task_its_parents_its_acceptance_and_why_it_came_back() -> None:

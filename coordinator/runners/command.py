@@ -149,10 +149,11 @@ def run_command(spec: RunnerSpec, launch: Launch, log_dir: Path, supervision: Su
         except subprocess.SubprocessError as exc:
             return Outcome(False, None, _ms(started), f"could not start the agent: {exc}",
                            code=ErrorCode.SPAWN_FAILED)
+        stopped: _Stopped | None = None
         try:
             code = _supervise(proc, spec, supervision, log_dir / "stdout.log")
         except _Stopped as stop:
-            return Outcome(False, None, _ms(started), stop.error, fenced=stop.fenced, code=stop.code)
+            stopped, code = stop, None
         finally:
             if proc.poll() is None:  # lost lease, or an error while supervising
                 _kill_group(proc.pid)
@@ -163,6 +164,9 @@ def run_command(spec: RunnerSpec, launch: Launch, log_dir: Path, supervision: Su
         stdout = out.read()
     stderr = _tail(log_dir / "stderr.log")
     said = launch.preset.read(stdout, stderr, _tail(launch.usage_file) if launch.usage_file else "")
+    if stopped is not None:  # what the CLI was struggling with when it was stopped (a provider's 429) is the why
+        why = stopped.error + (f"; the CLI said: {said.error}" if said.error else "")
+        return Outcome(False, None, _ms(started), why, said.usage, fenced=stopped.fenced, code=stopped.code)
     if code != 0:
         kind = ErrorCode.NON_RETRYABLE_EXIT if code in spec.non_retryable_exit_codes else ErrorCode.EXIT_CODE
         last_words = next((line.strip() for line in reversed(stderr.splitlines()) if line.strip()), "")

@@ -86,9 +86,9 @@ class Preset:
         """Why the CLI would refuse to run with the configuration a run gives it in ``env`` (None: it would not)."""
         return None
 
-    def read(self, stdout: str, stderr: str = "", usage: str = "") -> AgentResult:
+    def read(self, stdout: str, stderr: str = "", usage_text: str = "") -> AgentResult:
         """Usage and a reported failure from the agent's stdout, the end of its stderr and its usage file."""
-        return _usage_json(stdout, stderr, usage)
+        return _usage_json(stdout, stderr, usage_text)
 
 
 class ProfileRunner(Preset):
@@ -167,8 +167,8 @@ class ProfileRunner(Preset):
                     "41 \"Invalid auth method selected\"")
         return None
 
-    def read(self, stdout: str, stderr: str = "", usage: str = "") -> AgentResult:
-        return self._parse(stdout, stderr, usage)
+    def read(self, stdout: str, stderr: str = "", usage_text: str = "") -> AgentResult:
+        return self._parse(stdout, stderr, usage_text)
 
 
 def _filled(templates: list[str], **values: str) -> list[str]:
@@ -178,7 +178,7 @@ def _filled(templates: list[str], **values: str) -> list[str]:
 # -- output parsers (one per OutputKind) --------------------------------------------------------------
 
 
-def _usage_json(stdout: str, stderr: str, usage: str) -> AgentResult:
+def _usage_json(stdout: str, stderr: str, usage_text: str) -> AgentResult:
     for obj in reversed(_json_lines(stdout)):
         found = obj.get("usage") if isinstance(obj.get("usage"), dict) else obj
         picked = {k: float(found[k]) for k in ("tokens_in", "tokens_out", "cost_usd") if _plausible(found.get(k))}
@@ -187,7 +187,7 @@ def _usage_json(stdout: str, stderr: str, usage: str) -> AgentResult:
     return AgentResult()
 
 
-def _claude_result(stdout: str, stderr: str, usage: str) -> AgentResult:
+def _claude_result(stdout: str, stderr: str, usage_text: str) -> AgentResult:
     """Claude Code's result object (the last of a stream-json run): ``total_cost_usd`` (the CLI's own estimate)
     and ``usage`` (input, cache creation, cache read and output tokens); ``is_error`` true is a failure whatever
     ``subtype`` says (an API error can come with subtype "success"). Qwen Code and Droid print the same object,
@@ -206,7 +206,7 @@ def _claude_result(stdout: str, stderr: str, usage: str) -> AgentResult:
     return AgentResult()
 
 
-def _codex_events(stdout: str, stderr: str, usage: str) -> AgentResult:
+def _codex_events(stdout: str, stderr: str, usage_text: str) -> AgentResult:
     """Codex's events: ``turn.completed`` carries ``usage``, summed over the run. A failure is ``turn.failed``,
     or an ``error`` no later ``turn.completed`` followed: Codex prints error lines for transient retries
     ("Reconnecting... n/5") and then completes normally."""
@@ -226,7 +226,7 @@ def _codex_events(stdout: str, stderr: str, usage: str) -> AgentResult:
     return AgentResult(_figures(tokens_in, tokens_out, None), error)
 
 
-def _gemini_json(stdout: str, stderr: str, usage: str) -> AgentResult:
+def _gemini_json(stdout: str, stderr: str, usage_text: str) -> AgentResult:
     """Gemini CLI's object: ``stats.models.<model>.tokens`` (prompt, candidates, thoughts, …), an ``error``;
     a failed run writes its ``{"error": {…}}`` to stderr instead."""
     obj = _last_object(stdout) or {}
@@ -238,12 +238,28 @@ def _gemini_json(stdout: str, stderr: str, usage: str) -> AgentResult:
         if isinstance(tokens, dict):
             tokens_in += _sum(tokens, "prompt")
             tokens_out += _sum(tokens, "candidates", "thoughts")
-    err = obj.get("error") or (_last_object(stderr) or {}).get("error")
+    err = obj.get("error") or (_last_object(stderr) or {}).get("error") or _gemini_retrying(stderr)
     error = f"gemini error: {_short(err.get('message') if isinstance(err, dict) else err)}" if err else None
     return AgentResult(_figures(tokens_in, tokens_out, None), error)
 
 
-def _opencode_events(stdout: str, stderr: str, usage: str) -> AgentResult:
+def _gemini_retrying(stderr: str) -> dict[str, Any] | None:
+    """The API error Gemini CLI was retrying when it was stopped: its last "Attempt N failed with status S.
+    Retrying with backoff... _ApiError: {…}" line, as ``{"message": "S STATUS: message"}``."""
+    for line in reversed(stderr.splitlines()):
+        _, marker, body = line.partition("_ApiError: ")
+        if not marker:
+            continue
+        try:
+            err = json.loads(body).get("error")
+        except (json.JSONDecodeError, AttributeError):
+            continue
+        if isinstance(err, dict):
+            return {"message": f"{err.get('code', '?')} {err.get('status', '')}: {err.get('message', '')}"}
+    return None
+
+
+def _opencode_events(stdout: str, stderr: str, usage_text: str) -> AgentResult:
     """OpenCode's ``--format json`` events: each ``step_finish`` part carries ``tokens`` (input, output,
     reasoning, cache) and ``cost``, summed; an ``error`` event is a failure."""
     tokens_in = tokens_out = cost = 0.0
@@ -264,18 +280,18 @@ def _opencode_events(stdout: str, stderr: str, usage: str) -> AgentResult:
     return AgentResult(_figures(tokens_in, tokens_out, cost if cost else None), error)
 
 
-def _copilot_events(stdout: str, stderr: str, usage: str) -> AgentResult:
+def _copilot_events(stdout: str, stderr: str, usage_text: str) -> AgentResult:
     """Copilot CLI's events: a ``session.error`` is a failure unless a later turn ended it; the token counts are in
     its usage file, ``modelMetrics.<model>.usage`` (input, cache read and write; output)."""
     error = None
     for obj in _json_lines(stdout):
-        data = obj.get("data") if isinstance(obj.get("data"), dict) else {}
+        data: dict[str, Any] = obj["data"] if isinstance(obj.get("data"), dict) else {}
         if obj.get("type") == "session.error":
             error = f"copilot error ({data.get('errorType', '?')}): {_short(data.get('message'))}"
         elif obj.get("type") == "assistant.turn_end":
             error = None
     tokens_in = tokens_out = 0.0
-    metrics = (_last_object(usage) or {}).get("modelMetrics")
+    metrics = (_last_object(usage_text) or {}).get("modelMetrics")
     for model in metrics.values() if isinstance(metrics, dict) else ():
         counts = model.get("usage") if isinstance(model, dict) else None
         if isinstance(counts, dict):
