@@ -46,6 +46,7 @@ bench: setup
 	$(BIN)/python bench/cli.py
 	$(BIN)/python bench/reads.py
 	$(BIN)/python bench/mcp.py
+	$(BIN)/python bench/mcp_startup.py
 	$(BIN)/python bench/team.py
 	$(BIN)/python bench/worktrees.py
 	$(BIN)/python bench/serve.py

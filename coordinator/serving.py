@@ -37,6 +37,13 @@ SECURITY_HEADERS = ((b"content-security-policy", content_security_policy().encod
                     (b"x-content-type-options", b"nosniff"),
                     (b"referrer-policy", b"same-origin"))  # not no-referrer: a POST would say Origin: null
 
+# OAuth discovery (RFC 9728, RFC 8414, OpenID Connect), as MCP hosts look for it, the MCP path before or after it:
+# neither server is an OAuth resource, so these answer 404 whatever the credential, before any other check. A 401
+# there would start a host's interactive OAuth sign-in instead of showing the reason its requests are refused.
+OAUTH_DISCOVERY = ("/.well-known/oauth-", "/.well-known/openid-configuration")
+NO_OAUTH = ("taskkernel does not use OAuth: send Authorization: Bearer <token> (taskkernel token issue ROLE prints "
+            "one)")
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -106,7 +113,8 @@ async def serve(app: Any, sock: socket.socket, graceful_seconds: int | None = No
 
 class Hardened:
     """ASGI middleware around everything ``serve`` serves: the security headers on every response (its own 413
-    included), and a request body of at most ``limit`` bytes.
+    and 404 included), a request body of at most ``limit`` bytes, and 404 ``not_found`` for OAuth discovery
+    (``OAUTH_DISCOVERY``).
 
     A ``Content-Length`` over the limit is answered 413 ``payload_too_large`` before the application sees the
     request; a body without one (chunked) is counted as the application reads it, and the chunk that passes the
@@ -125,6 +133,9 @@ class Hardened:
             await self.app(scope, receive, send)
             return
         exchange = Exchange(self.limit, receive, send, *body_framing(scope))
+        if any(part in scope.get("path", "") for part in OAUTH_DISCOVERY):
+            await exchange.no_oauth()
+            return
         if exchange.declared is not None and exchange.declared > self.limit:
             await exchange.too_large()
             return
@@ -173,6 +184,14 @@ class Exchange:
         body = json.dumps({"status": "rejected", "reason": ReasonCode.PAYLOAD_TOO_LARGE.value,
                            "message": f"a request body may be at most {self.limit} bytes"}).encode()
         await self.send({"type": "http.response.start", "status": 413, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await self.send({"type": "http.response.body", "body": body})
+        self.answered = True
+
+    async def no_oauth(self) -> None:
+        """404 ``not_found`` for an OAuth discovery path (OAUTH_DISCOVERY), answered here."""
+        body = json.dumps({"status": "rejected", "reason": "not_found", "message": NO_OAUTH}).encode()
+        await self.send({"type": "http.response.start", "status": 404, "headers": [
             (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
         await self.send({"type": "http.response.body", "body": body})
         self.answered = True

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 import tempfile
 import uuid
@@ -29,7 +30,7 @@ from taskkernel.coordinator.mcp.tools import CHILDREN_MAX, TOOL_NAMES, TOOLS, Ta
 from taskkernel.kernel.commands import TaskCommandKernel
 from taskkernel.kernel.model.principal import LOCAL_OWNER, Principal
 from taskkernel.kernel.store.db import Database
-from tests.cli_support import ROOT, append_config, cli_env, new_workspace, run
+from tests.cli_support import CLI, ROOT, append_config, cli_env, new_workspace, run
 
 EXPECTED_TOOLS = {"whoami", "list_tasks", "get_task", "create_task", "claim_task", "report", "submit_task",
                   "approve_task", "reject_task", "archive_task", "retry_task", "add_progress", "resume", "check_action",
@@ -72,7 +73,8 @@ class Owner:
 
 class Client:
     """A ClientSession that checks every result: its structured content against the tool's output schema (a
-    refusal too), one short text summary beside it (never the document again)."""
+    refusal too), and its one text block: the same document as compact JSON (what a host that forwards only
+    text shows the model)."""
 
     def __init__(self, session: ClientSession) -> None:
         self.session = session
@@ -93,7 +95,7 @@ class Client:
         assert not errors, (name, errors, doc)
         assert [c.type for c in result.content] == ["text"], result.content
         text = result.content[0].text
-        assert 0 < len(text) <= 600 and text.strip() != json.dumps(doc) and not text.lstrip().startswith("{"), text
+        assert json.loads(text) == doc and "\n" not in text, text  # compact: one line
         assert result.is_error == (doc["status"] == "rejected"), (name, result.is_error, doc)
         return doc
 
@@ -154,18 +156,75 @@ def owner(team: tuple[Path, dict[str, str]]) -> Iterator[Owner]:
 # -- stdio --------------------------------------------------------------------------------------------------------
 
 def test_no_token_means_the_server_refuses_to_start(team: tuple[Path, dict[str, str]]) -> None:
+    """Nothing on stdin: the session ends at once, and the kernel is opened then, so the refusal is on stderr
+    (stdout is the protocol channel) with its exit status."""
     ws, _ = team
-    refused = run("mcp", cwd=ws)  # stdout is the protocol channel: the refusal is on stderr only
+    refused = run("mcp", cwd=ws, stdin="")
     envelope, line = refused.err.strip().splitlines()
     assert refused.code == 2 and refused.out == "" and json.loads(envelope)["reason"] == "actor_unverified", refused
     assert "TASKKERNEL_TOKEN" in line and "Traceback" not in refused.err
     for token in ("", "tk_" + "x" * 40):  # blank, and a token that is not live
-        dead = run("--token", token, "mcp", cwd=ws)
+        dead = run("--token", token, "mcp", cwd=ws, stdin="")
         assert (dead.code, dead.out) == (2, "") and json.loads(dead.err.splitlines()[0])["reason"] == \
             "actor_unverified", dead
     for bad in (("--transport", "tcp"), ("--port", "70000"), ("--port", "x")):
         usage = run("mcp", *bad, cwd=ws)
         assert usage.code == 64 and "Traceback" not in usage.err, (bad, usage.err)
+
+
+def raw_session(ws: Path, *args: str, token: str | None) -> tuple[dict[int, Any], int, str]:
+    """`taskkernel ARGS mcp` driven a line at a time: initialize, tools/list, a whoami call and resources/list;
+    the answers by id, then stdin closed: the exit status and stderr."""
+    messages = [{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+        {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "whoami", "arguments": {}}},
+        {"jsonrpc": "2.0", "id": 4, "method": "resources/list"}]
+    env = cli_env(**({"TASKKERNEL_TOKEN": token} if token is not None else {}))
+    proc = subprocess.Popen([*CLI, *args, "mcp"], cwd=ws, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write(b"".join(json.dumps(m).encode() + b"\n" for m in messages))
+        proc.stdin.flush()
+        answers: dict[int, Any] = {}
+        while len(answers) < 4:
+            line = proc.stdout.readline()
+            assert line, "the server closed stdout"
+            answer = json.loads(line)
+            answers[answer["id"]] = answer
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return answers, proc.returncode, err.decode()
+
+
+@pytest.mark.parametrize("case", ["dead token", "no token", "no database"])
+def test_the_server_answers_at_once_and_each_call_says_why_the_kernel_cannot_be_opened(
+        team: tuple[Path, dict[str, str]], tmp_path: Path, case: str) -> None:
+    """initialize and tools/list are answered before the kernel is opened; what keeps it from opening (a token
+    that is not live, none where the workspace requires one, a database that cannot be opened) is every call's
+    answer: a tool call's refusal with its reason code, a resource read's error with it in data.reason; on stderr
+    the CLI's envelope, and when stdin ends the exit status of that refusal or fault."""
+    ws, tokens = team
+    args, token, reason, status = {
+        "dead token": ((), "tk_" + "x" * 40, "actor_unverified", 2),
+        "no token": ((), None, "actor_unverified", 2),
+        "no database": (("--db", f"sqlite:///{tmp_path}/missing/dir/kernel.db"), tokens["qa"],
+                        "database_unreachable", 1)}[case]
+    answers, code, err = raw_session(ws, *args, token=token)
+    assert answers[1]["result"]["serverInfo"]["name"] == "taskkernel", answers
+    assert "whoami" in {t["name"] for t in answers[2]["result"]["tools"]}
+    call = answers[3]["result"]
+    assert call["isError"] and call["structuredContent"]["reason"] == reason, call
+    assert json.loads(call["content"][0]["text"]) == call["structuredContent"]
+    assert answers[4]["error"]["data"]["reason"] == reason, answers[4]
+    assert code == status and json.loads(err.splitlines()[0])["status"] in ("rejected", "error"), (code, err)
+    assert "Traceback" not in err and (case != "no token" or "TASKKERNEL_TOKEN" in call["structuredContent"][
+        "message"]), err
 
 
 async def test_tools_schemas_and_one_agent_run(team: tuple[Path, dict[str, str]], owner: Owner) -> None:

@@ -93,6 +93,57 @@ def test_a_request_without_a_live_bearer_token_is_401(served: tuple[Path, str, d
     assert status == 200 and body["result"]["structuredContent"]["principal"]["id"] == "DEV:dev-http", body
 
 
+def fetch(url: str, token: str | None = None, message: dict[str, Any] | None = None
+          ) -> tuple[int, dict[str, str], Any]:
+    """A GET (or, with ``message``, a JSON-RPC POST): (status, headers with lower-case names, JSON body)."""
+    headers = {"accept": "application/json, text/event-stream", "mcp-protocol-version": PROTOCOL,
+               **({"authorization": f"Bearer {token}"} if token is not None else {})}
+    data = None
+    if message is not None:
+        data, headers["content-type"] = json.dumps(message).encode(), "application/json"
+    request = urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return answer.status, {k.lower(): v for k, v in answer.headers.items()}, json.loads(answer.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, {k.lower(): v for k, v in exc.headers.items()}, json.loads(exc.read())
+
+
+OAUTH_DISCOVERY = ("/.well-known/oauth-protected-resource", "/.well-known/oauth-protected-resource/mcp",
+                   "/.well-known/oauth-authorization-server", "/.well-known/oauth-authorization-server/mcp",
+                   "/.well-known/openid-configuration", "/.well-known/openid-configuration/mcp",
+                   "/mcp/.well-known/openid-configuration")
+
+
+def test_oauth_discovery_is_404_and_a_401_says_why(served: tuple[Path, str, dict[str, str]]) -> None:
+    """An OAuth-capable host (Gemini CLI, the MCP Inspector) refused 401 looks for the OAuth documents: they
+    are 404, with or without a credential, so it shows the refusal instead of starting an OAuth sign-in. The 401
+    itself carries the challenge HTTP requires (no error without a credential, invalid_token with the reason for
+    one that is not live) and the refusal document; the board (`serve`) answers the same 404."""
+    from tests.web_support import board
+
+    ws, url, tokens = served
+    base = url.removesuffix("/mcp")
+    for path in OAUTH_DISCOVERY:
+        for token in (None, tokens["dev"]):
+            status, headers, body = fetch(base + path, token)
+            assert (status, body["status"], body["reason"]) == (404, "rejected", "not_found"), (path, status, body)
+            assert "Authorization: Bearer" in body["message"] and "www-authenticate" not in headers, body
+            assert headers["x-content-type-options"] == "nosniff" and "frame-ancestors 'none'" in headers[
+                "content-security-policy"]
+    status, headers, body = fetch(url, None, WHOAMI)
+    assert (status, body["reason"]) == (401, "actor_unverified") and "Bearer <token>" in body["message"], body
+    assert headers["www-authenticate"] == 'Bearer realm="taskkernel"'
+    status, headers, body = fetch(url, "tk_" + "x" * 40, WHOAMI)
+    assert (status, body["reason"]) == (401, "actor_unverified"), body
+    assert headers["www-authenticate"] == ('Bearer realm="taskkernel", error="invalid_token", '
+                                           f'error_description="actor_unverified: {body["message"]}"'), headers
+    with board(ws) as board_url:
+        for path in ("/.well-known/oauth-protected-resource", "/.well-known/oauth-authorization-server"):
+            status, _, body = fetch(board_url.rstrip("/") + path)
+            assert (status, body["reason"]) == (404, "not_found"), (path, status, body)
+
+
 async def test_the_agent_run_over_http(served: tuple[Path, str, dict[str, str]]) -> None:
     ws, url, tokens = served
     owner = Owner(ws)

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from taskkernel.coordinator.mcp.server import ID_HEAD_BYTES, MAX_MESSAGE_BYTES, Oversized, frames, leading_id
+from taskkernel.coordinator.mcp.wire import ID_HEAD_BYTES, MAX_MESSAGE_BYTES, Oversized, frames, leading_id
 from tests.cli_support import CLI, cli_env, new_workspace
 
 INITIALIZE = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}

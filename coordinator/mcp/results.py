@@ -1,10 +1,11 @@
-"""Tool results: one structured document per call, a short human summary beside it, and an output budget.
+"""Tool results: one structured document per call, within an output budget, and its text.
 
-The structured document is the whole typed result; the text is a one-line summary, never the document again.
-A document is measured as the UTF-8 JSON the transport writes. Past the budget (``[mcp] output_budget``, default
-16 KiB) a list is cut from its end with ``truncated: true`` and a cursor that continues exactly after the last
-item kept, and a long text is cut with ``*_truncated: true`` and the call that reads on (``get_task`` with a
-``body_offset``).
+The structured document is the whole typed result, and the text content is that same document as compact JSON
+(``text``): hosts that hand the model only a result's text (Gemini CLI) show it everything, as the MCP
+specification's Structured Content section asks. A document is measured as that UTF-8 JSON. Past the budget
+(``[mcp] output_budget``, default 16 KiB) a list is cut from its end with ``truncated: true`` and a cursor that
+continues exactly after the last item kept, and a long text is cut with ``*_truncated: true`` and the call that
+reads on (``get_task`` with a ``body_offset``); the text is cut with it, being the same bytes.
 """
 
 from __future__ import annotations
@@ -14,25 +15,30 @@ import binascii
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from taskkernel.kernel.canonical import canonical_json
-from taskkernel.kernel.model.commands import CommandResult
-from taskkernel.kernel.reasons import KernelError
+
+if TYPE_CHECKING:
+    from taskkernel.kernel.model.commands import CommandResult
+    from taskkernel.kernel.reasons import KernelError
 
 DEFAULT_BUDGET = 16384
-SUMMARY_CHARS = 300  # the text content is a summary: never longer than this
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """What one tool call answers: the structured document, its summary, and whether it is a refusal."""
+    """What one tool call answers: the structured document, and whether it is a refusal."""
 
     structured: dict[str, Any]
-    summary: str
     error: bool = False
+
+    @property
+    def text(self) -> str:
+        """The text content: the document as compact JSON, the very bytes ``size`` measures."""
+        return orjson.dumps(self.structured).decode()
 
 
 class CursorError(ValueError):
@@ -44,18 +50,10 @@ def size(document: Any) -> int:
     return len(orjson.dumps(document))
 
 
-def short(text: str, limit: int = SUMMARY_CHARS) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= limit else line[:limit - 1] + "…"
-
-
 def refusal(reason: str, message: str, *, task_id: str | None = None, revision: int | None = None,
             round_: int | None = None, hint: str | None = None) -> Outcome:
-    doc = {"status": "rejected", "reason": reason, "message": message, "task_id": task_id, "revision": revision,
-           "round": round_, "hint": hint}
-    where = f" ({task_id} at revision {revision}, round {round_})" if task_id and revision is not None else ""
-    return Outcome(doc, short(f"rejected {reason}: {message}{where}" + (f" To allow it: {hint}" if hint else ""),
-                              SUMMARY_CHARS * 2 if hint else SUMMARY_CHARS), True)
+    return Outcome({"status": "rejected", "reason": reason, "message": message, "task_id": task_id,
+                    "revision": revision, "round": round_, "hint": hint}, True)
 
 
 def refused(exc: KernelError, task_id: str | None = None) -> Outcome:
@@ -64,12 +62,20 @@ def refused(exc: KernelError, task_id: str | None = None) -> Outcome:
 
 def command_outcome(result: CommandResult, key: str | None, hint: str | None = None) -> Outcome:
     """`taskkernel submit`'s document for a kernel result; a rejection is a refusal (isError)."""
-    doc = {**result.wire(), "idempotency_key": key or None, "hint": hint}
-    if result.status == "rejected":
-        out = refusal(result.reason or "rejected", result.message, task_id=result.task_id,
-                      revision=result.revision, round_=result.round, hint=hint)
-        return Outcome(doc, out.summary, True)
-    return Outcome(doc, short(result.message if result.status == "accepted" else f"{result.status}: {result.message}"))
+    return Outcome({**result.wire(), "idempotency_key": key or None, "hint": hint}, result.status == "rejected")
+
+
+def fit(outcome: Outcome, budget: int) -> Outcome:
+    """``outcome`` within ``budget`` whatever it holds: the tools cut their own documents (lists with a cursor,
+    texts with the call that reads on); anything still over (a refusal quoting a long value) has its longest
+    strings and lists halved (``squeeze``), with ``truncated: true`` where the document has that field."""
+    if size(outcome.structured) <= budget:
+        return outcome
+    doc = orjson.loads(orjson.dumps(outcome.structured))  # a copy: squeeze cuts in place
+    if "truncated" in doc:
+        doc["truncated"] = True
+    squeeze(doc, budget, keep=frozenset({"status", "reason", "truncated"}))
+    return Outcome(doc, outcome.error)
 
 
 def cut_list(document: dict[str, Any], key: str, budget: int, cursor_after: Callable[[Any], str | None],

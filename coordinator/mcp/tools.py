@@ -9,13 +9,13 @@ lifecycle, grants and the execution gate. Reads use kernel/queries.py and never 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
 
 from taskkernel.coordinator.folders.tracking import FileTracker
 from taskkernel.coordinator.mcp import schemas as S
+from taskkernel.coordinator.mcp.catalog import TOOL_NAMES, TOOLS, Tool
 from taskkernel.coordinator.mcp.results import (
     CursorError,
     Outcome,
@@ -24,9 +24,9 @@ from taskkernel.coordinator.mcp.results import (
     cut_text,
     decode,
     encode,
+    fit,
     refusal,
     refused,
-    short,
     size,
     squeeze,
 )
@@ -53,73 +53,7 @@ CHILDREN_MAX = 100  # children read for get_task (more: list_tasks parent=…)
 HISTORY_REASON_CHARS = 300  # characters of a reject/archive reason in get_task's history
 MAX_INSTRUCTION_TEXT = 4_000  # characters of one resumed instruction (the anchor's own cut)
 PLANNED_ACTION = "planned-action"  # the action id check_action judges
-
-
-@dataclass(frozen=True)
-class Tool:
-    name: str
-    title: str
-    description: str
-    args: type[S.Args]
-    result: type[S.Out]
-    read_only: bool
-    destructive: bool = False
-
-
-def _task_tool(verb: str, what: str, args: type[S.Args] = S.TaskArgs, destructive: bool = False) -> Tool:
-    name = {"claim": "claim_task", "submit": "submit_task", "approve": "approve_task", "reject": "reject_task",
-            "archive": "archive_task", "retry": "retry_task"}[verb]
-    return Tool(name, f"{verb.capitalize()} a task", what, args, S.CommandOut, False, destructive)
-
-
-_COMMAND_NOTE = (" Reads the task's revision and round itself; pass expect_rev/round to refuse if it moved "
-                 "(stale_task_revision / stale_round). A refusal is an error result whose reason says why.")
-
-TOOLS: tuple[Tool, ...] = (
-    Tool("whoami", "Who am I", "The principal your credential stands for now (role, agent, the task and round "
-         "it is scoped to), your own session for add_progress/resume, and the output budget.", S.NoArgs,
-         S.WhoamiOut, True),
-    Tool("list_tasks", "List tasks", "Tasks in id order, one page at a time: filter by state (blocked: active "
-         "tasks whose latest report is blocked), assigned_to_me "
-         "(you drive them), waiting_for_my_review (in review, you decide), root or parent. Continue with "
-         "next_cursor (same filters).", S.ListTasksArgs, S.ListTasksOut, True),
-    Tool("get_task", "Read a task", "A task's document, its reports with their bodies (and a done report's diff "
-         "when the task has its own git worktree), its children and its newest history. A long body is cut: "
-         "body_next gives the get_task arguments that read on.",
-         S.GetTaskArgs, S.GetTaskOut, True),
-    Tool("create_task", "Create a task", "A new task for a role of the team, sent by your role. An identical "
-         "create by you replays (one task); pass idempotency_key for a deliberate twin.", S.CreateTaskArgs,
-         S.CommandOut, False),
-    _task_tool("claim", "Take an inbox task you drive: it becomes active and a round starts." + _COMMAND_NOTE),
-    Tool("report", "Report on a task", "Report on your active task: status done|blocked|in_progress|aborted, "
-         "a body and artifacts (paths or URLs). Retrying the same report replays it; a different report in the "
-         "same round is new." + _COMMAND_NOTE, S.ReportArgs, S.CommandOut, False),
-    _task_tool("submit", "Send your active task to review (needs a done report of this round)." + _COMMAND_NOTE),
-    _task_tool("approve", "Approve a task in review (its done authority): it becomes done." + _COMMAND_NOTE),
-    _task_tool("reject", "Send a task in review back to work with a reason: a new round starts." + _COMMAND_NOTE,
-               S.RejectArgs),
-    _task_tool("archive", "Archive a done task (its archive authority), with an optional reason." + _COMMAND_NOTE,
-               S.ArchiveArgs, destructive=True),
-    _task_tool("retry", "Try an active or in-review task again (ADMIN or its done authority): its round's block is "
-               "lifted and a new run of its driver (active) or done authority (review) is due; retry_cannot_help "
-               "says what to fix when a run cannot help." + _COMMAND_NOTE, S.RetryArgs),
-    Tool("add_progress", "Record progress", "A progress checkpoint in your session (text, completed tool calls, "
-         "done): the anchor resume continues from after a compaction.", S.AddProgressArgs, S.ProgressOut, False),
-    Tool("resume", "Where to resume", "The resume answer for your session: the anchor (the last checkpoint before "
-         "the latest compaction) and the instructions accepted after it, which take priority. anchor null "
-         "(no_safe_anchor): nothing is resumed automatically.", S.ResumeArgs, S.ResumeOut, True),
-    Tool("check_action", "Check a planned action", "The execution gate's verdict for an action you plan on your "
-         "task (operation, entity, tool, the session inputs it is based on, the grant that permits it), judged "
-         "against the session log now, without performing it. allowed: perform would pass.", S.ActionArgs,
-         S.CheckActionOut, True),
-    Tool("perform", "Perform a protected action", "A protected action of the driver on its active task, through "
-         "the execution gate: on PASS it is authorized and the coordinator performs the tool; otherwise "
-         "gate_blocked / gate_insufficient_evidence and nothing runs." + _COMMAND_NOTE, S.PerformArgs,
-         S.CommandOut, False, True),
-    Tool("usage", "Usage", "Units of work, wall time, tokens and cost per owner (root task, task, role, feature "
-         "or agent), largest first.", S.UsageArgs, S.UsageOut, True),
-)
-TOOL_NAMES = tuple(t.name for t in TOOLS)
+__all__ = ["TOOLS", "TOOL_NAMES", "TaskTools", "Tool", "own_session"]
 
 
 def own_session(principal: Principal) -> str:
@@ -147,17 +81,19 @@ class TaskTools:
                                                                           for t in TOOLS}
 
     def run(self, name: str, who: Callable[[], Principal], args: S.Args) -> Outcome:
-        """One call: the caller's principal now (a credential revoked since is refused), then the tool."""
+        """One call: the caller's principal now (a credential revoked since is refused), then the tool; its
+        answer within the output budget, whatever it is (``fit``)."""
         try:
             principal = who()
         except KernelError as exc:
             return refused(exc)
         try:
-            return self._methods[name](principal, args)
+            outcome = self._methods[name](principal, args)
         except KernelError as exc:
-            return refused(exc)
+            outcome = refused(exc)
         except SessionLogError as exc:
-            return refusal(exc.reason.value, exc.message)
+            outcome = refusal(exc.reason.value, exc.message)
+        return fit(outcome, self.budget)
 
     # -- identity ------------------------------------------------------------------------------------------------
     def whoami(self, p: Principal, _: S.NoArgs) -> Outcome:
@@ -165,8 +101,7 @@ class TaskTools:
             "id": p.id, "role": p.role, "agent": p.agent, "task_id": p.task_id, "round": p.round,
             "provenance": p.provenance, "admin": p.is_admin}, session=own_session(p), transport=self.transport,
             workspace=str(self.workspace.root) if self.workspace else None, output_budget=self.budget)
-        scope = f", scoped to {p.task_id}" + (f" round {p.round}" if p.round is not None else "") if p.task_id else ""
-        return Outcome(doc, f"You are {p.id}{scope}; your session is {own_session(p)}.")
+        return Outcome(doc)
 
     # -- reads ---------------------------------------------------------------------------------------------------
     def list_tasks(self, p: Principal, a: S.ListTasksArgs) -> Outcome:
@@ -185,10 +120,7 @@ class TaskTools:
                         "next_cursor": page.next_cursor}, "tasks", self.budget,
                        lambda row: encode_cursor(row["task_id"], state, None, **extra), minimum=1)
         doc["count"] = len(doc["tasks"])
-        shown = ", ".join(f"{r['task_id']} {r['state']}" for r in doc["tasks"][:3])
-        more = "; more: call list_tasks again with cursor=next_cursor" if doc["next_cursor"] else ""
-        return Outcome(doc, short(f"{doc['count']} task(s){': ' + shown if shown else ''}"
-                                  f"{', …' if doc['count'] > 3 else ''}{more}"))
+        return Outcome(doc)
 
     def get_task(self, p: Principal, a: S.GetTaskArgs) -> Outcome:
         doc = self.kernel.task(a.task_id)
@@ -216,12 +148,7 @@ class TaskTools:
         if children.next_cursor:
             full["children_next"] = {"tool": "list_tasks", "arguments": {"parent": a.task_id,
                                                                          "cursor": children.next_cursor}}
-        out = _fit_task(full, a, self.budget)
-        state = f"{doc['task_id']} {doc['state']} (revision {doc['revision']}, round {doc['round']}): {doc['subject']}"
-        notes = [f"{len(out['reports'])} report(s)", f"{out['children_total']} child(ren)"]
-        if out["truncated"]:
-            notes.append("cut to the output budget (see body_next / children_next)")
-        return Outcome(out, short(f"{state}; {', '.join(notes)}"))
+        return Outcome(_fit_task(full, a, self.budget))
 
     # -- commands ------------------------------------------------------------------------------------------------
     def create_task(self, p: Principal, a: S.CreateTaskArgs) -> Outcome:
@@ -289,7 +216,7 @@ class TaskTools:
         if res.status == "refused" or res.accept_seq is None:
             return refusal("input_refused", f"{input_id!r} was refused earlier in {session!r}: {res.reason}")
         doc = _out(S.ProgressOut, status=res.status, session=session, input_id=input_id, accept_seq=res.accept_seq)
-        return Outcome(doc, f"progress {res.status} in {session} at sequence {res.accept_seq}")
+        return Outcome(doc)
 
     def resume(self, p: Principal, a: S.ResumeArgs) -> Outcome:
         session = a.session or own_session(p)
@@ -325,13 +252,7 @@ class TaskTools:
             if doc["next_cursor"] is None and positions[id(first)] < skip + len(instructions):
                 doc.update(truncated=True, next_cursor=encode({"kind": "resume", "session": session,
                                                                "skip": positions[id(first)]}))
-        anchor = doc["anchor"]
-        head = (f"resume {session} from checkpoint {anchor['seq']}: {anchor['text']}" if answer.status == "resume"
-                else f"{session} is complete (checkpoint {anchor['seq']})" if anchor
-                else f"no safe anchor in {session} ({answer.cause}): resume nothing automatically")
-        count = len(doc["instructions"])
-        return Outcome(doc, short(f"{head}; {count} instruction(s) after it"
-                                  + ("; more: cursor=next_cursor" if doc["next_cursor"] else "")))
+        return Outcome(doc)
 
     # -- the execution gate ----------------------------------------------------------------------------------------
     def check_action(self, p: Principal, a: S.ActionArgs) -> Outcome:
@@ -366,9 +287,7 @@ class TaskTools:
             out = {**out, "verdict": {**out["verdict"], "checks": None}, "truncated": True}
             squeeze(out["verdict"], self.budget - (size(out) - size(out["verdict"])),
                     keep=frozenset({"status", "decision", "code", "rule"}))
-        first = verdict.reasons[0] if verdict.reasons else None
-        why = f": {first.code.value} ({first.rule}): {first.detail}" if first else ""
-        return Outcome(out, short(f"{verdict.status.value} for {a.operation} on {a.entity}{why}"))
+        return Outcome(out)
 
     # -- usage ---------------------------------------------------------------------------------------------------
     def usage(self, p: Principal, a: S.UsageArgs) -> Outcome:
@@ -398,9 +317,7 @@ class TaskTools:
         doc = cut_list({"status": "ok", "by": a.by, "since": since, "rows": page, "total": total,
                         "truncated": False, "next_cursor": cursor(page[-1]) if more and page else None},
                        "rows", self.budget, cursor, minimum=1)
-        return Outcome(doc, short(f"{len(doc['rows'])} of {len(rows)} owner(s) by {a.by}: {total['units']} unit(s), "
-                                  f"{total['tokens_in'] + total['tokens_out']} tokens, ${total['cost_usd']:.4f}"
-                                  + ("; more: cursor=next_cursor" if doc["next_cursor"] else "")))
+        return Outcome(doc)
 
 
 def _out(model: type[BaseModel], **fields: Any) -> dict[str, Any]:
