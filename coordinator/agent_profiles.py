@@ -45,6 +45,8 @@ class McpFormat(StrEnum):
     GEMINI_SETTINGS = "gemini-settings"  # a settings.json: mcpServers with trust, and the auth method
     OPENCODE = "opencode"  # opencode.json: {"mcp": {"taskkernel": {"type": "local", "command": [...]}}}
     COPILOT = "copilot"  # mcpServers whose entry says "type": "local" and offers every tool
+    SERVERS = "servers"  # the bare map {"taskkernel": {"command", "args"}} (Amp's --mcp-config)
+    DROID_SETTINGS = "droid-settings"  # Droid's runtime settings overlay: {"mcp": {"mcpServers": …}}, blockOnMcpLoad
     NONE = "none"  # no file: the command line carries the server (mcp_argv)
 
 
@@ -58,6 +60,7 @@ class OutputKind(StrEnum):
     OPENCODE_EVENTS = "opencode-events"  # OpenCode's JSON-lines events (step_finish with tokens and cost)
     STREAM_JSON = "stream-json"  # Claude Code-style stream-json events ending in a result object
     COPILOT_EVENTS = "copilot-events"  # Copilot CLI's JSON-lines events; token counts in its usage file
+    DROID_EVENTS = "droid-events"  # Droid's stream-json events: usage in `completion`, the reason in `error`
 
 
 class Variant(Table):

@@ -74,7 +74,8 @@ require_token = true
 # sandbox_argv = ["--mode", "{{sandbox}}"]  # … and how it is passed
 # tools_argv = ["--allow", "{{tools}}"]     # a role's allowed_tools, with kernel_tools
 # kernel_tools = "mcp__taskkernel"          # how the allowlist names the kernel's own tools
-# mcp_format = "mcpServers"                 # the MCP file's shape: "mcpServers", "gemini-settings", "opencode", "none"
+# mcp_format = "mcpServers"                 # the MCP file's shape: "mcpServers", "servers", "gemini-settings",
+#                                           # "opencode", "copilot", "droid-settings", "none"
 # mcp_argv = ["--mcp-config", "{{mcp_config}}"]
 # mcp_env = "MY_CLI_MCP_CONFIG"             # a variable naming the MCP file
 # config_home = "MY_CLI_HOME"               # a variable naming a per-run configuration folder …
@@ -84,7 +85,7 @@ require_token = true
 # when_set = {{ MY_PROVIDER_BASE_URL = ["--base-url", "{{value}}"] }}  # arguments added when a variable is set
 # env = {{ MY_CLI_NO_UPDATE = "1" }}          # fixed variables for every run
 # output = "usage-json"                     # the parser: usage-json, claude-result, stream-json, codex-events,
-#                                           # gemini-json, opencode-events
+#                                           # gemini-json, opencode-events, copilot-events, droid-events
 # resume_argv = ["--resume", "{{session_id}}"]
 # variants = {{ fast = {{ model = "small", args = ["--quick"] }} }}
 

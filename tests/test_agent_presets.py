@@ -97,6 +97,14 @@ def test_the_added_clis_outputs_are_read_into_usage_and_failures() -> None:
     retrying = ('Attempt 2 failed with status 429. Retrying with backoff... _ApiError: {"error":{"code":429,'
                 '"message":"quota exceeded","status":"RESOURCE_EXHAUSTED"}}\n    at retryWithBackoff (x.js:1)\n')
     assert runner("gemini-cli").read("", retrying).error == "gemini error: 429 RESOURCE_EXHAUSTED: quota exceeded"
+    assert runner("gemini-cli").read(GEMINI_OK, retrying).error is None, "a retry that then succeeded is no failure"
+    completion = {"type": "completion", "finalText": "done", "usage": {"input_tokens": 30, "output_tokens": 6,
+                                                                      "cache_read_input_tokens": 4}}
+    assert runner("droid").read(json.dumps(completion)).usage == {"tokens_in": 34, "tokens_out": 6}
+    loop = {"type": "error", "source": "agent_loop", "message": "400 model not found"}
+    closing = {"type": "error", "source": "cli", "message": "Exec failed"}
+    assert runner("droid").read("\n".join(json.dumps(e) for e in (loop, closing))).error == (
+        "droid error: 400 model not found"), "the provider's reason, not the CLI's closing words"
 
 
 def test_the_prompt_is_built_from_the_task_its_parents_its_acceptance_and_why_it_came_back() -> None:

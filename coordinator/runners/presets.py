@@ -147,6 +147,10 @@ class ProfileRunner(Preset):
             return _json(settings)
         if fmt is McpFormat.COPILOT:
             return _json({"mcpServers": {MCP_SERVER_NAME: {"type": "local", **server.entry(), "tools": ["*"]}}})
+        if fmt is McpFormat.SERVERS:
+            return _json({MCP_SERVER_NAME: server.entry()})
+        if fmt is McpFormat.DROID_SETTINGS:  # merged over the user's own settings for this process only
+            return _json({"blockOnMcpLoad": True, "mcp": {"mcpServers": {MCP_SERVER_NAME: server.entry()}}})
         if fmt is McpFormat.OPENCODE:
             return _json({"$schema": "https://opencode.ai/config.json", "mcp": {MCP_SERVER_NAME: {
                 "type": "local", "command": [server.command, *server.args], "enabled": True}}})
@@ -238,7 +242,8 @@ def _gemini_json(stdout: str, stderr: str, usage_text: str) -> AgentResult:
         if isinstance(tokens, dict):
             tokens_in += _sum(tokens, "prompt")
             tokens_out += _sum(tokens, "candidates", "thoughts")
-    err = obj.get("error") or (_last_object(stderr) or {}).get("error") or _gemini_retrying(stderr)
+    # a retried error on stderr is the reason only when no result came (the run was stopped while retrying)
+    err = obj.get("error") or (_last_object(stderr) or {}).get("error") or (None if obj else _gemini_retrying(stderr))
     error = f"gemini error: {_short(err.get('message') if isinstance(err, dict) else err)}" if err else None
     return AgentResult(_figures(tokens_in, tokens_out, None), error)
 
@@ -300,11 +305,28 @@ def _copilot_events(stdout: str, stderr: str, usage_text: str) -> AgentResult:
     return AgentResult(_figures(tokens_in, tokens_out, None), error)
 
 
+def _droid_events(stdout: str, stderr: str, usage_text: str) -> AgentResult:
+    """Droid's ``exec -o stream-json`` events: ``completion`` carries the run's ``usage`` (input, cache read and
+    creation; output). An ``error`` event is a failure: the loop's own (``source`` "agent_loop", the provider's
+    message) says why; the CLI's closing one says only "Exec failed"."""
+    tokens_in = tokens_out = 0.0
+    errors: list[dict[str, Any]] = []
+    for obj in _json_lines(stdout):
+        if obj.get("type") == "completion" and isinstance(obj.get("usage"), dict):
+            tokens_in += _sum(obj["usage"], "input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+            tokens_out += _sum(obj["usage"], "output_tokens")
+        elif obj.get("type") == "error":
+            errors.append(obj)
+    said = next((e for e in errors if e.get("source") != "cli"), errors[0] if errors else None)
+    error = f"droid error: {_short(said.get('message'))}" if said is not None else None
+    return AgentResult(_figures(tokens_in, tokens_out, None), error)
+
+
 _PARSERS: dict[OutputKind, Callable[[str, str, str], AgentResult]] = {
     OutputKind.USAGE_JSON: _usage_json, OutputKind.CLAUDE_RESULT: _claude_result,
     OutputKind.STREAM_JSON: _claude_result, OutputKind.CODEX_EVENTS: _codex_events,
     OutputKind.GEMINI_JSON: _gemini_json, OutputKind.OPENCODE_EVENTS: _opencode_events,
-    OutputKind.COPILOT_EVENTS: _copilot_events}
+    OutputKind.COPILOT_EVENTS: _copilot_events, OutputKind.DROID_EVENTS: _droid_events}
 COMMAND = Preset()
 
 
