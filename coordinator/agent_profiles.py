@@ -17,6 +17,7 @@ import tomllib
 from enum import StrEnum
 from functools import cache
 from importlib import resources
+from pathlib import PurePosixPath
 from typing import Literal
 
 from pydantic import Field, ValidationError, model_validator
@@ -117,6 +118,10 @@ class AgentProfile(Table):
                     raise ValueError(f"{key}: {name!r} is not a variable a profile may name")
         if self.prompt == "argv" and not any({"prompt", "prompt_file"} & _names(a) for a in self.argv):
             raise ValueError('prompt = "argv": name {prompt} or {prompt_file} in argv')
+        if self.mcp_file is not None and (PurePosixPath(self.mcp_file).is_absolute()
+                                          or ".." in PurePosixPath(self.mcp_file).parts):
+            raise ValueError(f"mcp_file {json.dumps(self.mcp_file)}: a path inside the run's configuration home "
+                             "(relative, no ..)")
         if (self.mcp_file is None) != (self.config_home is None):
             raise ValueError("config_home and mcp_file go together: the folder's variable and the file in it")
         if self.mcp_format is not McpFormat.NONE and not (
@@ -134,9 +139,12 @@ def _names(arg: str) -> set[str]:
 
 def _template_problem(arg: str, known: tuple[str, ...]) -> str | None:
     try:
-        names = _names(arg)
+        fields = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(arg) if f is not None]
     except ValueError as exc:
         return f"{json.dumps(arg)} is not a valid template ({exc}); write {{{{ and }}}} for literal braces"
+    if any(spec or conv for _, spec, conv in fields):
+        return f"{json.dumps(arg)}: placeholders take no conversion or format spec ({{name}} only)"
+    names = {f for f, _, _ in fields}
     unknown = sorted(names - set(known))
     if unknown:
         return (f"{{{unknown[0]}}} in {json.dumps(arg)} is not filled here (known: "

@@ -11,6 +11,7 @@ import pytest
 
 from taskkernel.coordinator.agent_profiles import AgentProfile, builtin_profiles
 from taskkernel.coordinator.config import parse_config
+from taskkernel.coordinator.runners.launch import LaunchProblem, prepare
 from taskkernel.coordinator.runners.presets import McpServer, RunFiles, preset_of
 from tests.agents_support import Team, git, role
 from tests.cli_support import append_config, new_workspace, run
@@ -77,6 +78,10 @@ def test_codex_with_a_base_url_gets_a_provider_of_its_own_over_https(tmp_path: P
      "knows; did you mean model?"),
     ('[profiles.my-cli]\nprogram = "my-cli"\nmcp_argv = ["{mcp_config}"]\ncredential_vars = ["TASKKERNEL_TOKEN"]\n',
      "credential_vars: 'TASKKERNEL_TOKEN' is not a variable a profile may name"),
+    ('[profiles.my-cli]\nprogram = "my-cli"\nargv = ["{workdir!r}"]\nmcp_argv = ["{mcp_config}"]\n',
+     "placeholders take no conversion or format spec"),
+    ('[profiles.my-cli]\nprogram = "my-cli"\nconfig_home = "MY_HOME"\nmcp_file = "/home/u/.my/settings.json"\n',
+     "a path inside the run's configuration home (relative, no ..)"),
     ('[roles.DEV]\nrunner = "codx"\n', 'runner = "codx" is not a runner taskkernel knows'),
     ('[roles.DEV]\nrunner = "codex"\nvariant = "hihg"\n', 'variant = "hihg" is not a variant of codex (high, '
      'read-only); did you mean "high"?'),
@@ -125,3 +130,40 @@ args = ["--max-turns", "3"]
     assert doc["reports"][0]["diff"]["files"] == [{"path": "house.txt", "insertions": 1, "deletions": 0}]
     checks = {c["name"]: c for c in json.loads(team.cli("doctor", "--json", env={"HOUSE_KEY": ""}).stdout)["checks"]}
     assert checks["runner DEV"]["status"] == "warn" and "HOUSE_KEY" in checks["runner DEV"]["message"]
+
+
+def launched(tmp_path: Path, table: str, prompt: str = "do the task"):  # type: ignore[no-untyped-def]
+    return prepare(spec_of(table), run_dir=tmp_path / "run", workdir=tmp_path, workspace=tmp_path, token="tk_x",
+                   prompt=prompt, placeholders={}, run_vars={"TASKKERNEL_TOKEN": "tk_x"})
+
+
+def test_a_roles_env_selects_the_provider_and_wins_over_the_profiles_defaults(tmp_path: Path) -> None:
+    """A base URL in the role's env sets Codex's provider as one in the coordinator's would; a cloud switched on in
+    the role's env passes that cloud's credentials; the profile's fixed variables give way to the role's."""
+    codex = launched(tmp_path, '[roles.DEV]\nrunner = "codex"\nenv = { OPENAI_BASE_URL = "http://127.0.0.1:9/v1" }\n')
+    assert 'model_providers.taskkernel-openai.base_url="http://127.0.0.1:9/v1"' in codex.argv
+    claude = launched(tmp_path, '[roles.DEV]\nrunner = "claude-code"\nenv = { DISABLE_TELEMETRY = "0" }\n')
+    assert claude.env["DISABLE_TELEMETRY"] == "0" and claude.env["DISABLE_AUTOUPDATER"] == "1"
+    assert claude.env["TASKKERNEL_TOKEN"] == "tk_x"
+
+
+def test_a_prompt_too_long_for_an_argument_is_refused_before_the_cli_starts(tmp_path: Path) -> None:
+    """Copilot CLI takes its prompt as an argument (at most 128 KiB on Linux): a longer task body is a clear,
+    non-retryable refusal, not a spawn failure retried until the task blocks."""
+    assert launched(tmp_path, '[roles.DEV]\nrunner = "copilot"\n', "short").argv[1:3] == ["-p", "short"]
+    with pytest.raises(LaunchProblem) as refused:
+        launched(tmp_path, '[roles.DEV]\nrunner = "copilot"\n', "x" * (200 << 10))
+    assert not refused.value.retryable and "at most 100 KiB" in str(refused.value)
+
+
+@pytest.mark.parametrize("output", ['{"type":"turn.failed","error":"x"}', "[" * 5000 + "]" * 5000,
+                                    '{"usage": {"tokens_in": ' + "9" * 5000 + "}}", '{"type": "result", "usage": [1]}'])
+def test_output_no_parser_foresaw_reads_as_saying_nothing_and_never_raises(output: str) -> None:
+    """A 5,000-digit number, nesting deeper than the stack, a string where an object was: no figures, no crash
+    (a parser that raised would turn a finished run into internal_error)."""
+    for name in builtin_profiles():
+        preset = preset_of(spec_of(f'[roles.DEV]\nrunner = "{name}"\n'))
+        said = preset.read(output, output, output)
+        assert said.usage == {}, (name, said)
+    assert preset_of(spec_of('[roles.DEV]\nrunner = "codex"\n')).read(output).error == (
+        "codex turn failed: x" if "turn.failed" in output else None)

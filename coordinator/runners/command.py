@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from taskkernel.coordinator.runners.config import RunnerSpec, os_user
+from taskkernel.coordinator.runners.presets import read_safely
 from taskkernel.kernel.private import private_dir
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ BASE_ENV = ("PATH", "HOME", "LANG", "TERM", "TZ", "TMPDIR", "USER", "LOGNAME")  
 _PR_SET_PDEATHSIG = 1
 
 
+OUTPUT_READ_LIMIT = 8 << 20  # bytes of the end of an agent's stdout its usage and failure are read from
 HEARTBEAT_LINE = "taskkernel:heartbeat"  # a line an agent prints on stdout to say it is alive
 TICK_S = 0.1  # how often a running agent is looked at (exit, deadlines, a shutdown's stop)
 EXTERNAL_BEAT_EVERY_S = 1.0  # how often heartbeats recorded by other processes (CLI, MCP) are read
@@ -132,7 +134,7 @@ def run_command(spec: RunnerSpec, launch: Launch, log_dir: Path, supervision: Su
         return Outcome(False, None, 0, f"working folder {cwd} does not exist", code=ErrorCode.CONFIG_INVALID)
     try:
         private_dir(log_dir)  # agents' output may echo secrets: readable by the workspace owner only
-        out = open(log_dir / "stdout.log", "w+", encoding="utf-8", errors="replace", opener=_private)  # noqa: SIM115
+        out = open(log_dir / "stdout.log", "w", encoding="utf-8", errors="replace", opener=_private)  # noqa: SIM115
         err = open(log_dir / "stderr.log", "w", encoding="utf-8", opener=_private)  # noqa: SIM115
         stdin = open(launch.stdin, "rb") if launch.stdin else subprocess.DEVNULL  # noqa: SIM115
     except OSError as exc:  # our own log folder (a full disk, a permission): may pass
@@ -160,10 +162,9 @@ def run_command(spec: RunnerSpec, launch: Launch, log_dir: Path, supervision: Su
                 proc.wait()
             elif group_alive(proc.pid):  # the agent exited and left helpers behind: they end with it
                 _stop_group(proc.pid, spec.kill_grace)
-        out.seek(0)
-        stdout = out.read()
+    stdout = _tail(log_dir / "stdout.log", OUTPUT_READ_LIMIT)  # a runaway agent's gigabytes are never read whole
     stderr = _tail(log_dir / "stderr.log")
-    said = launch.preset.read(stdout, stderr, _tail(launch.usage_file) if launch.usage_file else "")
+    said = read_safely(launch.preset, stdout, stderr, _tail(launch.usage_file) if launch.usage_file else "")
     if stopped is not None:  # what the CLI was struggling with when it was stopped (a provider's 429) is the why
         why = stopped.error + (f"; the CLI said: {said.error}" if said.error else "")
         return Outcome(False, None, _ms(started), why, said.usage, fenced=stopped.fenced, code=stopped.code)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from taskkernel.coordinator.config import RunnerSpec
 from taskkernel.coordinator.runners.command import agent_env
-from taskkernel.coordinator.runners.presets import McpServer, Preset, RunFiles, preset_of
+from taskkernel.coordinator.runners.presets import McpServer, Preset, PromptUnfit, RunFiles, preset_of
 from taskkernel.kernel.logging import get_logger
 from taskkernel.kernel.private import private_dir, write_private
 
@@ -66,7 +66,7 @@ def prepare(spec: RunnerSpec, *, run_dir: Path, workdir: Path, workspace: Path, 
             placeholders: dict[str, str], run_vars: dict[str, str]) -> Launch:
     """Write the run's files into ``run_dir`` and build its command line and environment."""
     preset = preset_of(spec)
-    source = dict(os.environ)
+    source = {**os.environ, **spec.env}  # a role's own value selects a provider or a cloud as the coordinator's would
     agent = agent_env(spec, {**run_vars, "TASKKERNEL_WORKDIR": str(workdir)}, source,
                       credentials=preset.credentials(source))
     private_dir(run_dir)
@@ -89,11 +89,14 @@ def prepare(spec: RunnerSpec, *, run_dir: Path, workdir: Path, workspace: Path, 
                 raise LaunchProblem(f"argv placeholder {exc} is unknown (known: {', '.join(fill)})",
                                     retryable=False, placeholder=True) from None
         else:
-            argv = preset.argv(spec, files, source)
+            try:
+                argv = preset.argv(spec, files, source)
+            except PromptUnfit as exc:
+                raise LaunchProblem(str(exc), retryable=False) from None
     except BaseException:
         token_file.unlink(missing_ok=True)  # the run never starts: its token file goes now
         raise
-    env = {**agent, **preset.env(files)}
+    env = {**preset.defaults(), **agent, **preset.env(files)}  # the role's env wins over the profile's defaults
     stdin = prompt_file if preset.prompt_on_stdin else None
     return Launch(argv, workdir, env, stdin, preset, token_file, usage_file)
 

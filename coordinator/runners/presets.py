@@ -18,10 +18,20 @@ from typing import Any
 
 from taskkernel.coordinator.agent_profiles import AgentProfile, McpFormat, OutputKind, Variant
 from taskkernel.coordinator.config import RunnerKind, RunnerSpec
+from taskkernel.kernel.logging import get_logger
+
+log = get_logger(__name__)
 
 MCP_SERVER_NAME = "taskkernel"
 USAGE_LIMIT = 1e12  # anything larger (or negative, NaN, infinite) is not a usage figure
 _SCAN_LINES = 2000  # a CLI's JSON is near the end of its output: look no further back than this
+
+
+ARGV_PROMPT_LIMIT = 100 << 10  # one argument may hold 128 KiB on Linux: a prompt on argv stays well below
+
+
+class PromptUnfit(ValueError):
+    """The prompt cannot be given the way the CLI takes it (too long for an argument, a NUL byte)."""
 
 
 @dataclass(frozen=True)
@@ -79,7 +89,12 @@ class Preset:
         """The run's MCP configuration in this CLI's format (``env``: the agent's environment)."""
         return _json({"mcpServers": {MCP_SERVER_NAME: server.entry()}})
 
+    def defaults(self) -> dict[str, str]:
+        """Variables every run of this CLI gets unless the role's ``env`` says otherwise."""
+        return {}
+
     def env(self, files: RunFiles) -> dict[str, str]:
+        """Variables naming the run's files (its MCP configuration, its configuration home)."""
         return {}
 
     def unusable(self, env: Mapping[str, str]) -> str | None:
@@ -89,6 +104,16 @@ class Preset:
     def read(self, stdout: str, stderr: str = "", usage_text: str = "") -> AgentResult:
         """Usage and a reported failure from the agent's stdout, the end of its stderr and its usage file."""
         return _usage_json(stdout, stderr, usage_text)
+
+
+def read_safely(preset: Preset, stdout: str, stderr: str, usage_text: str) -> AgentResult:
+    """``preset.read``, never raising: output no parser foresaw is read as saying nothing (and logged), so a run is
+    judged by its exit code and its task, never failed by its own output."""
+    try:
+        return preset.read(stdout, stderr, usage_text)
+    except Exception:  # noqa: BLE001 - a parser defect must not turn a finished run into internal_error
+        log.exception("agent_output_unreadable", runner=preset.name)
+        return AgentResult()
 
 
 class ProfileRunner(Preset):
@@ -114,7 +139,11 @@ class ProfileRunner(Preset):
                 "mcp_config": str(files.mcp_config or ""), "config_home": str(files.config_home or ""),
                 "usage_file": str(files.usage_file or "")}
         if p.prompt == "argv":
-            fill["prompt"] = files.prompt_file.read_text("utf-8")
+            fill["prompt"] = prompt = files.prompt_file.read_text("utf-8")
+            if len(prompt.encode()) > ARGV_PROMPT_LIMIT or "\0" in prompt:
+                raise PromptUnfit(f"{p.program} takes its prompt as an argument, which holds at most "
+                                  f"{ARGV_PROMPT_LIMIT // 1024} KiB and no NUL byte: this task's prompt is "
+                                  f"{len(prompt.encode()) // 1024} KiB; shorten the task's body or use another CLI")
         argv = [p.program, *(a.format(**fill) for a in p.argv)]
         sandbox = variant.sandbox or p.sandbox
         if sandbox:
@@ -156,8 +185,11 @@ class ProfileRunner(Preset):
                 "type": "local", "command": [server.command, *server.args], "enabled": True}}})
         return super().mcp_config(server, env)
 
+    def defaults(self) -> dict[str, str]:
+        return dict(self.profile.env)
+
     def env(self, files: RunFiles) -> dict[str, str]:
-        out = dict(self.profile.env)
+        out = {}
         if files.mcp_config is not None and self.profile.mcp_env:
             out[self.profile.mcp_env] = str(files.mcp_config)
         if files.config_home is not None and self.profile.config_home:
@@ -224,7 +256,8 @@ def _codex_events(stdout: str, stderr: str, usage_text: str) -> AgentResult:
                 tokens_in += _sum(obj["usage"], "input_tokens")
                 tokens_out += _sum(obj["usage"], "output_tokens")
         elif kind == "turn.failed":
-            error = f"codex turn failed: {_short((obj.get('error') or {}).get('message'))}"
+            err = obj.get("error")
+            error = f"codex turn failed: {_short(err.get('message') if isinstance(err, dict) else err)}"
         elif kind == "error":
             error = f"codex error: {_short(obj.get('message'))}"
     return AgentResult(_figures(tokens_in, tokens_out, None), error)
@@ -357,6 +390,11 @@ def _json(obj: Any) -> bytes:
     return (json.dumps(obj, indent=2) + "\n").encode("utf-8")
 
 
+# What reading a CLI's JSON may raise besides a syntax error: a number of over 4,300 digits (ValueError), nesting
+# deeper than the interpreter's stack (RecursionError). The line is then not read, like any line that is no JSON.
+_UNREADABLE = (ValueError, RecursionError)
+
+
 def _json_lines(stdout: str) -> list[dict[str, Any]]:
     """The JSON objects among the last lines of the output, one per line, in order."""
     found = []
@@ -365,7 +403,7 @@ def _json_lines(stdout: str) -> list[dict[str, Any]]:
         if line.startswith("{") and line.endswith("}"):
             try:
                 obj = json.loads(line)
-            except json.JSONDecodeError:
+            except _UNREADABLE:
                 continue
             if isinstance(obj, dict):
                 found.append(obj)
@@ -380,7 +418,7 @@ def _array_objects(stdout: str) -> list[dict[str, Any]]:
     start = text.rfind("\n[") + 1
     try:
         found = json.loads(text[start:])
-    except json.JSONDecodeError:
+    except _UNREADABLE:
         return []
     return [o for o in found if isinstance(o, dict)] if isinstance(found, list) else []
 
@@ -391,7 +429,7 @@ def _last_object(stdout: str) -> dict[str, Any] | None:
     for begin in dict.fromkeys((0, text.rfind("\n{") + 1)):  # all of it, else from its last top-level "{"
         try:
             obj = json.loads(text[begin:])
-        except json.JSONDecodeError:
+        except _UNREADABLE:
             continue
         if isinstance(obj, dict):
             return obj

@@ -151,6 +151,7 @@ class Worktrees:
             listed = self._listed(repo).get(path.resolve())
             if known is not None and listed is not None and not listed[1] and path.is_dir() and not path.is_symlink():
                 self._restore_dotgit(known)  # whatever the agent checked out (detached, mid-rebase): its work stays
+                self._reset_agent_config(known)
                 return self._reused(known)
             if listed is not None and listed[1]:  # locked: `worktree add` was cut short
                 self.git.run(repo, "worktree", "unlock", str(path), ok=(0, 128))
@@ -167,6 +168,24 @@ class Worktrees:
                 commit = self._commit_of(repo, base)
                 self.git.out(repo, "worktree", "add", "--quiet", "-b", branch, str(path), commit)
             return self._record(task_id, path, branch, self._git_dir_of(path), base, commit)
+
+    def _reset_agent_config(self, wt: Worktree) -> None:
+        """The agent CLIs' project configuration as the task's base has it (no change may touch it), whatever an
+        earlier run wrote or committed there: a planted ``.gemini/settings.json`` never starts a program in the
+        next run in this worktree (protected.py)."""
+        specs = self.protected().agent_config()
+        self._in(wt, "clean", "-ffdqx", "--", *specs)  # untracked and ignored files there, links never followed
+        base = self._merge_base(wt, "HEAD")
+
+        def tracked(commit: str) -> set[str]:
+            listed = self._in(wt, "ls-tree", "-r", "-z", "--name-only", commit, "--", *specs).out.split("\0")
+            return {name for name in listed if name}
+
+        in_base, in_head = tracked(base), tracked("HEAD")
+        if extra := sorted(in_head - in_base):  # committed by the agent: gone from the checkout and the index
+            self._in(wt, "rm", "-rfq", "--ignore-unmatch", "--", *(f":(top,literal){n}" for n in extra))
+        if in_base:
+            self._in(wt, "checkout", base, "--", *(f":(top,literal){n}" for n in sorted(in_base)))
 
     def _reused(self, wt: Worktree) -> Worktree:
         """A later run in the worktree: a task reopened after its merge is active again (its next approval merges

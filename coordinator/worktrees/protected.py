@@ -11,6 +11,12 @@ says so in the report (``Worktrees.evidence``), and the merge refuses a range th
 adds a negation (``!…``, which can re-include them), is left out as a whole, and so is a change to a
 ``.gitattributes`` beside one that adds an attribute rewriting what a checkout writes (an encoding, a filter, line
 endings).
+
+The agent CLIs' own project configuration (``.claude/``, ``.gemini/``, ``opencode.json``, … at the repository's
+root and at every folder down to the workspace: where the CLIs look) is the owner's too: such a file can name
+the MCP server, hooks or plugins a CLI runs, so one planted by an agent would run its code in the next run in the
+same worktree (a review, a rework, a retry). It is never part of a change, and ``Worktrees.ensure`` puts it back
+as the task's commit has it before every run.
 """
 
 from __future__ import annotations
@@ -41,6 +47,10 @@ PRIVATE_STATE = "private_state"  # .taskkernel/: database, owner token, chain ke
 FCOP_FILES = "fcop_files"  # the FCoP root: a file there acts as the role it names
 WORKSPACE_CONFIG = "workspace_config"  # taskkernel.toml: database URL, runners, gate
 IGNORE_RULES = "ignore_rules"  # a .gitignore change that could stop hiding the above
+AGENT_CONFIG = "agent_config"  # an agent CLI's project configuration: MCP servers, hooks, plugins it would run
+# Where the agent CLIs read project configuration that can start programs (docs/agents.md, "Profiles").
+AGENT_CONFIG_FOLDERS = (".claude", ".gemini", ".qwen", ".codex", ".opencode", ".factory", ".amp", ".copilot")
+AGENT_CONFIG_FILES = (".mcp.json", "opencode.json", "opencode.jsonc")
 
 
 @dataclass(frozen=True)
@@ -70,9 +80,13 @@ class ProtectedPaths:
         def at(name: str) -> str:
             return (rel / name).as_posix().removeprefix("./")
 
-        folders = {at(STATE_DIR): PRIVATE_STATE, **{at(f): FCOP_FILES for f in sorted(fcop_folders)}}
-        files = {at(CONFIG_FILE): WORKSPACE_CONFIG, **{at(f): FCOP_FILES for f in fcop_files}}
         chain = [PurePosixPath(*rel.parts[:i]) for i in range(len(rel.parts) + 1)]
+        agents = [(d / name).as_posix().removeprefix("./") for d in chain for name in AGENT_CONFIG_FOLDERS]
+        agent_files = [(d / name).as_posix().removeprefix("./") for d in chain for name in AGENT_CONFIG_FILES]
+        folders = {at(STATE_DIR): PRIVATE_STATE, **{at(f): FCOP_FILES for f in sorted(fcop_folders)},
+                   **dict.fromkeys(agents, AGENT_CONFIG)}
+        files = {at(CONFIG_FILE): WORKSPACE_CONFIG, **{at(f): FCOP_FILES for f in fcop_files},
+                 **dict.fromkeys(agent_files, AGENT_CONFIG)}
         ignore_files = tuple((d / IGNORE_FILE).as_posix().removeprefix("./") for d in chain)
         attribute_files = tuple((d / ATTRIBUTES_FILE).as_posix().removeprefix("./") for d in chain)
         names = (STATE_DIR, CONFIG_FILE, "fcop", "docs/agents", *(["_lifecycle"] if top else []))
@@ -97,6 +111,10 @@ class ProtectedPaths:
 
     def includes(self) -> list[str]:
         return [f":(top,literal){p}" for p in (*self.folders, *self.files)]
+
+    def agent_config(self) -> list[str]:
+        """Pathspecs of the agent CLIs' project configuration (reset before every run in a worktree)."""
+        return [f":(top,literal){p}" for p, why in {**self.folders, **self.files}.items() if why == AGENT_CONFIG]
 
     def weakens_rules(self, patch_lines: Iterable[str]) -> bool:
         """Whether a ``.gitignore``'s unified diff removes a rule naming a protected path or adds a negation."""
