@@ -22,7 +22,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from taskkernel.coordinator.config_tables import Table
+from taskkernel.coordinator.config_tables import KeyProblem, Table
 
 PROFILE_NAME = re.compile(r"[a-z][a-z0-9-]{0,39}")
 _VAR = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -105,31 +105,32 @@ class AgentProfile(Table):
         for key, known in _FIELDS.items():
             for arg in getattr(self, key):
                 if problem := _template_problem(arg, known):
-                    raise ValueError(f"{key}: {problem}")
+                    raise KeyProblem(key, f"{key}: {problem}")
         for arg in (a for args in self.when_set.values() for a in args):
             if problem := _template_problem(arg, ("value", "value_json")):
-                raise ValueError(f"when_set: {problem}")
+                raise KeyProblem("when_set", f"when_set: {problem}")
         for key, names in (("credential_vars", self.credential_vars), ("switched_vars", list(self.switched_vars)),
                            ("when_set", list(self.when_set)), ("env", list(self.env)),
                            ("mcp_env", [self.mcp_env] if self.mcp_env else []),
                            ("config_home", [self.config_home] if self.config_home else [])):
             for name in names:
                 if not _VAR.fullmatch(name) or name.upper().startswith("TASKKERNEL_"):
-                    raise ValueError(f"{key}: {name!r} is not a variable a profile may name")
+                    raise KeyProblem(key, f"{key}: {name!r} is not a variable a profile may name")
         if self.prompt == "argv" and not any({"prompt", "prompt_file"} & _names(a) for a in self.argv):
-            raise ValueError('prompt = "argv": name {prompt} or {prompt_file} in argv')
+            raise KeyProblem("prompt", 'prompt = "argv": name {prompt} or {prompt_file} in argv')
         if self.mcp_file is not None and (PurePosixPath(self.mcp_file).is_absolute()
                                           or ".." in PurePosixPath(self.mcp_file).parts):
-            raise ValueError(f"mcp_file {json.dumps(self.mcp_file)}: a path inside the run's configuration home "
-                             "(relative, no ..)")
+            raise KeyProblem("mcp_file", f"mcp_file {json.dumps(self.mcp_file)}: a path inside the run's "
+                             "configuration home (relative, no ..)")
         if (self.mcp_file is None) != (self.config_home is None):
-            raise ValueError("config_home and mcp_file go together: the folder's variable and the file in it")
+            raise KeyProblem("mcp_file", "config_home and mcp_file go together: the folder's variable and the "
+                             "file in it")
         if self.mcp_format is not McpFormat.NONE and not (
                 self.mcp_env or self.mcp_file or any("mcp_config" in _names(a) for a in self.mcp_argv)):
             raise ValueError("the MCP configuration must reach the CLI: name {mcp_config} in mcp_argv, or set "
                              "mcp_env, or config_home with mcp_file")
         if self.sandbox_argv and self.sandbox is None:
-            raise ValueError("sandbox_argv needs a default sandbox")
+            raise KeyProblem("sandbox_argv", "sandbox_argv needs a default sandbox")
         return self
 
 

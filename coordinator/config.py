@@ -31,6 +31,7 @@ from taskkernel.coordinator.config_tables import (  # noqa: F401 - re-exported: 
     FoldersTable,
     GateTable,
     KernelTable,
+    KeyProblem,
     McpTable,
     SchedulerTable,
     ServeTable,
@@ -56,14 +57,6 @@ NOT_TEAM = RESERVED_ROLES | {BROADCAST}  # the human owner, the system and a bro
 MAX_ROLE_LEN = 32  # the kernel's role codes (kernel/model/commands.py)
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RESERVED_ENV_PREFIX = "TASKKERNEL_"  # the runner's own variables: the run's token and task, never the database URL
-
-
-class KeyProblem(ValueError):
-    """A model-level check that can name the key it is about (so the message points at that key's line)."""
-
-    def __init__(self, key: str, message: str) -> None:
-        super().__init__(message)
-        self.key = key
 
 
 class WorkspaceNotFound(Exception):

@@ -21,6 +21,14 @@ def near(word: str, candidates: Sequence[str]) -> str | None:
     return lowered[found[0]] if found else None
 
 
+class KeyProblem(ValueError):
+    """A model-level check that can name the key it is about (so the message points at that key's line)."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
 class Table(BaseModel):
     """A table of taskkernel.toml: unknown keys are errors, values taken strictly (no "600" for 600)."""
 

@@ -68,7 +68,7 @@ def test_codex_with_a_base_url_gets_a_provider_of_its_own_over_https(tmp_path: P
     ('[profiles.my-cli]\nprogram = "my-cli"\nmcp_argv = ["--mcp", "{mcp_config}"]\nretries = 3\n',
      "[profiles.my-cli] in taskkernel.toml, line 7: retries is not a key taskkernel knows"),
     ('[profiles.my-cli]\nprogram = "my-cli"\nargv = ["--in", "{promptfile}"]\nmcp_argv = ["{mcp_config}"]\n',
-     "{promptfile} in \"{promptfile}\" is not filled here"),
+     "[profiles.my-cli] in taskkernel.toml, line 6: argv: {promptfile} in \"{promptfile}\" is not filled here"),
     ('[profiles.my-cli]\nprogram = "my-cli"\nprompt = "argv"\nmcp_argv = ["{mcp_config}"]\n',
      'prompt = "argv": name {prompt} or {prompt_file} in argv'),
     ('[profiles.my-cli]\nprogram = "my-cli"\n', "the MCP configuration must reach the CLI"),
@@ -77,7 +77,7 @@ def test_codex_with_a_base_url_gets_a_provider_of_its_own_over_https(tmp_path: P
      'modle = "x"\n', "[profiles.my-cli.variants.fast] in taskkernel.toml, line 8: modle is not a key taskkernel "
      "knows; did you mean model?"),
     ('[profiles.my-cli]\nprogram = "my-cli"\nmcp_argv = ["{mcp_config}"]\ncredential_vars = ["TASKKERNEL_TOKEN"]\n',
-     "credential_vars: 'TASKKERNEL_TOKEN' is not a variable a profile may name"),
+     "line 7: credential_vars: 'TASKKERNEL_TOKEN' is not a variable a profile may name"),
     ('[profiles.my-cli]\nprogram = "my-cli"\nargv = ["{workdir!r}"]\nmcp_argv = ["{mcp_config}"]\n',
      "placeholders take no conversion or format spec"),
     ('[profiles.my-cli]\nprogram = "my-cli"\nconfig_home = "MY_HOME"\nmcp_file = "/home/u/.my/settings.json"\n',
