@@ -28,7 +28,7 @@ from taskkernel.coordinator.config import (
 )
 from taskkernel.coordinator.config_template import AgentTeam, config_template, role_tables
 from taskkernel.coordinator.fcop.detect import CONFIG_NAME as FCOP_CONFIG
-from taskkernel.coordinator.fcop.detect import G2_MARKERS, LIFECYCLE_DIR, find_workspace_root
+from taskkernel.coordinator.fcop.detect import G2_MARKERS, LIFECYCLE_DIR, find_workspace_root, open_workspace
 from taskkernel.coordinator.fcop.errors import FcopError
 from taskkernel.coordinator.fcop.filenames import EnvelopeKind, parse_filename
 from taskkernel.kernel.canonical import utc_now_iso
@@ -291,6 +291,8 @@ def init_workspace(root: Path, team: str | None = None, database: str | None = N
     config_path = root / CONFIG_NAME
     config = load_config(config_path) if config_path.exists() else TaskkernelConfig()  # ConfigError: a ValueError
     fcop, existing = fcop_root_of(root)
+    if existing:  # refused here as `up` would refuse it (a linked root, an unreadable fcop.json)
+        open_workspace(fcop, allow_mixed=True)
     chosen, to_config = _choose_team(fcop, existing, config, team)
     root.mkdir(parents=True, exist_ok=True)
     private_dir(root / STATE_DIR)

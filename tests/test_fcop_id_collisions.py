@@ -4,6 +4,8 @@ the import; reason notes that stay one per file; REVIEWs and REPORTs that name t
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import warnings
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,7 +19,7 @@ from hypothesis import strategies as st
 from taskkernel.coordinator.workspace import Workspace, init_workspace
 from tests.cli_support import Run, run
 from tests.coord_support import coordinator
-from tests.fcop_oracle import accepted, attached_ids, copy_workspace, reason_notes, show_tasks, tree
+from tests.fcop_oracle import attached_ids, copy_workspace, reason_notes, show_tasks, tree
 
 DEV_TEAM = {"mode": "preset", "team": "dev-team", "leader": "PM", "roles": ["PM", "DEV", "QA", "OPS"]}
 
@@ -111,24 +113,63 @@ def test_r2_one_id_in_two_files_is_one_task_from_the_first_file_and_the_other_is
 
 # -- (b) a hand-written TASK file takes the id of a task the CLI created ----------------------------------------
 
-def test_a_hand_written_file_with_an_id_the_cli_allocated_is_refused_task_id_taken(tmp_path: Path) -> None:
+def test_a_hand_written_inbox_file_with_an_id_the_cli_allocated_is_adopted_under_the_next_free_id(
+        tmp_path: Path) -> None:
     project = g3_workspace(tmp_path)
     task_id = create(project, "c1")
     hand = project / "fcop" / "_lifecycle" / "inbox" / f"{task_id}-ADMIN-to-QA.md"
     hand_bytes = put(hand, task_text("ADMIN", "QA", "Hand-made"))
     up(project)
-    root = project / "fcop"
     doc = show_tasks(project, [task_id])[task_id] or {}
-    assert (doc.get("recipient"), doc.get("subject")) == ("PM", "CLI task")
-    own = [a for a in accepted(root) if a.kind == "TASK" and a.id == task_id and a.rel != hand.relative_to(
-        root).as_posix()]
-    assert [(a.recipient, a.subject) for a in own] == [("PM", "CLI task")], "the CLI task has its own file"
-    assert hand.read_bytes() == hand_bytes
-    assert "task_id_taken" in note_of(hand).read_text(encoding="utf-8")
-    ledger = "".join(p.read_text(encoding="utf-8") for p in (root / "ledger").rglob("*") if p.is_file())
-    assert hand.name not in json.dumps(doc) + ledger
+    assert (doc.get("recipient"), doc.get("subject")) == ("PM", "CLI task"), "the CLI task is untouched"
+    next_id = f"{task_id[:14]}{int(task_id[14:]) + 1:03d}"
+    renamed = hand.with_name(f"{next_id}-ADMIN-to-QA.md")
+    assert not hand.exists() and renamed.read_bytes().startswith(hand_bytes.split(b"---\n\n")[0]), "renamed"
+    assert renamed.read_bytes().endswith(hand_bytes.split(b"---\n\n")[1]), "the body untouched"
+    adopted = show_tasks(project, [next_id])[next_id] or {}
+    assert (adopted.get("recipient"), adopted.get("subject")) == ("QA", "Hand-made")
+    note = note_of(renamed).read_text(encoding="utf-8")
+    assert "renamed" in note and hand.name in note and next_id in note
     verify = run("verify", cwd=project)
     assert (verify.code, verify.json["status"]) == (0, "ok"), verify.json["problems"]
+
+
+def test_a_duplicate_of_a_task_in_the_inbox_is_still_refused_not_adopted(tmp_path: Path) -> None:
+    project = g3_workspace(tmp_path)
+    task_id = create(project, "c1")
+    up(project)
+    again = project / "fcop" / "_lifecycle" / "inbox" / f"{task_id}-ADMIN-to-PM-again.md"
+    put(again, task_text("ADMIN", "PM", "CLI task"))
+    up(project)
+    assert again.is_file() and "duplicate_task_id" in note_of(again).read_text(encoding="utf-8")
+    assert show_tasks(project, [f"{task_id[:14]}{int(task_id[14:]) + 1:03d}"]) == {
+        f"{task_id[:14]}{int(task_id[14:]) + 1:03d}": None}
+
+
+def test_fcops_own_create_task_after_a_claim_makes_one_task_per_call_and_fcop_validate_stays_valid(
+        tmp_path: Path) -> None:
+    """fcop's legacy create_task numbers from the inbox and log/tasks only: after the kernel's first task moved to
+    active/, each later call reuses its id. Each is still a task of its own."""
+    project = g3_workspace(tmp_path)
+    inbox, active = project / "fcop" / "_lifecycle" / "inbox", project / "fcop" / "_lifecycle" / "active"
+    made = []
+    for subject in ("first", "second", "third"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            made.append(Project(project).write_task(sender="PM", recipient="DEV", priority="P2", subject=subject,
+                                                    body=f"Do the {subject} thing."))
+        up(project)
+        for path in inbox.glob("TASK-*.md"):  # the driver's claim, as fcop-mcp's claim_task moves it
+            path.rename(active / path.name)
+        up(project)
+    assert len({m.task_id for m in made}) == 1, "fcop reused one id (else this test shows nothing)"
+    tasks = json.loads(run("task", "list", "--json", cwd=project).out)
+    assert sorted((t["subject"], t["state"]) for t in tasks) == [("first", "active"), ("second", "active"),
+                                                                  ("third", "active")]
+    assert not (project / "fcop" / "_quarantine").exists() or not any((project / "fcop" / "_quarantine").iterdir())
+    fcop_validate = subprocess.run([str(Path(sys.executable).parent / "fcop"), "validate"], cwd=project,
+                                   capture_output=True, text=True, check=False)
+    assert fcop_validate.returncode == 0 and '"valid": true' in fcop_validate.stdout, fcop_validate.stdout
 
 
 # -- (c) a TASK file planted in a later stage after the import ------------------------------------------------
@@ -156,7 +197,8 @@ def test_refused_files_keep_exactly_one_note_and_three_passes_leave_the_tree_of_
     refused = {
         f"_lifecycle/done/TASK-{today()}-090-ADMIN-to-PM.md": (task_text("ADMIN", "PM", "spoof"),
                                                               "unknown_task_outside_inbox"),
-        f"_lifecycle/inbox/{task_id}-ADMIN-to-DEV.md": (task_text("ADMIN", "DEV", "taken"), "task_id_taken"),
+        f"_lifecycle/inbox/{task_id}-ADMIN-to-PM-again.md": (task_text("ADMIN", "PM", "CLI task"),
+                                                             "duplicate_task_id"),
         f"reports/REPORT-{today()}-090-PM-to-ADMIN.md": (
             "---\nprotocol: fcop\nversion: 1\nsender: PM\nrecipient: ADMIN\nreferences:\n- TASK-20200101-001\n"
             "status: done\n---\n\nDone.\n", "task_not_found"),
@@ -295,18 +337,27 @@ def test_colliding_task_ids_make_one_task_each_and_no_other_file_is_written(
     c.run_once()
     write(live)
     c.run_once()
-    ids = {name[:17] for name in history + live}
-    for task_id in ids:
+    for path in (folder / name for name in live):  # live input never collides: each file is a task of its own
+        copies = [p for p in folder.iterdir()  # the file, or the file renamed (its creation transition appended)
+                  if p.name.startswith("TASK-") and f"subject: {subjects[path]}\n" in p.read_text(encoding="utf-8")]
+        assert len(copies) == 1, f"{path.name}: {[p.name for p in copies]}"
+        doc = c.kernel.task(copies[0].name[:17])
+        assert doc is not None and doc["subject"] == subjects[path], (path.name, copies[0].name)
+        if copies[0] != path:  # renamed to the next free number of its day, the note saying what it was called
+            assert path.name in note_of(copies[0]).read_text(encoding="utf-8")
+            assert copies[0].name[:13] == path.name[:13]
+    for task_id in {name[:17] for name in history}:
         doc = c.kernel.task(task_id)
         assert doc is not None, f"{task_id}: no task"
-        owners = [p for p, s in subjects.items() if p.name.startswith(task_id) and s == doc["subject"]]
+        owners = [p for p, s in subjects.items() if p.name.startswith(task_id) and s == doc["subject"]
+                  and p.name in history]
         assert len(owners) == 1, (task_id, doc["subject"])
         first_in_history = min((n for n in history if n.startswith(task_id)), default=None)
         assert first_in_history in (None, owners[0].name), "the import takes the first file by name"
         assert not note_of(owners[0]).exists(), owners[0].name
-        for path in (p for p in written if p.name.startswith(task_id) and p != owners[0]):
+        for path in (p for p in written if p.name.startswith(task_id) and p != owners[0] and p.name in history):
             # refused where it is, or (holding the name the task's own file is written under) quarantined
-            held = project / "fcop" / "_quarantine" / path.name
+            held = project / "fcop" / "_quarantine" / f"quarantined-{path.name}"
             where, note = (path, note_of(path)) if path.exists() else (held, held.with_name(f"{held.name}.reason.md"))
             assert where.is_file() and where.read_bytes() == written[path], f"{path.name}: written into, or lost"
             text = note.read_text(encoding="utf-8")

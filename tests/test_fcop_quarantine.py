@@ -31,11 +31,11 @@ def test_bytes_mode_and_mtime_are_preserved_and_reason_is_written(ws: FcopWorksp
     os.utime(src, (1234, 1234))
     before = os.stat(src)
     q = quarantine(ws, src, FcopReason.MALFORMED_FRONT_MATTER, "front matter is not valid YAML")
-    assert not src.exists() and q.path == ws.quarantine_dir / NAME
+    assert not src.exists() and q.path == ws.quarantine_dir / f"quarantined-{NAME}"
     after = os.stat(q.path)
     assert (after.st_ino, after.st_mtime_ns, after.st_mode) == (before.st_ino, before.st_mtime_ns, before.st_mode)
     assert q.path.read_bytes() == b"---\nbroken: [\n---\n"
-    assert q.reason_path.name == f"{NAME}.reason.md"
+    assert q.reason_path.name == f"quarantined-{NAME}.reason.md"
     meta = reason_of(q.reason_path)
     assert meta["reason"] == "malformed_front_matter" and meta["source"] == f"_lifecycle/inbox/{NAME}"
     assert meta["size"] == 18 and len(str(meta["sha256"])) == 64
@@ -48,7 +48,8 @@ def test_collisions_get_numbered_names_and_nothing_is_overwritten(ws: FcopWorksp
         src = ws.stage_dir("inbox") / NAME
         src.write_bytes(f"v{i}".encode())
         paths.append(quarantine(ws, src, FcopReason.EMPTY_FILE, "x").path)
-    assert [p.name for p in paths] == [NAME, NAME.replace(".md", ".2.md"), NAME.replace(".md", ".3.md")]
+    assert [p.name for p in paths] == [f"quarantined-{NAME}", f"quarantined-{NAME}".replace(".md", ".2.md"),
+                                    f"quarantined-{NAME}".replace(".md", ".3.md")]
     assert [p.read_bytes() for p in paths] == [b"v0", b"v1", b"v2"]
     assert len(list(ws.quarantine_dir.glob("*.reason.md"))) == 3
 
@@ -126,3 +127,32 @@ def test_no_exported_name_is_shadowed_by_a_submodule_of_the_same_name() -> None:
              "    importlib.import_module('taskkernel.coordinator.fcop.' + m)\n"
              "assert all(not type(getattr(f, n)).__name__ == 'module' for n in f.__all__)\n")
     assert subprocess.run([sys.executable, "-c", probe], env=cli_env(), timeout=60).returncode == 0
+
+
+def test_quarantined_envelopes_never_make_fcops_validator_call_the_workspace_invalid(ws: FcopWorkspace) -> None:
+    from fcop.observation import validate_workspace
+
+    (ws.root / "fcop.json").write_text('{"mode": "solo", "team": "solo", "leader": "ME", "roles": ["ME"]}')
+    for i in range(2):
+        src = ws.stage_dir("inbox") / NAME
+        src.write_bytes(b"---\nbroken: [\n---\n")
+        quarantine(ws, src, FcopReason.MALFORMED_FRONT_MATTER, f"try {i}")
+    report = validate_workspace(ws.root)
+    assert report["valid"], report["errors"]
+
+
+def test_a_quarantine_an_older_version_kept_under_envelope_names_is_renamed_with_its_notes(
+        ws: FcopWorkspace) -> None:
+    from fcop.observation import validate_workspace
+
+    (ws.root / "fcop.json").write_text('{"mode": "solo", "team": "solo", "leader": "ME", "roles": ["ME"]}')
+    ws.quarantine_dir.mkdir()
+    old = ws.quarantine_dir / NAME
+    old.write_bytes(b"broken")
+    (ws.quarantine_dir / f"{NAME}.reason.md").write_text("---\nreason: empty_file\n---\n")
+    assert not validate_workspace(ws.root)["valid"]
+    assert sweep_notes(ws) == []
+    assert sorted(p.name for p in ws.quarantine_dir.iterdir()) == [f"quarantined-{NAME}",
+                                                                    f"quarantined-{NAME}.reason.md"]
+    assert (ws.quarantine_dir / f"quarantined-{NAME}").read_bytes() == b"broken"
+    assert validate_workspace(ws.root)["valid"]

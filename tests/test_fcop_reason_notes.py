@@ -61,7 +61,7 @@ def refused_everything(ws: Path) -> Path:
     return lc
 
 
-EXPECTED_NOTES = [f"_lifecycle/inbox/{reason_note_name(NAME)}", f"_quarantine/{BAD}.reason.md",
+EXPECTED_NOTES = [f"_lifecycle/inbox/{reason_note_name(NAME)}", f"_quarantine/quarantined-{BAD}.reason.md",
                   f"reports/{reason_note_name(REPORT)}"]
 
 
@@ -80,7 +80,7 @@ def test_one_note_each_after_one_and_three_passes_and_the_tree_is_stable(ws: Pat
     assert notes(ws) == EXPECTED_NOTES
     assert "illegal_transition" in (lc / "inbox" / reason_note_name(NAME)).read_text()      # Moved back
     assert "task_not_found" in (ws / "fcop" / "reports" / reason_note_name(REPORT)).read_text()  # Not applied
-    assert (ws / "fcop" / "_quarantine" / BAD).read_bytes() == BROKEN
+    assert (ws / "fcop" / "_quarantine" / f"quarantined-{BAD}").read_bytes() == BROKEN
     up(ws)
     up(ws)
     assert notes(ws) == EXPECTED_NOTES
@@ -95,7 +95,7 @@ def test_fixing_the_file_removes_its_note(ws: Path) -> None:
     # Moved back -> the driver's legal claim
     shutil.move(lc / "inbox" / NAME, lc / "active" / NAME)
     # quarantined -> fixed and moved back to be retried
-    q = ws / "fcop" / "_quarantine" / BAD
+    q = ws / "fcop" / "_quarantine" / f"quarantined-{BAD}"
     q.unlink()
     (lc / "inbox" / BAD).write_text(TASK.replace("subject: x", "subject: fixed"), encoding="utf-8")
     up(ws)

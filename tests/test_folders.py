@@ -139,8 +139,8 @@ def test_a_malformed_file_is_quarantined_with_its_bytes_and_a_reason(tmp_path: P
     bad.write_bytes(raw)
     c.run_once()
     q = ws.root / "fcop" / "_quarantine"
-    assert (q / bad.name).read_bytes() == raw
-    assert "malformed" in (q / f"{bad.name}.reason.md").read_text()
+    assert (q / f"quarantined-{bad.name}").read_bytes() == raw
+    assert "malformed" in (q / f"quarantined-{bad.name}.reason.md").read_text()
     assert c.kernel.task("TASK-20261130-009") is None
 
 
@@ -309,3 +309,23 @@ def test_a_task_file_moved_while_the_projection_moves_it_is_found_again(tmp_path
     where = c.folders.projection.place(task)
     assert where is not None and where.parent.name == "active" and where.is_file()
     assert len(calls) >= 1
+
+
+@pytest.mark.parametrize("command", [("init", "."), ("up", "--once")])
+def test_a_linked_fcop_folder_is_refused_by_init_as_by_up_with_the_reason_said_once(tmp_path: Path,
+                                                                                   command: tuple[str, ...]) -> None:
+    from tests.cli_support import taskkernel
+
+    project, elsewhere = tmp_path / "ws", tmp_path / "elsewhere"
+    if command[0] == "up":
+        make_workspace(project, {})
+        shutil.move(project / "fcop", elsewhere)
+    else:
+        (elsewhere / "_lifecycle" / "inbox").mkdir(parents=True)
+        project.mkdir()
+    (project / "fcop").symlink_to(elsewhere)
+    r = taskkernel(*command, cwd=project)
+    assert r.returncode == 2 and json.loads(r.stdout)["reason"] == "symlink_refused", r.stdout + r.stderr
+    assert r.stderr.replace(str(project), "<ws>").count("symlink_refused") == 1, r.stderr
+    if command[0] == "init":
+        assert not (project / "taskkernel.toml").exists() and not (project / ".taskkernel").exists()

@@ -52,8 +52,8 @@ def test_poison_task_ids_are_quarantined_and_the_next_file_is_still_ingested(any
     assert (code, out["status"]) == (0, "ok"), out
     quarantine = ws / "fcop" / "_quarantine"
     for name in POISON:
-        assert (quarantine / name).is_file(), name
-        assert "reason: invalid_task_id" in (quarantine / f"{name}.reason.md").read_text()
+        assert (quarantine / f"quarantined-{name}").is_file(), name
+        assert "reason: invalid_task_id" in (quarantine / f"quarantined-{name}.reason.md").read_text()
     code, task = cli_json("task", "show", "TASK-20260102-001", cwd=ws)
     assert (code, task["state"]) == (0, "inbox")
 

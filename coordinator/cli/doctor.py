@@ -134,7 +134,7 @@ def check_folders(ws: Workspace) -> Check:
     try:
         fcop = open_workspace(ws.root, allow_mixed=True)
     except FcopError as exc:
-        return Check("folders", "fail", f"{exc.reason.value}: {exc}", {"reason": exc.reason.value})
+        return Check("folders", "fail", str(exc), {"reason": exc.reason.value})
     extra = {"root": str(fcop.root), "generation": fcop.generation.value}
     if fcop.generation is Generation.MIXED:
         return Check("folders", "warn", f"{fcop.root} holds both G3 (_lifecycle/) and G2 (tasks/, log/) folders: a "

@@ -30,13 +30,13 @@ def fcop_import(ctx: typer.Context,
     try:
         fcop = open_workspace(ws.root, allow_mixed=True)
     except FcopError as exc:  # G4, ambiguous roots, a linked root
-        reject(exc.reason.value, str(exc))
+        reject(exc.reason.value, exc.message)
     importer = Importer.for_workspace(kernel, fcop, FileTracker(kernel.db), ws.root, STATE_DIR)
     already = not dry_run and importer.imported()
     try:
         report = importer.run(dry_run=dry_run)
     except FcopError as exc:
-        reject(exc.reason.value, str(exc))
+        reject(exc.reason.value, exc.message)
     out = report.wire()
     emit({"status": out.pop("status"), "already_imported": already, "generation": fcop.generation.value, **out},
          generic=False)

@@ -73,7 +73,7 @@ def init(ctx: typer.Context, directory: Path = typer.Argument(Path("."), help="W
     try:
         done = init_workspace(directory, team, c.db_url or os.environ.get("TASKKERNEL_DB"), agents)
     except FcopError as exc:  # both fcop/ and docs/agents/: nothing was written
-        fail(Exit.REJECTED, f"{exc.reason.value}: {exc}", reason=exc.reason.value)
+        fail(Exit.REJECTED, str(exc), reason=exc.reason.value)
     except ConfigError as exc:  # the existing taskkernel.toml cannot be used
         fail_config(exc)
     except ValueError as exc:  # --team against the team already named; an unreadable fcop.json or [team]

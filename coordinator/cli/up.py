@@ -51,7 +51,7 @@ def up(ctx: typer.Context, workspace: Path = typer.Argument(None, help="Workspac
     try:
         coordinator = Coordinator(ws, db, settle_s=0.0 if once else 1.0, grace_s=0.0 if once else 5.0)
     except FcopError as exc:  # e.g. unsupported_workspace_generation (G4), mixed or ambiguous roots
-        fail(Exit.REJECTED, f"{exc.reason.value}: {exc}", reason=exc.reason.value)
+        fail(Exit.REJECTED, str(exc), reason=exc.reason.value)
     except ConfigError as exc:  # a [roles.X] table for a role the team lacks, a runner that cannot run
         fail_config(exc)
     except ValueError as exc:  # a bad team (fcop.json)

@@ -27,7 +27,7 @@ def _verify_folders(kernel: TaskCommandKernel, root: Path, report: VerifyReport,
     try:
         projection = Projection(kernel, open_workspace(root, allow_mixed=True), FileTracker(kernel.db))
     except FcopError as exc:
-        report.add("folder", exc.reason.value, 0, str(exc))
+        report.add("folder", exc.reason.value, 0, exc.message)
         return
     drifts = check_folders(projection)
     if drifts and repair:

@@ -23,6 +23,7 @@ from pathlib import Path
 from taskkernel.coordinator.fcop.detect import SCAN_DEPTH, FcopWorkspace
 from taskkernel.coordinator.fcop.errors import FcopError, FcopReason
 from taskkernel.coordinator.fcop.filenames import EnvelopeKind, FcopFilename, parse_filename
+from taskkernel.coordinator.fcop.quarantining import QUARANTINE_PREFIX
 from taskkernel.coordinator.fcop.safeio import list_names, locked, open_tmp, publish_reserved
 from taskkernel.kernel.model.ids import MAX_SEQUENCE
 
@@ -58,7 +59,7 @@ def _names(directory: Path, depth: int = 0) -> list[str]:
 
 def sequences_in_use(ws: FcopWorkspace, kind: EnvelopeKind, date: str) -> set[int]:
     """Every NNN of ``kind`` on ``date`` present as a file anywhere the kind may live (quarantine included)."""
-    pattern = re.compile(rf"^\.?{kind.value}-{date}-(\d{{3,}})(?:-|\.|$)")
+    pattern = re.compile(rf"^(?:\.|{QUARANTINE_PREFIX})?{kind.value}-{date}-(\d{{3,}})(?:-|\.|$)")
     found = set()
     for directory in [*ws.envelope_dirs(kind), ws.quarantine_dir]:
         for name in _names(directory):

@@ -5,6 +5,9 @@ unchanged; a symlink is moved as the link itself, never followed), and
 ``<name>.reason.md`` records the reason code, a human explanation, where it
 came from, its size and sha256. Nothing is deleted or overwritten: a name
 already taken in the quarantine gets a ``.2``, ``.3``… before its suffix.
+Both carry the ``quarantined-`` prefix: fcop's validator reads every ``TASK-*.md`` (and REPORT/ISSUE/REVIEW)
+anywhere below the root, so a quarantined envelope under its own name would make the workspace invalid to
+fcop; older quarantines are renamed so by :func:`sweep_notes`.
 Every step goes through ``safeio``: a symlinked ``_quarantine/`` (or any folder on the way) is
 refused and reported, and the file stays where it is.
 
@@ -30,6 +33,8 @@ from taskkernel.coordinator.fcop.errors import FcopError, FcopReason
 from taskkernel.kernel.canonical import utc_now_iso
 
 REASON_SUFFIX = ".reason.md"
+QUARANTINE_PREFIX = "quarantined-"  # no envelope prefix: fcop's readers and validator pass it by
+_ENVELOPE_PREFIXES = ("TASK-", "REPORT-", "ISSUE-", "REVIEW-")
 _MAX_NAME_BYTES = 200     # leaves room for ".NNN" and ".reason.md" under NAME_MAX (255)
 _HASH_LIMIT = 64 * 1024 * 1024
 
@@ -59,6 +64,7 @@ def printable_path(rel: str) -> str:
 
 
 def _candidates(base: str) -> list[str]:
+    base = QUARANTINE_PREFIX + base
     stem, dot, suffix = base.rpartition(".")
     if not dot or not stem:
         stem, suffix = base, ""
@@ -83,13 +89,31 @@ def _describe(path: Path) -> tuple[int | None, str | None, str | None]:
     return st.st_size, h.hexdigest(), None
 
 
+def _rename_legacy(qdir: Path, entries: list[tuple[str, os.stat_result]]) -> list[tuple[str, os.stat_result]]:
+    """Quarantined files (and notes) an older version kept under an envelope name get the prefix, so fcop's
+    validator stops reading them; a name already taken keeps the old one."""
+    renamed = []
+    for name, st in entries:
+        if name.startswith(_ENVELOPE_PREFIXES) and not stat.S_ISDIR(st.st_mode):
+            try:
+                safeio.move_no_overwrite(qdir / name, qdir / (QUARANTINE_PREFIX + name))
+                name = QUARANTINE_PREFIX + name
+            except (FileNotFoundError, FcopError):
+                pass
+        renamed.append((name, st))
+    return renamed
+
+
 def sweep_notes(ws: FcopWorkspace) -> list[Path]:
-    """Remove every ``<name>.reason.md`` in ``_quarantine/`` whose ``<name>`` is not beside it; returns them."""
+    """Remove every ``<name>.reason.md`` in ``_quarantine/`` whose ``<name>`` is not beside it; returns them.
+    Older envelope-named entries are renamed with the prefix first."""
     qdir = ws.quarantine_dir
     try:
         entries = safeio.list_dir(qdir)
     except (FileNotFoundError, FcopError):  # no quarantine yet, or a linked one (quarantine() reports it)
         return []
+    if any(name.startswith(_ENVELOPE_PREFIXES) for name, _ in entries):
+        entries = _rename_legacy(qdir, entries)
     names = {name for name, _ in entries}
     removed: list[Path] = []
     for name, st in entries:

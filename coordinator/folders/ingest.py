@@ -46,7 +46,7 @@ from taskkernel.coordinator.fcop import (
     quarantine,
     safeio,
 )
-from taskkernel.coordinator.fcop.filenames import EnvelopeKind, reason_note_name
+from taskkernel.coordinator.fcop.filenames import EnvelopeKind, parse_filename, reason_note_name
 from taskkernel.coordinator.fcop.numbering import max_sequence
 from taskkernel.coordinator.fcop.quarantining import sweep_notes
 from taskkernel.coordinator.fcop.safeio import rewrite
@@ -111,11 +111,14 @@ def taken_refusal(fcop: FcopWorkspace, env: TaskEnvelope, doc: dict[str, Any]) -
             f"file; this file is not applied and never written into. Use a free number, e.g. {free}")
 
 
-def write_reason(path: Path, title: str, reason: str) -> None:
+REFUSED_ADVICE = "The file itself is unchanged. Fix the cause and write a new file to retry."
+
+
+def write_reason(path: Path, title: str, reason: str, advice: str = REFUSED_ADVICE) -> None:
     """Write (or replace) the file's one note; a note that cannot be written is reported, never fatal."""
     code, _, message = reason.partition(": ")
     text = (f"---\nreason: {code}\nfile: {path.name}\n---\n\n# {title}: {code}\n\n{message or reason}\n\n"
-            "The file itself is unchanged. Fix the cause and write a new file to retry.\n")
+            f"{advice}\n")
     note = path.with_name(reason_note_name(path.name))
     try:
         rewrite(note, text.encode("utf-8"), expect_sha256=None)  # ours: replaced, never a link followed
@@ -215,6 +218,9 @@ class Ingest:
         own = self.tracker.task_file(env.id)
         if not self._own_file(entry, env, doc, own):
             reason, why = taken_refusal(self.fcop, env, doc)
+            if reason is FcopReason.TASK_ID_TAKEN and stage == "inbox" and entry.path.name.startswith("TASK-"):
+                self._adopt_renamed(entry, env, doc, stats)
+                return
             if self._blocks_own_file(entry, env, doc, own):  # out of the way, bytes untouched
                 self._quarantine(replace(entry, error=FcopError(reason, why, entry.path)), stats)
                 return
@@ -224,6 +230,34 @@ class Ingest:
             self.tracker.record(entry.rel, env.sha256, env.id, Origin.INGESTED)
             return
         self._agent_move(entry, env, doc, stage, stats)
+
+    def _adopt_renamed(self, entry: ScanEntry, env: TaskEnvelope, doc: dict[str, Any], stats: IngestStats) -> None:
+        """A new inbox TASK under an id the kernel already holds for other work (fcop's own ``create_task`` numbers
+        from the inbox alone, so it reuses the id of a task that moved on): renamed to the next free number of its
+        day, bytes untouched, and taken in under that id, with a note beside it saying what it was called."""
+        name = parse_filename(entry.path.name)
+        assert name is not None  # a ready TASK has a parsed name
+        with safeio.locked(self.fcop.lock_dir / f"seq-{EnvelopeKind.TASK.value}.lock"):  # the writers' numbering lock
+            seq = max(max_sequence(self.fcop, EnvelopeKind.TASK, name.date), name.sequence)
+            while True:
+                seq += 1
+                renamed = name.model_copy(update={"sequence": seq})
+                if self.kernel.task(renamed.id) is None:
+                    break
+            target = entry.path.with_name(renamed.render())
+            move_no_overwrite(entry.path, target)
+        self.scanner.forget(entry.rel)
+        moved = replace(entry, path=target, rel=self.fcop.relative(target))
+        why = (f"renamed: {env.id} was already a task ({doc['sender']} to {doc['recipient']}: {doc['subject']!r}); "
+               f"this file, {entry.path.name}, is task {renamed.id} now (its bytes are unchanged)")
+        self._new_task(moved, env.model_copy(update={"name": renamed}), stats)
+        taken = self.tracker.get(moved.rel)
+        if taken is not None and taken.origin is not Origin.REFUSED:
+            self.tracker.record(moved.rel, env.sha256, renamed.id, Origin.INGESTED, note=why)
+            write_reason(target, "Taken in under another id", why,
+                         f"Nothing to do: refer to this work as {renamed.id}. This note goes when the file moves on.")
+        stats.notes.append(f"{entry.rel}: {why}")
+        log.warning("fcop.renamed", rel=entry.rel, to=moved.rel, task_id=renamed.id, taken=env.id)
 
     def _blocks_own_file(self, entry: ScanEntry, env: TaskEnvelope, doc: dict[str, Any], own: str | None) -> bool:
         """Does this file hold the name the kernel's own file needs: the one it will write (no own file yet),
