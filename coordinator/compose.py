@@ -13,6 +13,7 @@ from pathlib import Path
 from taskkernel.coordinator.config import GateTable
 from taskkernel.coordinator.fcop import EnvelopeKind, FcopError, open_workspace
 from taskkernel.coordinator.fcop.numbering import sequences_in_use
+from taskkernel.coordinator.fcop.detect import Generation, detect_generation, find_workspace_root
 from taskkernel.coordinator.folders.projection import PROJECT_RULE
 from taskkernel.coordinator.runners.dispatcher import WAKE_RULE
 from taskkernel.coordinator.runners.retrycheck import retry_check
@@ -55,7 +56,16 @@ def build_kernel(db: Database, workspace: Workspace | None) -> TaskCommandKernel
     return TaskCommandKernel(db, roles, effect_rules=STANDARD_EFFECTS, store=store,
                              guards=[HumanGrantGuard(log), gate, *retry, *evidence],
                              preparers=[e.prepare for e in evidence],
-                             numbers_in_use=_task_numbers_on_disk(workspace.root) if folders and workspace else None)
+                             numbers_in_use=_task_numbers_on_disk(workspace.root) if folders and workspace else None,
+                             fcop4_ids=folders and workspace is not None and _is_g4(workspace.root))
+
+
+def _is_g4(root: Path) -> bool:
+    """Does the workspace keep an FCoP 4 folder (its tasks are named TASK-<32 hex>)?"""
+    try:
+        return detect_generation(find_workspace_root(root)) is Generation.G4
+    except FcopError:
+        return False
 
 
 def _task_numbers_on_disk(root: Path) -> Callable[[str], set[int]]:

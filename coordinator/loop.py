@@ -18,14 +18,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
 from taskkernel.coordinator.automations import Automations
 from taskkernel.coordinator.compose import build_kernel
 from taskkernel.coordinator.fcop import safeio
-from taskkernel.coordinator.folders.adapter import FolderAdapter
+from taskkernel.coordinator.folders.adapter import FolderAdapter, open_folders
 from taskkernel.coordinator.folders.projection import PROJECT_EFFECT
 from taskkernel.coordinator.runners.config import runner_specs
 from taskkernel.coordinator.runners.dispatcher import Dispatcher
@@ -37,6 +37,9 @@ from taskkernel.kernel.outbox import OutboxRelay
 from taskkernel.kernel.sessionlog import SessionLog
 from taskkernel.kernel.store.db import Database
 from taskkernel.kernel.store.schema import outbox
+
+if TYPE_CHECKING:
+    from taskkernel.coordinator.fcop4.adapter import G4Adapter
 
 log = get_logger(__name__)
 
@@ -121,14 +124,14 @@ class Coordinator:
         self.stages: dict[str, Stage] = {}  # further adapters (scheduler) register here
         self.failing: dict[str, StageFailure] = {}  # by StageFailure.key: what fails now, for logs and the live view
         folder_cfg = workspace.config.folders
-        self.folders: FolderAdapter | None = None
+        self.folders: FolderAdapter | G4Adapter | None = None
         self._settle_s = settle_s
         self._ingest_done = threading.Condition()
         self._ingested_from = float("-inf")  # when the last finished ingest pass began (time.time())
         self._pass_wanted = threading.Event()  # a run's worker waits for a pass (run_once passes only when asked)
         if folder_cfg.enabled:
-            self.folders = FolderAdapter(self.kernel, workspace.root, settle_s=settle_s, grace_s=grace_s,
-                                         submit_on_done_report=folder_cfg.submit_on_done_report)
+            self.folders = open_folders(self.kernel, workspace.root, settle_s=settle_s, grace_s=grace_s,
+                                        submit_on_done_report=folder_cfg.submit_on_done_report)
             self.add_stage("ingest", self._ingest)
         self.tools = OutboxRelay(db, {PERFORM_EFFECT: ToolExecutor(self.kernel, workspace.root)})
         self.add_stage("actions", self.tools.run_pending)

@@ -28,7 +28,13 @@ from taskkernel.coordinator.config import (
 )
 from taskkernel.coordinator.config_template import AgentTeam, config_template, role_tables
 from taskkernel.coordinator.fcop.detect import CONFIG_NAME as FCOP_CONFIG
-from taskkernel.coordinator.fcop.detect import G2_MARKERS, LIFECYCLE_DIR, find_workspace_root, open_workspace
+from taskkernel.coordinator.fcop.detect import (
+    G2_MARKERS,
+    LIFECYCLE_DIR,
+    Generation,
+    find_workspace_root,
+    open_workspace,
+)
 from taskkernel.coordinator.fcop.errors import FcopError
 from taskkernel.coordinator.fcop.filenames import EnvelopeKind, parse_filename
 from taskkernel.kernel.canonical import utc_now_iso
@@ -148,9 +154,8 @@ class Workspace:
 
     def team(self) -> Team:
         """The FCoP root's fcop.json, else taskkernel.toml's ``[team]``, else the dev-team preset."""
-        path = self.fcop_dir / FCOP_CONFIG
-        if path.exists():
-            return Team.from_fcop_json(json.loads(path.read_text(encoding="utf-8-sig")))
+        if (data := team_json(self.fcop_dir / FCOP_CONFIG)) is not None:
+            return Team.from_fcop_json(data)
         if self.config.team is not None:
             return Team.from_toml(self.config.team)
         return Team.preset(DEFAULT_TEAM)
@@ -241,13 +246,25 @@ def _file_names(root: Path) -> Iterator[str]:
             continue
 
 
-def _choose_team(fcop: Path, existing: bool, config: TaskkernelConfig, preset: str | None) -> tuple[Team, bool]:
-    """The team `init` settles on, and whether it belongs in taskkernel.toml's ``[team]``."""
+def team_json(path: Path) -> dict[str, Any] | None:
+    """fcop.json as a team config (None when absent, or an FCoP 4 manifest: it names no team)."""
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text(encoding="utf-8-sig"))
+    if isinstance(data, dict) and str(data.get("protocol_version", "")).startswith("4"):
+        return None
+    return data  # type: ignore[no-any-return]
+
+
+def _choose_team(fcop: Path, existing: bool, config: TaskkernelConfig, preset: str | None,
+                 g4: bool = False) -> tuple[Team, bool]:
+    """The team `init` settles on, and whether it belongs in taskkernel.toml's ``[team]`` (always, for G4: its
+    manifest names no team)."""
     if not existing:
-        return Team.preset(preset or DEFAULT_TEAM), False  # written as the new layout's fcop.json
+        return Team.preset(preset or DEFAULT_TEAM), g4  # G3: written as the new layout's fcop.json
     fcop_json = fcop / FCOP_CONFIG
-    if fcop_json.exists():
-        current = Team.from_fcop_json(json.loads(fcop_json.read_text(encoding="utf-8-sig")))
+    if (data := team_json(fcop_json)) is not None:
+        current = Team.from_fcop_json(data)
     elif config.team is not None:
         current = Team.from_toml(config.team)
     else:
@@ -272,8 +289,8 @@ def _lay_out(fcop: Path, preset: str) -> None:
         fcop_json.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
 
-def init_workspace(root: Path, team: str | None = None, database: str | None = None, agents: str | None = None
-                   ) -> Initialized:
+def init_workspace(root: Path, team: str | None = None, database: str | None = None, agents: str | None = None,
+                   fcop_generation: str | None = None) -> Initialized:
     """Create (or complete) a workspace; never overwrites a file, never adds anything to an existing FCoP workspace.
 
     A project without one gets the G3 layout in ``fcop/`` (or in an empty ``docs/agents/``) with the ``team``
@@ -291,12 +308,21 @@ def init_workspace(root: Path, team: str | None = None, database: str | None = N
     config_path = root / CONFIG_NAME
     config = load_config(config_path) if config_path.exists() else TaskkernelConfig()  # ConfigError: a ValueError
     fcop, existing = fcop_root_of(root)
-    if existing:  # refused here as `up` would refuse it (a linked root, an unreadable fcop.json)
-        open_workspace(fcop, allow_mixed=True)
-    chosen, to_config = _choose_team(fcop, existing, config, team)
+    found = open_workspace(fcop, allow_mixed=True).generation if existing else None  # refused as `up` would
+    if fcop_generation is not None and found is not None and found.value != fcop_generation:
+        raise ValueError(f"{fcop} is already a {found.value.upper()} workspace; to convert it, run "
+                         f"`taskkernel fcop migrate --to {fcop_generation}`")
+    g4 = (found or fcop_generation) in (Generation.G4, "g4")
+    chosen, to_config = _choose_team(fcop, existing, config, team, g4)
     root.mkdir(parents=True, exist_ok=True)
     private_dir(root / STATE_DIR)
-    if not existing:
+    if not existing and g4:
+        if fcop.name != "fcop":
+            raise ValueError(f"an FCoP 4 workspace lives at <project>/fcop, not {fcop}")
+        from taskkernel.coordinator.fcop4.authority import PROFILE_ID, core
+
+        core(root, b"").create_workspace(profiles=[PROFILE_ID])
+    elif not existing:
         _lay_out(fcop, team or DEFAULT_TEAM)
     (root / "workspace").mkdir(exist_ok=True)
     note = None

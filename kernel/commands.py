@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -35,6 +36,7 @@ from taskkernel.kernel.model.commands import (
     ReportPayload,
     canonical_thread_key,
 )
+from taskkernel.kernel.model.ids import is_dated
 from taskkernel.kernel.model.limits import too_large_message
 from taskkernel.kernel.model.principal import Principal
 from taskkernel.kernel.model.task import (
@@ -125,7 +127,7 @@ class TaskCommandKernel:
     def __init__(self, db: Database, roles: RolePolicy, *, effect_rules: Sequence[EffectRule] = (),
                  guards: Sequence[Guard] = (), store: EventStore | None = None,
                  numbers_in_use: Callable[[str], set[int]] | None = None,
-                 preparers: Sequence[Preparer] = ()) -> None:
+                 preparers: Sequence[Preparer] = (), fcop4_ids: bool = False) -> None:
         self.db = db
         self.roles = roles
         self.store = store or EventStore(task_upcasters())
@@ -135,6 +137,9 @@ class TaskCommandKernel:
         # Task numbers of a UTC day (YYYYMMDD) taken by files the kernel does not hold (a TASK file not yet
         # ingested, refused or kept): the allocator skips them, so the kernel never hands out a number in use.
         self.numbers_in_use = numbers_in_use
+        # An FCoP 4 workspace names tasks TASK-<uuid4 hex>: a task the kernel creates there gets such an id, so
+        # its file, fcop's tools and `task show` all use one name.
+        self.fcop4_ids = fcop4_ids
 
     # -- public API ------------------------------------------------------------------------
     def submit(self, command: Mapping[str, Any] | Command, principal: Principal | None, *,
@@ -163,7 +168,7 @@ class TaskCommandKernel:
 
     def _numbers_on_disk(self, parsed: Sequence[Command | CommandResult]) -> tuple[str, set[int]] | None:
         """Today's task numbers taken by files, when a command of the batch will allocate an id."""
-        if self.numbers_in_use is None or not any(
+        if self.numbers_in_use is None or self.fcop4_ids or not any(
                 isinstance(c, Command) and c.type is CommandType.CREATE_TASK and not c.task_id for c in parsed):
             return None
         day = utc_now_iso()[:10].replace("-", "")
@@ -468,7 +473,7 @@ class TaskCommandKernel:
     def _creation_data(self, uow: UnitOfWork, cmd: Command, p: CreateTaskPayload,
                        parent: dict[str, Any] | None, now: str) -> dict[str, Any]:
         task_id = cmd.task_id or self._allocate_task_id(uow, now)
-        if cmd.task_id:
+        if cmd.task_id and is_dated(cmd.task_id):
             self._reserve_explicit_id(uow, cmd.task_id)
         thread = canonical_thread_key(cmd.thread_key) or (parent["thread_key"] if parent else task_id)
         return {"task_id": task_id, "thread_key": thread, "parent": p.parent,
@@ -506,6 +511,8 @@ class TaskCommandKernel:
         return data
 
     def _allocate_task_id(self, uow: UnitOfWork, now_iso: str) -> str:
+        if self.fcop4_ids:
+            return f"TASK-{uuid.uuid4().hex}"
         day = now_iso[:10].replace("-", "")  # UTC date
         listed_day, in_use = uow.cache.get(NUMBERS_KEY, (day, set()))
         if listed_day != day and self.numbers_in_use is not None:  # the batch crossed midnight (UTC)

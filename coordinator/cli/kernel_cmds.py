@@ -61,7 +61,11 @@ def init(ctx: typer.Context, directory: Path = typer.Argument(Path("."), help="W
                                        f"workspace: {DEFAULT_TEAM})."),
          agents: str = typer.Option(None, "--agents", show_default=False,
                                     help=f"Run every role of the team on this agent CLI: {', '.join(AGENT_CHOICES)} "
-                                         "(without it, no role runs until you add its table).")) -> None:
+                                         "(without it, no role runs until you add its table)."),
+         fcop: str = typer.Option(None, "--fcop", show_default=False,
+                                  help="FCoP generation of a new workspace: g3 (default: dated file names people "
+                                       "and agents write by hand) or g4 (fcop 4's Core and fcop-mcp 4's tools; "
+                                       "docs/fcop4.md).")) -> None:
     """Create the workspace: .taskkernel/kernel.db, taskkernel.toml and, in a project without any, the FCoP
     folders. An existing FCoP workspace (fcop/ or docs/agents/) is left exactly as it is. Inside a git
     repository, .taskkernel/ is added to .gitignore. With --agents, taskkernel.toml runs every role on that CLI."""
@@ -69,9 +73,11 @@ def init(ctx: typer.Context, directory: Path = typer.Argument(Path("."), help="W
         fail(Exit.USAGE, f"unknown team preset {team!r}; choose one of {', '.join(TEAM_PRESETS)}")
     if agents is not None and agents not in AGENT_CHOICES:
         fail(Exit.USAGE, f"--agents {agents!r}: choose one of {', '.join(AGENT_CHOICES)}")
+    if fcop is not None and fcop not in ("g3", "g4"):
+        fail(Exit.USAGE, f"--fcop {fcop!r}: choose g3 or g4")
     c = get_ctx(ctx)
     try:
-        done = init_workspace(directory, team, c.db_url or os.environ.get("TASKKERNEL_DB"), agents)
+        done = init_workspace(directory, team, c.db_url or os.environ.get("TASKKERNEL_DB"), agents, fcop)
     except FcopError as exc:  # both fcop/ and docs/agents/: nothing was written
         fail(Exit.REJECTED, str(exc), reason=exc.reason.value)
     except ConfigError as exc:  # the existing taskkernel.toml cannot be used

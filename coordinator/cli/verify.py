@@ -19,16 +19,22 @@ from taskkernel.kernel.verify import verify as verify_store
 def _verify_folders(kernel: TaskCommandKernel, root: Path, report: VerifyReport, repair: bool) -> None:
     """The folders are a projection too: each task's TASK file must sit in the stage the log says, and each
     TASK file the adapter handled must belong to a task the log knows (docs/folders.md)."""
-    from taskkernel.coordinator.fcop import FcopError, open_workspace
+    from taskkernel.coordinator.fcop import FcopError, Generation, open_workspace
     from taskkernel.coordinator.folders.check import check_folders, repair_folders, unknown_task_files
     from taskkernel.coordinator.folders.projection import Projection
     from taskkernel.coordinator.folders.tracking import FileTracker
 
     try:
-        projection = Projection(kernel, open_workspace(root, allow_mixed=True), FileTracker(kernel.db))
+        fcop = open_workspace(root, allow_mixed=True)
     except FcopError as exc:
         report.add("folder", exc.reason.value, 0, exc.message)
         return
+    if fcop.generation is Generation.G4:
+        from taskkernel.coordinator.fcop4.check import verify_g4
+
+        verify_g4(kernel, root, report)
+        return
+    projection = Projection(kernel, fcop, FileTracker(kernel.db))
     drifts = check_folders(projection)
     if drifts and repair:
         report.repaired += repair_folders(projection, drifts)

@@ -1,7 +1,7 @@
 """Find the FCoP workspace root and tell which generation of the protocol wrote it (digest §1).
 
-Detection runs before anything is written: a G4 ("Core 4.0") workspace is
-refused, a MIXED one (G2 ``tasks/``/``log/`` beside G3 ``_lifecycle/``) is
+Detection runs before anything is written: a G4 ("Core 4.0") workspace goes to fcop's Core
+(``coordinator/fcop4``), a MIXED one (G2 ``tasks/``/``log/`` beside G3 ``_lifecycle/``) is
 refused unless the caller asks to read it anyway, and an empty one is laid
 out as G3.
 """
@@ -33,7 +33,7 @@ class Generation(StrEnum):
     EMPTY = "empty"   # nothing yet: we lay it out as G3
     G2 = "g2"         # five buckets: tasks/ reports/ issues/ shared/ log/
     G3 = "g3"         # _lifecycle/{inbox,active,review,done,archive}/
-    G4 = "g4"         # Core 4.0 manifest (protocol_version "4.0"): refused
+    G4 = "g4"         # Core 4.0 manifest (protocol_version "4.0"): read and written through fcop's Core
     MIXED = "mixed"   # G2 and G3 side by side (a half-finished migration)
 
 
@@ -160,10 +160,10 @@ def open_workspace(path: Path | str, *, allow_mixed: bool = False, create: bool 
                         "one. Point it at the folder itself.", root)
     config = read_config(root)
     generation = detect_generation(root, config)
-    if generation is Generation.G4:
+    if generation is Generation.G4 and root.name != "fcop":
         raise FcopError(FcopReason.UNSUPPORTED_WORKSPACE_GENERATION,
-                        f"{root} is an FCoP 4.0 (G4) workspace; taskkernel reads G2/G3 and writes G3. "
-                        "Use a G2/G3 workspace or fcop's own v4 tools.", root)
+                        f"{root} is an FCoP 4.0 (G4) manifest outside fcop/: fcop's Core reads a G4 workspace only "
+                        "at <project>/fcop.", root)
     if generation is Generation.MIXED and not allow_mixed:
         raise FcopError(FcopReason.MIXED_WORKSPACE,
                         f"{root} has both _lifecycle/ (G3) and tasks/ or log/ (G2): a half-finished "

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from taskkernel.coordinator.fcop import Scanner, open_workspace
+from taskkernel.coordinator.fcop.detect import Generation, detect_generation, find_workspace_root
 from taskkernel.coordinator.folders.importer import Importer, ImportReport
 from taskkernel.coordinator.folders.ingest import Ingest, IngestIncomplete, IngestStats
 from taskkernel.coordinator.folders.projection import PROJECT_EFFECT, Projection
@@ -13,13 +16,26 @@ from taskkernel.coordinator.workspace import STATE_DIR
 from taskkernel.kernel.commands import TaskCommandKernel
 from taskkernel.kernel.outbox import OutboxRelay
 
+if TYPE_CHECKING:
+    from taskkernel.coordinator.fcop4.adapter import G4Adapter
+
 PROJECT_BATCH = 25  # events projected per pass (about 10 ms each: a TASK file written and synced)
+
+
+def open_folders(kernel: TaskCommandKernel, workspace_root: Path, *, settle_s: float = 1.0, grace_s: float = 5.0,
+                 submit_on_done_report: bool = True) -> FolderAdapter | G4Adapter:
+    """The adapter for the workspace's FCoP generation: fcop's Core for G4, our file layer for G2/G3."""
+    if detect_generation(find_workspace_root(workspace_root)) is Generation.G4:
+        from taskkernel.coordinator.fcop4.adapter import G4Adapter
+
+        return G4Adapter(kernel, workspace_root, workspace_root / STATE_DIR)
+    return FolderAdapter(kernel, workspace_root, settle_s=settle_s, grace_s=grace_s,
+                         submit_on_done_report=submit_on_done_report)
 
 
 class FolderAdapter:
     def __init__(self, kernel: TaskCommandKernel, workspace_root: Path, *, settle_s: float = 1.0,
                  grace_s: float = 5.0, submit_on_done_report: bool = True) -> None:
-        # Raises FcopError(unsupported_workspace_generation) for a G4 workspace: we read G2/G3, write G3.
         self.fcop = open_workspace(workspace_root, allow_mixed=True, create=True)
         self.tracker = FileTracker(kernel.db)
         self.scanner = Scanner(self.fcop, settle_s=settle_s, grace_s=grace_s)

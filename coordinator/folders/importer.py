@@ -84,6 +84,14 @@ def is_imported(db: Database, root_key: str) -> bool:
             is not None
 
 
+def mark_imported(db: Database, root_key: str, generation: str, report: ImportReport) -> None:
+    """Record that the FCoP root at ``root_key`` was imported (the first pass of `up` never runs it again)."""
+    with db.write() as uow:
+        uow.conn.execute(folder_imports.insert().values(
+            root=root_key, generation=generation, imported_at=utc_now_iso(),
+            summary=json.dumps({k: v for k, v in report.wire().items() if k not in LISTS})))
+
+
 @dataclass
 class ImportReport:
     dry_run: bool = False
@@ -148,10 +156,7 @@ class Importer:
             if live is not None and not dry_run:
                 live.absorb(scanner)
             if not dry_run:
-                with self.kernel.db.write() as uow:
-                    uow.conn.execute(folder_imports.insert().values(
-                        root=self.root_key, generation=self.fcop.generation.value, imported_at=utc_now_iso(),
-                        summary=json.dumps({k: v for k, v in report.wire().items() if k not in LISTS})))
+                mark_imported(self.kernel.db, self.root_key, self.fcop.generation.value, report)
             for w in report.warnings:  # `up` runs the import: the owner reads these in its log
                 log.warning("fcop.import_warning", file=w["file"], warning=w["warning"], message=w["message"])
             for r in report.refused:

@@ -31,7 +31,7 @@ MAX_STORED_ROUND = 2**31 - 1  # `round` is an INTEGER column of the read model
 MAX_BUDGET_COST_USD = 1e9
 MAX_BUDGET_WALL_SECONDS = 1e9
 MAX_BUDGET_ATTEMPTS = 1_000_000
-_THREAD_SUFFIX_RE = re.compile(r"#TASK-\d{8}-\d{3,}.*$", re.IGNORECASE)
+_THREAD_SUFFIX_RE = re.compile(r"#TASK-(?:\d{8}-\d{3,}|[0-9a-f]{32}).*$", re.IGNORECASE)
 
 
 class CommandType(StrEnum):

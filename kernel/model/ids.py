@@ -1,4 +1,5 @@
-"""Task ids: ``TASK-YYYYMMDD-NNN`` with a real calendar date and a sequence every store can hold.
+"""Task ids: ``TASK-YYYYMMDD-NNN`` with a real calendar date and a sequence every store can hold, or FCoP 4's
+``TASK-<32 lowercase hex>`` (a uuid4 without dashes: the id fcop's Core gives a task in a G4 workspace).
 
 The kernel keeps the highest number per day in an INTEGER counter (32 bits on PostgreSQL), so a
 wider sequence would overflow inside the command's transaction. Such an id is refused up front as
@@ -12,7 +13,8 @@ from datetime import date
 
 MAX_SEQUENCE_DIGITS = 9
 MAX_SEQUENCE = 10**MAX_SEQUENCE_DIGITS - 1  # below 2**31 - 1, the smallest integer column that stores it
-TASK_ID_RE = re.compile(r"^TASK-\d{8}-\d{3,}$")  # the grammar; `task_id_problem` adds the ranges
+TASK_ID_RE = re.compile(r"^TASK-(?:\d{8}-\d{3,}|[0-9a-f]{32})$")  # the grammar; `task_id_problem` adds the ranges
+G4_TASK_ID_RE = re.compile(r"^TASK-[0-9a-f]{32}$")
 _PARTS_RE = re.compile(r"^TASK-(\d{8})-(\d{3,})$")
 
 
@@ -27,11 +29,18 @@ def id_range_problem(day: str, sequence: int) -> str | None:
     return None
 
 
+def is_dated(task_id: str) -> bool:
+    """A ``TASK-YYYYMMDD-NNN`` id (its day's counter numbers it), not an FCoP 4 one."""
+    return _PARTS_RE.match(task_id) is not None
+
+
 def task_id_problem(value: str) -> str | None:
     """Why ``value`` is not a usable task id (grammar, date, sequence), or None if it is one."""
+    if G4_TASK_ID_RE.match(value):
+        return None
     m = _PARTS_RE.match(value)
     if m is None:
-        return f"{value[:80]!r} is not a TASK-YYYYMMDD-NNN id"
+        return f"{value[:80]!r} is not a TASK-YYYYMMDD-NNN (or FCoP 4 TASK-<32 hex>) id"
     if len(m[2]) > MAX_SEQUENCE_DIGITS:  # checked on the text: int() of a huge string is itself an error
         shown = value if len(value) <= 40 else f"{value[:40]}…"
         return f"{shown}: the sequence has more than {MAX_SEQUENCE_DIGITS} digits"

@@ -1,0 +1,49 @@
+"""`taskkernel verify` on a G4 workspace: fcop's own validator, and each task's stage against the kernel's state."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from taskkernel.coordinator.folders.projection import PROJECT_EFFECT
+from taskkernel.coordinator.tables import folder_files
+from taskkernel.kernel.commands import TaskCommandKernel
+from taskkernel.kernel.store.schema import outbox, tasks
+from taskkernel.kernel.verify import VerifyReport
+
+# FCoP 4 has no edge for these kernel states' way there: the file stays where the last Core edge left it.
+NOT_EXPRESSIBLE = frozenset({"task_force_archived"})
+
+
+def verify_g4(kernel: TaskCommandKernel, project_root: Path, report: VerifyReport) -> None:
+    from fcop import Project
+    from fcop.errors import FcopError as CoreError
+    from fcop.workspace import validate_workspace
+
+    checked = validate_workspace(project_root)
+    for error in checked["errors"]:
+        report.add("folder", "fcop_invalid", 0, f"{error.get('code')}: {error.get('message')} ({error.get('path')})")
+    core = Project(project_root)
+    with kernel.db.snapshot() as conn:
+        queued = {json.loads(p)["task_id"] for p in conn.execute(sa.select(outbox.c.payload).where(
+            outbox.c.effect == PROJECT_EFFECT, outbox.c.status.in_(("pending", "claimed")))).scalars()}
+        refused = {r.task_id for r in conn.execute(sa.select(folder_files.c.task_id).where(
+            folder_files.c.origin == "refused"))}
+        rows = conn.execute(sa.select(tasks.c.task_id, tasks.c.state, tasks.c.last_pos))
+        for task_id, state, pos in rows:
+            if task_id in queued or task_id in refused:
+                continue
+            try:
+                stage = core.inspect_state(task_id=task_id)["stage"]
+            except CoreError as exc:
+                report.add("folder", "folder_drift", pos, f"no valid TASK file: {exc}", task_id=task_id)
+                continue
+            if stage != state and not _forced(kernel, task_id):
+                report.add("folder", "folder_drift", pos, f"TASK file is in {stage}/, the kernel says {state}",
+                           task_id=task_id)
+
+
+def _forced(kernel: TaskCommandKernel, task_id: str) -> bool:
+    return any(e.type in NOT_EXPRESSIBLE for e in kernel.history(task_id))
