@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-agents agent-clis soak bench lint typecheck screenshots clean
+.PHONY: setup demo test test-agents agent-clis fcop-mcp soak bench lint typecheck screenshots clean
 
 $(BIN)/.installed: pyproject.toml examples/taskkernel-role-reviewer/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,8 +17,16 @@ setup: $(BIN)/.installed
 demo: setup
 	$(BIN)/taskkernel demo
 
-test: setup
+test: setup fcop-mcp
 	$(BIN)/python -m pytest -q -n auto
+
+# fcop-mcp 4.0.5, the tests' real fcop agent server (tests/fcop_mcp.py), in a venv of its own: it pins an older mcp.
+FCOP_MCP_VENV := .venv-fcop-mcp
+fcop-mcp: $(FCOP_MCP_VENV)/.installed
+$(FCOP_MCP_VENV)/.installed:
+	$(PYTHON) -m venv $(FCOP_MCP_VENV)
+	$(FCOP_MCP_VENV)/bin/pip install -qq fcop-mcp==4.0.5
+	touch $@
 
 # The real agent CLIs the tests drive, at the versions tests/clis/package.json pins (docs/agents.md, "Versions").
 # npm install, not npm ci: the registry lacks some platform packages other machines would use, which npm ci refuses.
@@ -58,4 +66,4 @@ typecheck: setup
 	$(BIN)/mypy -p taskkernel
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(FCOP_MCP_VENV) .pytest_cache .hypothesis

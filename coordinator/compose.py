@@ -12,8 +12,8 @@ from pathlib import Path
 
 from taskkernel.coordinator.config import GateTable
 from taskkernel.coordinator.fcop import EnvelopeKind, FcopError, open_workspace
-from taskkernel.coordinator.fcop.numbering import sequences_in_use
 from taskkernel.coordinator.fcop.detect import Generation, detect_generation, find_workspace_root
+from taskkernel.coordinator.fcop.numbering import sequences_in_use
 from taskkernel.coordinator.folders.projection import PROJECT_RULE
 from taskkernel.coordinator.runners.dispatcher import WAKE_RULE
 from taskkernel.coordinator.runners.retrycheck import retry_check

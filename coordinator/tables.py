@@ -56,6 +56,18 @@ folder_files = sa.Table(
     sa.Index("ix_folder_files_task", "task_id"),
 )
 
+# Other ids a task is known by: the TASK-<32 hex> id its file got when `taskkernel fcop migrate --to g4` wrote the
+# task into an FCoP 4 workspace (fcop's Core names each task anew); the kernel keeps its own id and its history.
+task_aliases = sa.Table(
+    "task_aliases",
+    metadata,
+    sa.Column("alias", sa.Text, primary_key=True),
+    sa.Column("task_id", sa.Text, nullable=False),
+    sa.Column("source", sa.Text, nullable=False),  # what gave it, e.g. "fcop4-migrate"
+    sa.Column("created_at", sa.Text, nullable=False),
+    sa.Index("ix_task_aliases_task", "task_id"),
+)
+
 # What the live scanner had handled when a process stopped: a file whose stat is unchanged is not read again.
 folder_stats = sa.Table(
     "folder_stats",

@@ -132,9 +132,11 @@ def test_generated_v3_files_parse_with_their_lifecycle_and_links() -> None:
     assert got[EnvelopeKind.REPORT].envelope.task_id == "TASK-20261130-001"  # type: ignore[union-attr]
 
 
-def test_generated_v4_workspace_is_refused() -> None:
-    with pytest.raises(FcopError) as exc:
-        open_workspace(FIXTURES / "generated-v4")
+def test_generated_v4_workspace_is_detected_as_g4_and_a_g4_manifest_outside_fcop_is_refused(tmp_path: Path) -> None:
+    assert open_workspace(FIXTURES / "generated-v4").generation is Generation.G4
+    shutil.copytree(FIXTURES / "generated-v4" / "fcop", tmp_path / "docs" / "agents")
+    with pytest.raises(FcopError) as exc:  # fcop's Core reads a G4 workspace only at <project>/fcop
+        open_workspace(tmp_path)
     assert exc.value.reason is FcopReason.UNSUPPORTED_WORKSPACE_GENERATION
 
 

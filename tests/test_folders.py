@@ -144,14 +144,17 @@ def test_a_malformed_file_is_quarantined_with_its_bytes_and_a_reason(tmp_path: P
     assert c.kernel.task("TASK-20261130-009") is None
 
 
-def test_a_g4_workspace_is_refused_clearly(tmp_path: Path) -> None:
+def test_the_generated_g4_workspace_is_imported_in_its_stage(tmp_path: Path) -> None:
     from tests.cli_support import taskkernel
 
     ws = make_workspace(tmp_path / "ws", {})
     shutil.rmtree(ws.root / "fcop")
     shutil.copytree(fixtures() / "generated-v4" / "fcop", ws.root / "fcop")
     r = taskkernel("up", str(ws.root), "--once", cwd=tmp_path)
-    assert r.returncode == 2 and json.loads(r.stdout)["reason"] == "unsupported_workspace_generation"
+    assert r.returncode == 0, r.stdout + r.stderr
+    show = taskkernel("task", "show", "TASK-56e11f3c1cde4cc98e91d103411b8e13", "--json", cwd=ws.root)
+    doc = json.loads(show.stdout)
+    assert (doc["state"], doc["sender"], doc["recipient"], doc["subject"]) == ("archive", "PM", "DEV", "Add auth")
 
 
 def test_generated_v3_workspace_is_adopted_in_its_states(tmp_path: Path) -> None:

@@ -17,13 +17,16 @@ makes. A task the kernel created gets its TASK file written in the Core's own ca
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+import re
 from pathlib import Path
 from typing import Any
 
-from taskkernel.coordinator.fcop import FcopWorkspace, safeio
+from taskkernel.coordinator.fcop import FcopWorkspace
 from taskkernel.coordinator.fcop.detect import Generation
-from taskkernel.coordinator.fcop4.authority import PROFILE_ID, adopt_profile, core, issuer_proof, profile_key
+from taskkernel.coordinator.fcop.filenames import ROLE_RE
+from taskkernel.coordinator.fcop4.aliases import Aliases
+from taskkernel.coordinator.fcop4.authority import profile_key
+from taskkernel.coordinator.fcop4.edges import CoreEdges
 from taskkernel.coordinator.fcop4.reader import G4Envelope, G4Listing, read_workspace
 from taskkernel.coordinator.folders.importer import ImportReport, mark_imported, root_key_of
 from taskkernel.coordinator.folders.ingest import FILE_AGENT, REPORT_STATUS, IngestIncomplete, IngestStats
@@ -37,19 +40,23 @@ from taskkernel.kernel.outbox import OutboxRelay
 
 log = get_logger(__name__)
 PROJECT_BATCH = 25
-# Each kernel lifecycle event is one Core edge (its tool below); the kernel's own extensions (force_archive, amend)
-# have none: they stay in the kernel (logged once).
+# Each kernel lifecycle event is one Core edge; the kernel's own extensions (force_archive, amend) have none.
 EDGE_OF_EVENT = {"task_claimed": ("inbox", "active"), "task_submitted": ("active", "review"),
                  "task_approved": ("review", "done"), "task_rejected": ("review", "active"),
                  "task_reopened": ("done", "active"), "task_archived": ("done", "archive")}
-TOOLS = {("inbox", "active"): "claim_task", ("active", "review"): "submit_task", ("review", "done"): "approve_task",
-         ("review", "active"): "reject_task", ("done", "active"): "reopen_task", ("done", "archive"): "archive_task"}
-AUTHORITY = {"claim_task": "driver", "submit_task": "driver", "approve_task": "done_authority",
-             "reject_task": "done_authority", "reopen_task": "done_authority", "archive_task": "archive_authority"}
+NOT_EXPRESSIBLE = frozenset({"task_force_archived"})  # the file stays where the last Core edge left it
 
 
-def _now() -> str:
-    return datetime.now(UTC).isoformat()
+def role_of(principal: str) -> str:
+    """The kernel role a G4 ``sender``/``recipient`` names. G4 leaves them free text: a role code (``DEV``) is
+    itself, ``human:<name>`` is ADMIN (the person), anything else its upper-cased form (``agent:worker-1`` →
+    ``AGENT-WORKER-1``), which the kernel's role checks then judge like any other role."""
+    if ROLE_RE.fullmatch(principal):
+        return principal
+    if principal.lower().startswith("human:"):
+        return "ADMIN"
+    code = re.sub(r"[^A-Z0-9_]+", "-", principal.upper()).strip("-")
+    return code if ROLE_RE.fullmatch(code) else "UNKNOWN"
 
 
 class G4Adapter:
@@ -60,10 +67,9 @@ class G4Adapter:
         self.project_root = workspace_root
         self.fcop = FcopWorkspace(root=workspace_root / "fcop", generation=Generation.G4,
                                   config=json.loads((workspace_root / "fcop" / "fcop.json").read_bytes()))
-        self.workspace_id: str = self.fcop.config["workspace_id"]
-        self.key = profile_key(state_dir)
-        self.core = core(workspace_root, self.key)
         self.tracker = FileTracker(kernel.db)
+        self.edges = CoreEdges(workspace_root, profile_key(state_dir), self._written)
+        self.ids = Aliases(kernel.db)
         self.relay = OutboxRelay(kernel.db, {PROJECT_EFFECT: self._on_event})
         self.projection = self
         self.root_key = root_key_of(self.fcop.root, workspace_root)
@@ -92,32 +98,20 @@ class G4Adapter:
     def _import(self, listing: G4Listing, stats: IngestStats) -> ImportReport:
         report = ImportReport()
         for task in sorted(listing.tasks.values(), key=lambda t: (str(t.fields.get("created_at")), t.id)):
-            attempts = len(task.attempts)
-            payload = {**self._task_payload(task), "state": task.stage,
-                       "round": 0 if task.stage == "inbox" else max(attempts, 1), "source": task.rel}
-            result = self._submit({"type": "adopt_task", "task_id": task.id, "payload": payload,
-                                   "idempotency_key": f"fcop4:{task.id}:adopt"}, LOCAL_OWNER, stats)
+            result = self._submit(self._adoption(task), LOCAL_OWNER, stats)
             if result.ok or result.reason == "task_exists":
                 report.tasks[task.stage or "inbox"] += 1
                 self.tracker.record(task.rel, task.sha256, task.id, Origin.INGESTED)
             else:
-                report.refused.append({"file": task.rel, "reason": result.reason, "message": result.message})
+                report.refused.append({"file": task.rel, "reason": result.reason or "", "message": result.message})
         for record in listing.records:
             doc = self.kernel.task(str(record.fields.get("subject_ref")))
-            if doc is None:
+            if doc is None:  # about the workspace, or a task the import refused: evidence in the folder only
                 self.tracker.record(record.rel, record.sha256, None, Origin.INGESTED, note="evidence")
                 continue
-            kind = record.kind.lower()
-            status = record.fields.get("result") if kind == "report" else record.fields.get("decision", record.fields.get("severity"))
-            payload = {"kind": kind, "record_id": record.id, "source": record.rel, "author": record.fields["sender"],
-                       "status": str(status)[:100] if status is not None else None, "body": record.body.strip(),
-                       "references": [r for r in record.fields.get("references", []) if isinstance(r, str)]}
-            result = self._submit({"type": "attach_record", "task_id": doc["task_id"],
-                                   "thread_key": doc["thread_key"], "expected_revision": doc["revision"],
-                                   "round": doc["round"], "idempotency_key": f"fcop4:{record.id}:attach",
-                                   "payload": payload}, LOCAL_OWNER, stats)
+            result = self._submit(self._attachment(record, doc), LOCAL_OWNER, stats)
             if result.ok:
-                report.records[kind] += 1
+                report.records[record.kind.lower()] += 1
             self.tracker.record(record.rel, record.sha256, doc["task_id"], Origin.INGESTED,
                                 note=None if result.ok else f"{result.reason}: {result.message}")
         mark_imported(self.kernel.db, self.root_key, "g4", report)
@@ -125,9 +119,28 @@ class G4Adapter:
                  refused=len(report.refused))
         return report
 
+    def _adoption(self, task: G4Envelope) -> dict[str, Any]:
+        """ADMIN's ``adopt_task`` of a TASK in its stage; its round is the number of attempts it had."""
+        payload = {**self._task_payload(task), "state": task.stage, "source": task.rel,
+                   "round": 0 if task.stage == "inbox" else max(len(task.attempts), 1)}
+        return {"type": "adopt_task", "task_id": task.id, "payload": payload,
+                "idempotency_key": f"fcop4:{task.id}:adopt"}
+
+    @staticmethod
+    def _attachment(record: G4Envelope, doc: dict[str, Any]) -> dict[str, Any]:
+        """A REPORT, REVIEW or ISSUE of the imported history, attached to its task whatever the task's state."""
+        f, kind = record.fields, record.kind.lower()
+        status = f.get("result") if kind == "report" else f.get("decision", f.get("severity"))
+        payload = {"kind": kind, "record_id": record.id, "source": record.rel, "author": role_of(f["sender"]),
+                   "status": str(status)[:100] if status is not None else None, "body": record.body.strip(),
+                   "references": [r for r in f.get("references") or [] if isinstance(r, str)]}
+        return {"type": "attach_record", "task_id": doc["task_id"], "thread_key": doc["thread_key"],
+                "expected_revision": doc["revision"], "round": doc["round"],
+                "idempotency_key": f"fcop4:{record.id}:attach", "payload": payload}
+
     def _task_payload(self, task: G4Envelope) -> dict[str, Any]:
         f = task.fields
-        payload: dict[str, Any] = {"sender": f["sender"], "recipient": f["recipient"],
+        payload: dict[str, Any] = {"sender": role_of(f["sender"]), "recipient": role_of(f["recipient"]),
                                    "subject": str(f.get("subject") or task.id)[:500], "body": task.body.strip(),
                                    "priority": f.get("priority") or "P2",
                                    "references": [r for r in f.get("references") or [] if isinstance(r, str)]}
@@ -142,13 +155,14 @@ class G4Adapter:
             known = self.tracker.get(task.rel)
             if known is not None and known.sha256 == task.sha256:
                 continue  # unchanged since the kernel last wrote or took it in
-            doc = self.kernel.task(task.id)
+            task_id = self.ids.kernel_id(task.id)
+            doc = self.kernel.task(task_id)
             if doc is None:
                 if task.stage == "inbox":
                     result = self._submit({"type": "create_task", "task_id": task.id,
                                            "payload": self._task_payload(task),
                                            "idempotency_key": f"fcop4:{task.id}:create"},
-                                          Principal(task.fields["sender"], FILE_AGENT), stats)
+                                          Principal(role_of(task.fields["sender"]), FILE_AGENT), stats)
                     self._settle(task, task.id, result, stats)
                 else:
                     self._refuse(task, task.id, "unknown_task_outside_inbox: after the import, new tasks start in "
@@ -156,16 +170,16 @@ class G4Adapter:
             elif task.stage != doc["state"]:
                 moved.append((task, doc))
             else:
-                self.tracker.record(task.rel, task.sha256, task.id, Origin.INGESTED)
+                self.tracker.record(task.rel, task.sha256, task_id, Origin.INGESTED)
         for record in listing.records:
             if self.tracker.get(record.rel) is None:
                 self._record(record, stats)
         for task, doc in moved:
-            self._agent_move(task, self.kernel.task(task.id) or doc, stats)
+            self._agent_move(task, self.kernel.task(doc["task_id"]) or doc, stats)
 
     def _agent_move(self, task: G4Envelope, doc: dict[str, Any], stats: IngestStats) -> None:
         """An fcop agent's T2 or T3 (a move the kernel did not make): its driver's claim or submit."""
-        kind = {("inbox", "active"): "claim", ("active", "review"): "submit"}.get((doc["state"], task.stage))
+        kind = {("inbox", "active"): "claim", ("active", "review"): "submit"}.get((doc["state"], task.stage or ""))
         if kind is None:
             return  # behind the kernel (the projection moves it on) or a decision fcop made without the kernel
         driver = doc["authority"]["driver"]
@@ -173,10 +187,10 @@ class G4Adapter:
                                "expected_revision": doc["revision"], "round": doc["round"], "payload": {},
                                "idempotency_key": f"fcop4:{task.id}:{task.attempt_id}:{kind}"},
                               Principal(driver, FILE_AGENT), stats)
-        self._settle(task, task.id, result, stats)
+        self._settle(task, doc["task_id"], result, stats)
 
     def _record(self, record: G4Envelope, stats: IngestStats) -> None:
-        task_id = str(record.fields.get("subject_ref"))
+        task_id = self.ids.kernel_id(str(record.fields.get("subject_ref")))
         doc = self.kernel.task(task_id)
         if record.kind != "REPORT" or doc is None:
             self.tracker.record(record.rel, record.sha256, doc["task_id"] if doc else None, Origin.INGESTED,
@@ -185,8 +199,8 @@ class G4Adapter:
         status = REPORT_STATUS.get(str(record.fields.get("result", "")).lower(), "done")
         payload = {"status": status, "body": record.body.strip(), "report_id": record.id,
                    "references": [r for r in record.fields.get("references") or [] if isinstance(r, str)]}
-        sender = Principal(record.fields["sender"], FILE_AGENT)
-        if doc["state"] == "inbox" and record.fields["sender"] == doc["authority"]["driver"]:
+        sender = Principal(role_of(record.fields["sender"]), FILE_AGENT)
+        if doc["state"] == "inbox" and sender.role == doc["authority"]["driver"]:
             self._submit({"type": "claim", "task_id": task_id, "thread_key": doc["thread_key"],
                           "expected_revision": doc["revision"], "round": doc["round"], "payload": {},
                           "idempotency_key": f"fcop4:{record.id}:claim"}, sender, stats)
@@ -214,11 +228,11 @@ class G4Adapter:
         stats.refused += 1
         stats.notes.append(f"{env.rel}: {reason}")
         log.warning("fcop.not_applied", rel=env.rel, reason=reason.partition(":")[0], message=reason)
-        subject = task_id if self.kernel.task(task_id) is not None or env.kind == "TASK" else None
+        subject = self.ids.file_id(task_id) if self.kernel.task(task_id) is not None or env.kind == "TASK" else None
         try:
-            issue = self.core.write_issue(
-                workspace_id=self.workspace_id, sender="SYSTEM", recipient=str(env.fields.get("sender", "TEAM")),
-                subject_ref=subject or f"workspace:{self.workspace_id}", severity="high",
+            issue = self.edges.core.write_issue(
+                workspace_id=self.edges.workspace_id, sender="SYSTEM", recipient=str(env.fields.get("sender", "TEAM")),
+                subject_ref=subject or f"workspace:{self.edges.workspace_id}", severity="high",
                 body=f"taskkernel did not apply {env.rel}: {reason}\n", references=[env.id])
             self.tracker.record(self.fcop.relative(Path(issue["path"])), _sha(Path(issue["path"])), task_id,
                                 Origin.PROJECTED, note="refusal")
@@ -243,123 +257,37 @@ class G4Adapter:
         self.place(task_id)
         edge = EDGE_OF_EVENT.get(event.type)
         if edge is None:
-            if event.type in ("task_force_archived",):
-                log.warning("fcop4.not_expressible", task_id=task_id, event=event.type,
+            if event.type in NOT_EXPRESSIBLE:
+                log.warning("fcop4.not_expressible", task_id=task_id, kernel_event=event.type,
                             message="FCoP 4 has no edge for it: the task's file stays where it is")
             return
-        state = self.core.inspect_state(task_id=task_id)
-        if state["stage"] != edge[0]:
+        file_id = self.ids.file_id(task_id)
+        if self.edges.state(file_id)[0] != edge[0]:
             return  # already there: an fcop agent made this move and the kernel took it in
-        self._transition(doc, edge[0], edge[1], state["current_attempt_id"], event)
-        path = self.find(task_id)
-        if path is not None:
-            self.tracker.record(self.fcop.relative(path), _sha(path), task_id, Origin.PROJECTED)
+        self.edges.step(file_id, task_id, doc["authority"], *edge,
+                        report_body=report_before(self.kernel.history(task_id), event.global_pos),
+                        reason=str(event.data.get("reason") or ""))
+        log.info("fcop4.projected", task_id=task_id, edge="->".join(edge))
 
     def find(self, task_id: str) -> Path | None:
-        for stage in ("inbox", "active", "review", "done", "archive"):
-            path = self.fcop.root / "_lifecycle" / stage / f"{task_id}.md"
-            if safeio.lexists(path):
-                return path
-        return None
+        return self.edges.find(self.ids.file_id(task_id))
 
     def place(self, task_id: str) -> Path | None:
         """The task's TASK file, written if the kernel created the task and it has none yet."""
         doc = self.kernel.task(task_id)
         if doc is None:
             return None
-        return self.find(task_id) or self._write_new(doc)
+        return self.find(task_id) or self.edges.write_task(doc)
 
-    def _write_new(self, doc: dict[str, Any]) -> Path:
-        """A task the kernel created: its TASK file in the Core's canonical bytes (the Core would name it anew)."""
-        from fcop.v4.encoding import envelope_bytes
+    def _written(self, path: Path, task_id: str) -> None:
+        self.tracker.record(self.fcop.relative(path), _sha(path), task_id, Origin.PROJECTED)
 
-        at = _now()
-        fields = {"protocol": "fcop", "version": 4, "type": "TASK", "task_id": doc["task_id"],
-                  "workspace_id": self.workspace_id, "sender": doc["sender"], "recipient": doc["recipient"],
-                  "created_at": at, "subject": doc["subject"], "priority": doc["priority"],
-                  "parent": doc["parent"], "branch_of": None, "references": list(doc["references"]),
-                  "transitions": [{"at": at, "from": None, "to": "inbox", "by": doc["sender"],
-                                   "tool": "create_task"}]}
-        path = self.fcop.root / "_lifecycle" / "inbox" / f"{doc['task_id']}.md"
-        sha = safeio.write_new(path, envelope_bytes(fields, doc["body"] or doc["subject"]))
-        self.tracker.record(self.fcop.relative(path), sha, doc["task_id"], Origin.PROJECTED)
-        return path
 
-    def _transition(self, doc: dict[str, Any], stage: str, target: str, attempt_id: str | None,
-                    event: Any) -> None:
-        tool = TOOLS[(stage, target)]
-        actor = doc["authority"][AUTHORITY[tool]]
-        request: dict[str, Any] = {"task_id": doc["task_id"], "from_stage": stage, "to_stage": target,
-                                   "tool": tool, "actor": actor}
-        if tool == "submit_task":
-            request["report_ref"] = self._report_head(doc, attempt_id, event.global_pos)
-        elif tool in ("approve_task", "reject_task"):
-            request["report_ref"] = self._report_head(doc, attempt_id, event.global_pos)
-            request["review_ref"] = self._review(doc, tool, actor, attempt_id, request["report_ref"],
-                                                 str(event.data.get("reason") or ""))
-            request["authorization_ref"] = self._authorize(doc, actor, stage, target, attempt_id,
-                                                           request["review_ref"])
-        elif tool in ("reopen_task", "archive_task"):
-            request["authorization_ref"] = self._authorize(doc, actor, stage, target, attempt_id, None)
-            if tool == "reopen_task":
-                request["review_ref"] = request["authorization_ref"]
-        if "authorization_ref" in request:
-            request["profile_ref"] = PROFILE_ID
-        self.core.transition(**request)
-        log.info("fcop4.projected", task_id=doc["task_id"], edge=f"{stage}->{target}", tool=tool)
-
-    def _report_head(self, doc: dict[str, Any], attempt_id: str | None, before: int) -> str:
-        """The attempt's REPORT head; the kernel's latest done report of the round, written now if it has none."""
-        from fcop.errors import V4ProtocolError
-
-        try:
-            heads = self.core.list_reports(subject_ref=doc["task_id"], attempt_id=attempt_id, head_only=True)
-        except V4ProtocolError as exc:
-            if exc.code != "REPORT_REQUIRED":  # the attempt has none yet: the kernel's report is written below
-                raise
-            heads = {}
-        items = heads.get("items", heads) if isinstance(heads, dict) else heads
-        if items:
-            return str(items[-1]["report_id"])
-        done = [e.data for e in self.kernel.history(doc["task_id"])
-                if e.global_pos < before and e.data.get("status") == "done" and "report_id" in e.data]
-        body = str(done[-1].get("body") or "") if done else "Submitted through taskkernel."
-        written = self.core.write_report(workspace_id=self.workspace_id, sender=doc["authority"]["driver"],
-                                         recipient=doc["authority"]["done_authority"], body=body or "done",
-                                         subject_ref=doc["task_id"], attempt_id=attempt_id, report_kind="final",
-                                         result="done")
-        self._track_written(written["path"], doc["task_id"])
-        return str(written["report_id"])
-
-    def _review(self, doc: dict[str, Any], tool: str, actor: str, attempt_id: str | None, report_ref: str,
-                reason: str) -> str:
-        approve = tool == "approve_task"
-        written = self.core.write_review(
-            workspace_id=self.workspace_id, sender=actor, recipient=doc["authority"]["driver"],
-            subject_ref=doc["task_id"], review_kind="acceptance" if approve else "rejection",
-            decision="approved" if approve else "rejected", attempt_id=attempt_id, references=[report_ref],
-            body=("Approved in taskkernel." if approve else f"Rejected in taskkernel. {reason}").strip() + "\n")
-        self._track_written(written["path"], doc["task_id"])
-        return str(written["review_id"])
-
-    def _authorize(self, doc: dict[str, Any], actor: str, stage: str, target: str, attempt_id: str | None,
-                   evidence: str | None) -> str:
-        if adopt_profile(self.fcop.root):  # first decision: the manifest adopts the kernel's Profile
-            self.core = core(self.project_root, self.key)
-        written = self.core.write_review(
-            workspace_id=self.workspace_id, sender=actor, recipient=doc["authority"]["driver"],
-            subject_ref=doc["task_id"], review_kind="authorization", decision="authorize",
-            attempt_id=attempt_id, references=[evidence] if evidence else [], profile_ref=PROFILE_ID,
-            transition={"from": stage, "to": target}, issued_at=_now(), expires_at=None,
-            authorization_scope="single_use", operation_kind="lifecycle_transition",
-            issuer_proof=issuer_proof(self.key, actor),
-            body=f"The kernel accepted {stage} -> {target} by {actor}.\n")
-        self._track_written(written["path"], doc["task_id"])
-        return str(written["review_id"])
-
-    def _track_written(self, path: str, task_id: str) -> None:
-        p = Path(path)
-        self.tracker.record(self.fcop.relative(p), _sha(p), task_id, Origin.PROJECTED)
+def report_before(history: list[Any], position: int) -> str:
+    """The body of the task's last done report before ``position`` (the REPORT an attempt without one gets)."""
+    done = [e.data for e in history
+            if e.global_pos < position and e.data.get("status") == "done" and "report_id" in e.data]
+    return str(done[-1].get("body") or "") if done else "Submitted through taskkernel."
 
 
 def _sha(path: Path) -> str:

@@ -10,6 +10,7 @@ agent can read such a REVIEW but cannot mint another.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -31,10 +32,8 @@ def profile_key(state_dir: Path) -> bytes:
     path = state_dir / KEY_FILE
     if not path.exists():
         private_dir(state_dir)
-        try:
+        with contextlib.suppress(FileExistsError):  # another process made it first: theirs stands
             write_private(path, secrets.token_hex(32).encode("ascii") + b"\n")
-        except FileExistsError:  # another process made it first: theirs stands
-            pass
     return bytes.fromhex(path.read_text(encoding="ascii").strip())
 
 

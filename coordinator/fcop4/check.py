@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -25,7 +26,7 @@ def verify_g4(kernel: TaskCommandKernel, project_root: Path, report: VerifyRepor
     checked = validate_workspace(project_root)
     for error in checked["errors"]:
         report.add("folder", "fcop_invalid", 0, f"{error.get('code')}: {error.get('message')} ({error.get('path')})")
-    core = Project(project_root)
+    core: Any = Project(project_root)  # the v4 facade's methods are delegated at run time
     with kernel.db.snapshot() as conn:
         queued = {json.loads(p)["task_id"] for p in conn.execute(sa.select(outbox.c.payload).where(
             outbox.c.effect == PROJECT_EFFECT, outbox.c.status.in_(("pending", "claimed")))).scalars()}

@@ -52,12 +52,15 @@ def read_workspace(project_root: Path) -> G4Listing:
     """What fcop's Core validates below ``<project_root>/fcop``."""
     from fcop import Project
     from fcop.errors import FcopError as CoreError
-    from fcop.workspace import _envelope  # noqa: PLC2701 - the Core's own per-file check (list_envelopes stops at one bad file)
     from fcop.v4.creation import _Creation  # noqa: PLC2701
+    from fcop.workspace import _envelope  # noqa: PLC2701 - the Core's own per-file check (list_envelopes stops at one bad file)
 
     project = Project(project_root)
     creation = _Creation.open_if_declared(project.path)
     listing = G4Listing()
+    if creation is None:  # fcop.json is not (or no longer) a G4 manifest
+        listing.invalid["fcop.json"] = "UNSUPPORTED_WORKSPACE_VERSION: not an FCoP 4.0 manifest"
+        return listing
     root = project_root / "fcop"
     folders = [(f"_lifecycle/{s}", "TASK") for s in STAGES] + [(b, k) for k, b in BUCKETS.items()]
     for folder, kind in folders:

@@ -161,6 +161,10 @@ def plan(project: Path, state_dir: Path, states: dict[str, tuple[str, int]], ori
         entry = dict(list_dir(root.parent)).get(root.name)
         dirs, files = _walk(root) if entry else ({}, {})  # first: a link is refused before anything is read
         fcop = open_workspace(project)
+        if fcop.generation is Generation.G4:
+            raise MigrateRefused(FcopReason.UNSUPPORTED_WORKSPACE_GENERATION.value,
+                                 f"{root} is already FCoP 4 (G4); neither fcop nor taskkernel converts G4 back to G3",
+                                 generation="g4")
         if entry is None or fcop.generation is not Generation.G2:
             reason = "already_g3" if fcop.generation is Generation.G3 else "not_g2"
             raise MigrateRefused(reason, f"{root} is {fcop.generation.value.upper()}, not G2 "

@@ -23,7 +23,8 @@ from taskkernel.kernel.reasons import KernelError, ReasonCode
 # Oldest first. A new migration in coordinator/migrations/versions/ is appended here in the same change
 # (tests/test_migrations.py checks that both say the same).
 REVISIONS: tuple[str, ...] = ("0001_baseline", "0002_tasks_by_state", "0003_run_outcomes", "0004_blocked_documents",
-                              "0005_task_worktrees", "0006_outbox_dead_letters")
+                              "0005_task_worktrees", "0006_outbox_dead_letters",
+                              "0007_task_aliases")
 BASELINE = REVISIONS[0]
 HEAD = REVISIONS[-1]
 
