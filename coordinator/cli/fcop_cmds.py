@@ -15,13 +15,17 @@ app.command("import")(fcop_import)
 
 @app.command("migrate")
 def migrate(ctx: typer.Context,
-            to: str = typer.Option(..., "--to", metavar="GENERATION", help="Target generation: g3."),
+            to: str = typer.Option(..., "--to", metavar="GENERATION", help="Target generation: g3 or g4."),
             dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan as JSON and write nothing.")
             ) -> None:
-    """Convert the workspace's G2 FCoP root to G3 in one atomic swap; the old root is kept as a backup. Stop
-    `taskkernel up` first. Only an unscoped ADMIN credential may migrate."""
-    if to.lower() != "g3":
-        fail(Exit.USAGE, f"--to {to!r}: taskkernel migrates G2 workspaces to g3 only")
+    """Convert the workspace's FCoP root in one atomic swap, the old root kept as a backup: G2 to g3, or G2/G3 to
+    g4 (FCoP 4, through fcop's Core; docs/fcop4.md). Stop `taskkernel up` first. Only an unscoped ADMIN
+    credential may migrate."""
+    if to.lower() not in ("g3", "g4"):
+        fail(Exit.USAGE, f"--to {to!r}: choose g3 (from G2) or g4 (from G2 or G3)")
+    if to.lower() == "g4":
+        _migrate_g4(ctx, dry_run)
+        return
     c = get_ctx(ctx)
     ws = c.workspace()
     c.database(writes=not dry_run)
@@ -47,3 +51,34 @@ def migrate(ctx: typer.Context,
           "swap": result.swap, "backup": str(result.backup)}, generic=False)
     say(("migrated", "green"), f" {plan.root} to G3: {len(plan.moves)} file(s) moved, "
                  f"{result.tracked} record(s) followed them; the old root is kept at {result.backup}")
+
+
+def _migrate_g4(ctx: typer.Context, dry_run: bool) -> None:
+    from taskkernel.coordinator.fcop4.authority import profile_key
+    from taskkernel.coordinator.fcop4.migrate import apply_g4, plan_g4
+
+    c = get_ctx(ctx)
+    ws = c.workspace()
+    c.database(writes=not dry_run)
+    c.require_admin("migrating the FCoP workspace")
+    kernel = c.kernel()
+    try:
+        plan = plan_g4(ws.root, ws.state_dir, kernel)
+        if not is_imported(kernel.db, root_key_of(plan.root, ws.root)):
+            raise migration.MigrateRefused(
+                "not_imported", "the workspace's history is not in the kernel yet: the new workspace is written from "
+                "it. Run `taskkernel fcop import` (or `taskkernel up --once`) first, then migrate.")
+        if dry_run:
+            emit({"status": "ok", "dry_run": True, **plan.as_json()}, generic=False)
+            say(f"dry run: {len(plan.docs)} task(s) would be written into a new FCoP 4 root at {ws.root / 'fcop'}, "
+                f"{len(plan.kept)} stay in the kernel only; the old root would be kept in {plan.backup}; nothing "
+                "written")
+            return
+        result = apply_g4(plan, kernel, profile_key(ws.state_dir))
+    except migration.MigrateRefused as exc:
+        reject(exc.reason, exc.message, **exc.extra)
+    emit({"status": "ok", "dry_run": False, **plan.as_json(), "aliases": plan.aliases, "files": result.files,
+          "swap": result.swap, "backup": str(result.backup)}, generic=False)
+    say(("migrated", "green"), f" {plan.root} to FCoP 4 at {ws.root / 'fcop'}: {len(plan.docs)} task(s) under new "
+        f"TASK-<hex> ids (their old ids still answer), {len(plan.kept)} kept in the kernel only; the old root is "
+        f"kept at {result.backup}")

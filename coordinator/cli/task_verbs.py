@@ -78,7 +78,10 @@ def _show(outcome: VerbOutcome) -> None:
 
 def _act(ctx: typer.Context, verb: str, task_id: str, payload: dict[str, Any] | None, expect_rev: int | None,
          round_: int | None, key: str | None) -> None:
+    from taskkernel.coordinator.fcop4.aliases import resolve_task_id
+
     verbs, principal = _verbs(ctx)
+    task_id = resolve_task_id(get_ctx(ctx).database(), task_id)  # an FCoP 4 file's id acts on its task
     _finish(verbs.act(principal, verb, task_id, payload, expect_rev=expect_rev, round_=round_, key=key))
 
 

@@ -284,10 +284,11 @@ class G4Adapter:
 
 
 def report_before(history: list[Any], position: int) -> str:
-    """The body of the task's last done report before ``position`` (the REPORT an attempt without one gets)."""
-    done = [e.data for e in history
-            if e.global_pos < position and e.data.get("status") == "done" and "report_id" in e.data]
-    return str(done[-1].get("body") or "") if done else "Submitted through taskkernel."
+    """The body of the task's last done report before ``position`` (the REPORT an attempt without one gets): one
+    the kernel took, or one an import attached."""
+    done = [e.data for e in history if e.global_pos < position and e.data.get("status") == "done"
+            and ("report_id" in e.data or e.data.get("kind") == "report")]
+    return str(done[-1].get("body") or "done") if done else "Submitted through taskkernel."
 
 
 def _sha(path: Path) -> str:

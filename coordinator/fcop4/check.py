@@ -8,6 +8,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from taskkernel.coordinator.fcop4.aliases import Aliases
 from taskkernel.coordinator.folders.projection import PROJECT_EFFECT
 from taskkernel.coordinator.tables import folder_files
 from taskkernel.kernel.commands import TaskCommandKernel
@@ -27,6 +28,7 @@ def verify_g4(kernel: TaskCommandKernel, project_root: Path, report: VerifyRepor
     for error in checked["errors"]:
         report.add("folder", "fcop_invalid", 0, f"{error.get('code')}: {error.get('message')} ({error.get('path')})")
     core: Any = Project(project_root)  # the v4 facade's methods are delegated at run time
+    ids = Aliases(kernel.db)
     with kernel.db.snapshot() as conn:
         queued = {json.loads(p)["task_id"] for p in conn.execute(sa.select(outbox.c.payload).where(
             outbox.c.effect == PROJECT_EFFECT, outbox.c.status.in_(("pending", "claimed")))).scalars()}
@@ -37,9 +39,10 @@ def verify_g4(kernel: TaskCommandKernel, project_root: Path, report: VerifyRepor
             if task_id in queued or task_id in refused:
                 continue
             try:
-                stage = core.inspect_state(task_id=task_id)["stage"]
+                stage = core.inspect_state(task_id=ids.file_id(task_id))["stage"]
             except CoreError as exc:
-                report.add("folder", "folder_drift", pos, f"no valid TASK file: {exc}", task_id=task_id)
+                if not _forced(kernel, task_id):  # a force-archived task may have no file (migrate --to g4)
+                    report.add("folder", "folder_drift", pos, f"no valid TASK file: {exc}", task_id=task_id)
                 continue
             if stage != state and not _forced(kernel, task_id):
                 report.add("folder", "folder_drift", pos, f"TASK file is in {stage}/, the kernel says {state}",

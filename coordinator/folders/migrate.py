@@ -159,7 +159,7 @@ def plan(project: Path, state_dir: Path, states: dict[str, tuple[str, int]], ori
                                  "migrate converts fcop/ or docs/agents/ beside .taskkernel/")
         confine(project)
         entry = dict(list_dir(root.parent)).get(root.name)
-        dirs, files = _walk(root) if entry else ({}, {})  # first: a link is refused before anything is read
+        dirs, files = walk_tree(root) if entry else ({}, {})  # first: a link is refused before anything is read
         fcop = open_workspace(project)
         if fcop.generation is Generation.G4:
             raise MigrateRefused(FcopReason.UNSUPPORTED_WORKSPACE_GENERATION.value,
@@ -198,7 +198,7 @@ def plan(project: Path, state_dir: Path, states: dict[str, tuple[str, int]], ori
     return p
 
 
-def _walk(root: Path) -> tuple[dict[str, int], dict[str, os.stat_result]]:
+def walk_tree(root: Path) -> tuple[dict[str, int], dict[str, os.stat_result]]:
     """Every folder and regular file below ``root``, listed through safeio; a symlink or special file refuses."""
     dirs: dict[str, int] = {}
     files: dict[str, os.stat_result] = {}
@@ -292,7 +292,7 @@ def apply(p: Plan, db: Database) -> Result:
     swapped: tuple[str, str] | None = None  # (how, the name the old root has now) while the swap stands
     try:
         for folder in (p.backup_base, staged):  # never an existing backup or temp folder
-            _mkdir_new(folder)
+            mkdir_new(folder)
             made.append(folder)
         ensure_dir(p.backup.parent)
         _build(p, staged)
@@ -306,11 +306,11 @@ def apply(p: Plan, db: Database) -> Result:
             try:
                 with db.write() as uow:
                     tracked = _retrack(uow.conn, p)
-                    swapped = _swap(dir_fd, p.root.name, staged_name)
+                    swapped = swap_roots(dir_fd, p.root.name, staged_name)
                     os.fsync(dir_fd)
             except BaseException:
                 if swapped is not None:
-                    _unswap(dir_fd, p.root.name, staged_name, swapped)  # if this fails, nothing is removed below
+                    unswap_roots(dir_fd, p.root.name, staged_name, swapped)  # if this fails, nothing is removed below
                     swapped = None
                 raise
     except FcopError as exc:
@@ -319,7 +319,7 @@ def apply(p: Plan, db: Database) -> Result:
         if swapped is None:
             for folder in made:  # our links, files and empty folders; the live tree is untouched
                 shutil.rmtree(folder, ignore_errors=True)
-    return Result(_stash(p.root.parent / swapped[1], p.backup), swapped[0], tracked)
+    return Result(stash_root(p.root.parent / swapped[1], p.backup), swapped[0], tracked)
 
 
 def _retrack(conn: sa.Connection, p: Plan) -> int:
@@ -336,7 +336,7 @@ def _retrack(conn: sa.Connection, p: Plan) -> int:
     return tracked
 
 
-def _mkdir_new(path: Path) -> None:
+def mkdir_new(path: Path) -> None:
     with parent_fd(path, create=True) as (dir_fd, name):
         try:
             os.mkdir(name, 0o700, dir_fd=dir_fd)
@@ -393,7 +393,7 @@ def _chmod_sync(folder: Path, mode: int) -> None:
 
 def _changes(p: Plan) -> list[str]:
     """Paths added, removed or rewritten in the old tree since it was planned (our links change only ctime)."""
-    dirs, files = _walk(p.root)
+    dirs, files = walk_tree(p.root)
 
     def key(st: os.stat_result) -> tuple[int, int, int]:
         return st.st_ino, st.st_size, st.st_mtime_ns
@@ -417,7 +417,7 @@ def _renameat2_exchange(dir_fd: int, a: str, b: str) -> bool:
     raise OSError(err, f"renameat2: {os.strerror(err)}")
 
 
-def _swap(dir_fd: int, live: str, staged: str) -> tuple[str, str]:
+def swap_roots(dir_fd: int, live: str, staged: str) -> tuple[str, str]:
     """Publish the staged root under the live name: (how, the name the old root has now). It returns as soon as
     the names moved (the caller then knows what to undo), or raises with the old root back in place."""
     if _renameat2_exchange(dir_fd, live, staged):
@@ -432,7 +432,7 @@ def _swap(dir_fd: int, live: str, staged: str) -> tuple[str, str]:
     return "rename", aside
 
 
-def _unswap(dir_fd: int, live: str, staged: str, swapped: tuple[str, str]) -> None:
+def unswap_roots(dir_fd: int, live: str, staged: str, swapped: tuple[str, str]) -> None:
     how, old = swapped
     if how == "exchange":
         _renameat2_exchange(dir_fd, live, staged)
@@ -442,7 +442,7 @@ def _unswap(dir_fd: int, live: str, staged: str, swapped: tuple[str, str]) -> No
     os.fsync(dir_fd)
 
 
-def _stash(old: Path, backup: Path) -> Path:
+def stash_root(old: Path, backup: Path) -> Path:
     """Move the old root into the backup folder; if it cannot go there (another file system) it stays where it
     is, beside the new root, and that is the backup."""
     with parent_fd(old) as (src_fd, src_name), parent_fd(backup) as (dst_fd, dst_name):
