@@ -31,7 +31,7 @@ from taskkernel.coordinator.fcop.detect import find_workspace_root
 from taskkernel.coordinator.fcop4.adapter import EDGE_OF_EVENT, NOT_EXPRESSIBLE, report_before
 from taskkernel.coordinator.fcop4.aliases import add_aliases
 from taskkernel.coordinator.fcop4.authority import PROFILE_ID, core
-from taskkernel.coordinator.fcop4.edges import CoreEdges
+from taskkernel.coordinator.fcop4.edges import STAGES, CoreEdges
 from taskkernel.coordinator.folders.importer import root_key_of
 from taskkernel.coordinator.folders.migrate import (
     MigrateRefused,
@@ -115,6 +115,8 @@ class G4Result:
 def apply_g4(plan: G4Plan, kernel: TaskCommandKernel, key: bytes) -> G4Result:
     """Build, validate, then swap inside the transaction that records aliases and files (a failed commit swaps
     back); anything built is removed unless the swap published it."""
+    from fcop.errors import FcopError as CoreError
+
     staging = plan.project / f".fcop-g4-{secrets.token_hex(4)}"
     before = _keys(plan.root)
     written: list[tuple[Path, str]] = []
@@ -122,17 +124,21 @@ def apply_g4(plan: G4Plan, kernel: TaskCommandKernel, key: bytes) -> G4Result:
     made = [staging]
     try:
         mkdir_new(staging)
-        core(staging, key).create_workspace(profiles=[PROFILE_ID])
-        edges = CoreEdges(staging, key, lambda path, task_id: written.append((path, task_id)))
-        for doc in plan.docs:
-            _write_task(edges, kernel, doc, plan.aliases)
-        _validated(staging)
+        final = staging / "root"
+        final.mkdir()
+        core(final, key).create_workspace(profiles=[PROFILE_ID])
+        for i, doc in enumerate(plan.docs):
+            try:
+                _write_in_scratch(staging / f"task-{i}", final / "fcop", kernel, doc, plan.aliases, key, written)
+            except CoreError as exc:  # what fcop's Core refuses of a task: the migration stops, nothing changed
+                raise MigrateRefused("fcop_refused", f"fcop's Core refused {doc['task_id']}: {exc}; nothing was "
+                                     "changed", task_id=doc["task_id"], code=getattr(exc, "code", None)) from exc
         if _keys(plan.root) != before:
             raise MigrateRefused("content_changed", "the old root changed while the new one was built (is "
                                  "`taskkernel up` running?); nothing was changed")
         mkdir_new(plan.backup)
         made.append(plan.backup)
-        new_root = staging / "fcop"
+        new_root = final / "fcop"
         records = _records(new_root, written)
         with _project_fd(plan.project) as dir_fd:
             name, staged_name = "fcop", f".fcop-g4-root-{secrets.token_hex(4)}"
@@ -162,8 +168,11 @@ def apply_g4(plan: G4Plan, kernel: TaskCommandKernel, key: bytes) -> G4Result:
                 shutil.rmtree(folder, ignore_errors=True)
         else:
             shutil.rmtree(staging, ignore_errors=True)
-    old = plan.project / swapped[1] if swapped[1] else plan.root
-    backup = stash_root(old, plan.backup / plan.root.name)
+    if swapped[1]:  # the exchanged old root, now under the staged name in the project folder
+        backup = stash_root(plan.project / swapped[1], plan.backup / plan.root.name)
+    else:  # docs/agents/ (a confinement root itself): moved by name, never through a link (checked by the walk)
+        os.rename(plan.root, plan.backup / plan.root.name)
+        backup = plan.backup / plan.root.name
     return G4Result(swapped[0], backup, len(records))
 
 
@@ -175,6 +184,34 @@ def _project_fd(project: Path) -> Iterator[int]:
         yield fd
     finally:
         os.close(fd)
+
+
+def _write_in_scratch(scratch: Path, final: Path, kernel: TaskCommandKernel, doc: dict[str, Any],
+                      aliases: dict[str, str], key: bytes, written: list[tuple[Path, str]]) -> None:
+    """One task built in a workspace of its own (same manifest, its parent's file linked in), validated by fcop,
+    then moved into the new root: fcop's Core parses every envelope of its workspace at each gate, so building all
+    tasks in one workspace would cost the square of their number."""
+    root = scratch / "fcop"
+    for folder in (*(f"_lifecycle/{s}" for s in STAGES), "reports", "issues", "reviews", "operations", "cold"):
+        (root / folder).mkdir(parents=True)
+    os.link(final / "fcop.json", root / "fcop.json")
+    linked = []
+    ancestor = doc["parent"]
+    while ancestor in aliases:  # the Core resolves a parent's own parent too: the whole line is linked in
+        found = next(final.glob(f"_lifecycle/*/{aliases[ancestor]}.md"))
+        os.link(found, root / found.relative_to(final))
+        linked.append(root / found.relative_to(final))
+        ancestor = (kernel.task(ancestor) or {}).get("parent")
+    edges = CoreEdges(scratch, key, lambda path, task_id: written.append((path, task_id)))
+    _write_task(edges, kernel, doc, aliases)
+    _validated(scratch)
+    for path in linked:
+        path.unlink()
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.name != "fcop.json"):
+        target = final / path.relative_to(root)
+        os.link(path, target)  # never over an existing name (ids and receipts are unique)
+    written[:] = [(final / p.relative_to(root) if p.is_relative_to(root) else p, t) for p, t in written]
+    shutil.rmtree(scratch)
 
 
 def _write_task(edges: CoreEdges, kernel: TaskCommandKernel, doc: dict[str, Any], aliases: dict[str, str]) -> None:
@@ -203,13 +240,13 @@ def _write_task(edges: CoreEdges, kernel: TaskCommandKernel, doc: dict[str, Any]
                           "in the kernel's history and the backup")
 
 
-def _validated(staging: Path) -> None:
+def _validated(project: Path) -> None:
     from fcop.workspace import validate_workspace
 
-    report = validate_workspace(staging)
+    report = validate_workspace(project)
     if not report["valid"]:
         first = report["errors"][0]
-        raise MigrateRefused("fcop_invalid", f"fcop's validator refuses the new root: {first.get('code')}: "
+        raise MigrateRefused("fcop_invalid", f"fcop's validator refuses a migrated task: {first.get('code')}: "
                              f"{first.get('message')} ({first.get('path')}); nothing was changed")
 
 
