@@ -43,6 +43,7 @@ def assert_migrated(project: Path, before_root: dict[str, str], root_name: str) 
     for old, new in aliases.items():
         assert core.inspect_state(task_id=new)["stage"] == tasks_before[old]["state"], (old, new)
         assert shown[old] is not None and shown[new] is not None and shown[new]["task_id"] == old
+        assert shown[old]["aliases"] == [new]
     v = run("verify", cwd=project)
     assert (v.code, v.json["status"]) == (0, "ok"), v.out
     after = snapshot(project / "fcop")

@@ -141,6 +141,14 @@ def check_folders(ws: Workspace) -> Check:
                      "half-finished migration; finish it with `taskkernel fcop migrate`", extra)
     if fcop.generation is Generation.EMPTY:
         return Check("folders", "ok", f"no FCoP folder yet at {fcop.root}: `up` lays it out (G3)", extra)
+    if fcop.generation is Generation.G4:
+        from taskkernel.coordinator.fcop4.authority import PROFILE_ID
+
+        adopted = PROFILE_ID in fcop.config.get("profiles", [])
+        return Check("folders", "ok", f"{fcop.root}: FCoP 4 (G4) through fcop's Core; the kernel decides T4-T7 as "
+                     f"the Profile {PROFILE_ID} ({'adopted' if adopted else 'adopted at the first decision'}); "
+                     "run fcop-mcp 4 without a Profile beside it (docs/fcop4.md)",
+                     {**extra, "profile_adopted": adopted})
     return Check("folders", "ok", f"{fcop.root}: FCoP {fcop.generation.value.upper()}", extra)
 
 

@@ -189,13 +189,15 @@ def _event_json(ev: RecordedEvent) -> dict[str, Any]:
 @task_app.command("show")
 def task_show(ctx: typer.Context, task_id: str) -> None:
     """A task's current state, reports and history."""
-    from taskkernel.coordinator.fcop4.aliases import resolve_task_id
+    from taskkernel.coordinator.fcop4.aliases import aliases_of, resolve_task_id
     from taskkernel.kernel.queries import task_show_document
 
     db = get_ctx(ctx).database()
     doc = task_show_document(db, resolve_task_id(db, task_id))  # an FCoP 4 file's id answers for its task
     if doc is None:
         reject("task_not_found", f"{task_id} does not exist (see `taskkernel task list`)")
+    if aliases := aliases_of(db, doc["task_id"]):
+        doc["aliases"] = aliases
     emit(doc, _render_task)
 
 

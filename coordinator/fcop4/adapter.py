@@ -178,15 +178,16 @@ class G4Adapter:
             self._agent_move(task, self.kernel.task(doc["task_id"]) or doc, stats)
 
     def _agent_move(self, task: G4Envelope, doc: dict[str, Any], stats: IngestStats) -> None:
-        """An fcop agent's T2 or T3 (a move the kernel did not make): its driver's claim or submit."""
+        """An fcop agent's T2 or T3 (a move the kernel did not make): a claim or submit by the actor the Core
+        recorded (``by``), judged by the kernel's role checks like any other (another role's task is refused)."""
         kind = {("inbox", "active"): "claim", ("active", "review"): "submit"}.get((doc["state"], task.stage or ""))
         if kind is None:
             return  # behind the kernel (the projection moves it on) or a decision fcop made without the kernel
-        driver = doc["authority"]["driver"]
+        actor = role_of(str(task.last_by or doc["authority"]["driver"]))
         result = self._submit({"type": kind, "task_id": doc["task_id"], "thread_key": doc["thread_key"],
                                "expected_revision": doc["revision"], "round": doc["round"], "payload": {},
                                "idempotency_key": f"fcop4:{task.id}:{task.attempt_id}:{kind}"},
-                              Principal(driver, FILE_AGENT), stats)
+                              Principal(actor, FILE_AGENT), stats)
         self._settle(task, doc["task_id"], result, stats)
 
     def _record(self, record: G4Envelope, stats: IngestStats) -> None:

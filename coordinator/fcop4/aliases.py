@@ -44,3 +44,11 @@ def resolve_task_id(db: Database, task_id: str) -> str:
     with db.read() as conn:
         found = conn.execute(sa.select(task_aliases.c.task_id).where(task_aliases.c.alias == task_id)).scalar()
     return str(found) if found else task_id
+
+
+def aliases_of(db: Database, task_id: str) -> list[str]:
+    """Every other id ``task_id`` is known by (oldest first)."""
+    db.create_schema(metadata)
+    with db.read() as conn:
+        return list(conn.execute(sa.select(task_aliases.c.alias).where(task_aliases.c.task_id == task_id)
+                                 .order_by(task_aliases.c.created_at, task_aliases.c.alias)).scalars())
