@@ -252,6 +252,9 @@ def test_a_g4_workspace_with_history_is_imported_without_changing_a_byte(tmp_pat
     decide(archived, "review", "done", "approve_task", to_review(archived))
     decide(archived, "done", "archive", "archive_task", None)
     stages[archived] = "archive"
+    branch = str(core.create_task(workspace_id=ws, operation_id="op-branch", sender="DEV", recipient="QA",
+                                  subject="branch", body="a branch of the working task", branch_of=working)["task_id"])
+    stages[branch] = "inbox"
     core.write_issue(workspace_id=ws, sender="QA", recipient="PM", body="flaky", subject_ref=working, severity="low")
     before = tree(project)
 
@@ -264,6 +267,7 @@ def test_a_g4_workspace_with_history_is_imported_without_changing_a_byte(tmp_pat
         assert doc["state"] == stage, (task_id, doc["state"], stage)
         attempts = [t for t in task_fields(core, task_id)["transitions"] if t.get("attempt_id")]
         assert doc["round"] == len(attempts), (task_id, doc["round"], len(attempts))
+    assert show(project, branch)["parent"] == working, "a G4 branch is its root's child in the kernel"
     listed = {p.stem for folder in ("reports", "reviews", "issues") for p in (project / "fcop" / folder).glob("*.md")}
     log = run("log", "--json", cwd=project).out.splitlines()
     attached = {json.loads(line)["data"].get("record_id") for line in log if line.startswith("{")}
