@@ -273,3 +273,17 @@ def test_a_g4_workspace_with_history_is_imported_without_changing_a_byte(tmp_pat
     attached = {json.loads(line)["data"].get("record_id") for line in log if line.startswith("{")}
     assert listed <= attached, listed - attached
     verified(project)
+
+
+def test_a_file_fcops_core_refuses_is_left_alone_and_the_others_go_on(tmp_path: Path) -> None:
+    project = tmp_path / "proj"
+    assert run("init", str(project), "--fcop", "g4", cwd=tmp_path).code == 0
+    up(project)
+    bad = project / "fcop" / "_lifecycle" / "inbox" / f"TASK-{'0' * 32}.md"
+    bad.write_bytes(b"---\nprotocol: fcop\nversion: 4\n: [\n---\n")
+    good = kernel_task(project, subject="Still works")
+    first = up(project)
+    assert "fcop4.invalid" in first.err and bad.name in first.err
+    assert bad.read_bytes() == b"---\nprotocol: fcop\nversion: 4\n: [\n---\n", "never moved nor rewritten"
+    assert show(project, good)["state"] == "inbox"
+    assert "fcop4.invalid" not in up(project).err, "said once while the file stays as it is"

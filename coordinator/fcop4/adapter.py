@@ -28,7 +28,7 @@ from taskkernel.coordinator.fcop4.aliases import Aliases
 from taskkernel.coordinator.fcop4.authority import profile_key
 from taskkernel.coordinator.fcop4.edges import CoreEdges
 from taskkernel.coordinator.fcop4.reader import G4Envelope, G4Listing, read_workspace
-from taskkernel.coordinator.folders.importer import ImportReport, mark_imported, root_key_of
+from taskkernel.coordinator.folders.importer import ImportReport, is_imported, mark_imported, root_key_of
 from taskkernel.coordinator.folders.ingest import FILE_AGENT, REPORT_STATUS, IngestIncomplete, IngestStats
 from taskkernel.coordinator.folders.projection import PROJECT_EFFECT
 from taskkernel.coordinator.folders.tracking import FileTracker, Origin
@@ -79,14 +79,12 @@ class G4Adapter:
     # -- ingest ------------------------------------------------------------------------------------------------
     def ingest_pass(self) -> int:
         stats = IngestStats()
-        listing = read_workspace(self.project_root)
-        for rel, why in listing.invalid.items():
-            if self.tracker.get(rel) is None:
-                log.warning("fcop4.invalid", rel=rel, reason=why)
-                self.tracker.record(rel, "", None, Origin.KEPT, note=why)
-        from taskkernel.coordinator.folders.importer import is_imported
-
-        if self.last_import is None and not is_imported(self.kernel.db, self.root_key):
+        first = self.last_import is None and not is_imported(self.kernel.db, self.root_key)
+        listing = read_workspace(self.project_root, None if first else self.tracker.digests())
+        for rel, (sha, why) in listing.invalid.items():  # left where it is, said once per version of it
+            log.warning("fcop4.invalid", rel=rel, reason=why)
+            self.tracker.record(rel, sha, None, Origin.KEPT, note=why)
+        if first:
             self.last_import = self._import(listing, stats)
         else:
             self._live(listing, stats)

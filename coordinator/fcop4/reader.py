@@ -41,15 +41,17 @@ class G4Envelope:
 class G4Listing:
     tasks: dict[str, G4Envelope] = field(default_factory=dict)
     records: list[G4Envelope] = field(default_factory=list)  # REPORTs, REVIEWs, ISSUEs, oldest first
-    invalid: dict[str, str] = field(default_factory=dict)    # rel -> "<CODE>: message"
+    invalid: dict[str, tuple[str, str]] = field(default_factory=dict)  # rel -> (sha256, "<CODE>: message")
 
 
 def _body(data: bytes) -> str:
     return data.decode("utf-8").split("---\n", 2)[2].removeprefix("\n")
 
 
-def read_workspace(project_root: Path) -> G4Listing:
-    """What fcop's Core validates below ``<project_root>/fcop``."""
+def read_workspace(project_root: Path, known: dict[str, str] | None = None) -> G4Listing:
+    """What fcop's Core validates below ``<project_root>/fcop``; a file ``known`` holds with the same sha256 is
+    left out unread by the Core (a live pass then costs what changed: the Core parses with pure-Python YAML)."""
+    known = known or {}
     from fcop import Project
     from fcop.errors import FcopError as CoreError
     from fcop.v4.creation import _Creation  # noqa: PLC2701
@@ -59,7 +61,7 @@ def read_workspace(project_root: Path) -> G4Listing:
     creation = _Creation.open_if_declared(project.path)
     listing = G4Listing()
     if creation is None:  # fcop.json is not (or no longer) a G4 manifest
-        listing.invalid["fcop.json"] = "UNSUPPORTED_WORKSPACE_VERSION: not an FCoP 4.0 manifest"
+        listing.invalid["fcop.json"] = ("", "UNSUPPORTED_WORKSPACE_VERSION: not an FCoP 4.0 manifest")
         return listing
     root = project_root / "fcop"
     folders = [(f"_lifecycle/{s}", "TASK") for s in STAGES] + [(b, k) for k, b in BUCKETS.items()]
@@ -71,15 +73,22 @@ def read_workspace(project_root: Path) -> G4Listing:
             rel = path.relative_to(root).as_posix()
             try:
                 data = path.read_bytes()
+            except OSError as exc:
+                listing.invalid[rel] = ("", f"{type(exc).__name__}: {exc}")
+                continue
+            sha = hashlib.sha256(data).hexdigest()
+            if known.get(rel) == sha:
+                continue
+            try:
                 fields = _envelope(project, creation, path)
             except (CoreError, OSError, ValueError, UnicodeDecodeError) as exc:
-                listing.invalid[rel] = f"{getattr(exc, 'code', type(exc).__name__)}: {exc}"
+                listing.invalid[rel] = (sha, f"{getattr(exc, 'code', type(exc).__name__)}: {exc}")
                 continue
             clean = {k: v for k, v in fields.items()
                      if k not in ("path", "warnings", "stage", "content_digest", "last_transition",
                                   "current_attempt_id")}
             env = G4Envelope(kind=kind, id=fields[f"{kind.lower()}_id"], rel=rel,
-                             sha256=hashlib.sha256(data).hexdigest(), fields=clean, body=_body(data),
+                             sha256=sha, fields=clean, body=_body(data),
                              stage=fields.get("stage"), attempt_id=fields.get("current_attempt_id"))
             if kind == "TASK":
                 listing.tasks[env.id] = env

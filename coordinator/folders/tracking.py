@@ -54,7 +54,13 @@ class FileTracker:
                 folder_files.c.task_id == task_id,
                 folder_files.c.origin.in_([Origin.PROJECTED.value, Origin.INGESTED.value])
             ).order_by(folder_files.c.updated_at.desc())).scalars().all()
-        return next((rel for rel in rels if PurePosixPath(rel).name.startswith(f"{task_id}-")), None)
+        return next((rel for rel in rels if PurePosixPath(rel).name.startswith(f"{task_id}-")
+                     or PurePosixPath(rel).name == f"{task_id}.md"), None)  # G3 names, or FCoP 4's <id>.md
+
+    def digests(self) -> dict[str, str]:
+        """rel -> sha256 of every file recorded: what a pass need not read again while its bytes are the same."""
+        with self.db.read() as conn:
+            return dict(conn.execute(sa.select(folder_files.c.rel, folder_files.c.sha256)).all())
 
     def stats(self) -> dict[str, tuple[StatKey, str]]:
         with self.db.read() as conn:
