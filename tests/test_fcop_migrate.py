@@ -387,7 +387,7 @@ def test_refusals_leave_the_tree_as_it_was(tmp_path: Path) -> None:
         assert project_state(project) == before and not leftovers(project)
         return dict(body)
 
-    refused((64, "usage"), "fcop", "migrate", "--to", "g4")
+    refused((64, "usage"), "fcop", "migrate", "--to", "g5")
     assert run("fcop", "migrate", cwd=project).code == 64
     refused((2, "role_not_authorized"), "--token", token, "fcop", "migrate", "--to", "g3")
     clash = refused((2, "target_exists"), "fcop", "migrate", "--to", "g3")
