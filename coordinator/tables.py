@@ -58,9 +58,11 @@ folder_files = sa.Table(
 
 # Other ids a task is known by: the TASK-<32 hex> id its file got when `taskkernel fcop migrate --to g4` wrote the
 # task into an FCoP 4 workspace (fcop's Core names each task anew); the kernel keeps its own id and its history.
+# Its own MetaData, as worktrees': what creates the tables above when missing keeps working on an older database.
+alias_metadata = sa.MetaData()
 task_aliases = sa.Table(
     "task_aliases",
-    metadata,
+    alias_metadata,
     sa.Column("alias", sa.Text, primary_key=True),
     sa.Column("task_id", sa.Text, nullable=False),
     sa.Column("source", sa.Text, nullable=False),  # what gave it, e.g. "fcop4-migrate"

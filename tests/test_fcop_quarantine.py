@@ -137,7 +137,7 @@ def test_quarantined_envelopes_never_make_fcops_validator_call_the_workspace_inv
         src = ws.stage_dir("inbox") / NAME
         src.write_bytes(b"---\nbroken: [\n---\n")
         quarantine(ws, src, FcopReason.MALFORMED_FRONT_MATTER, f"try {i}")
-    report = validate_workspace(ws.root)
+    report = validate_workspace(ws.root.parent)  # the project: fcop finds fcop/ in it
     assert report["valid"], report["errors"]
 
 
@@ -150,9 +150,9 @@ def test_a_quarantine_an_older_version_kept_under_envelope_names_is_renamed_with
     old = ws.quarantine_dir / NAME
     old.write_bytes(b"broken")
     (ws.quarantine_dir / f"{NAME}.reason.md").write_text("---\nreason: empty_file\n---\n")
-    assert not validate_workspace(ws.root)["valid"]
+    assert not validate_workspace(ws.root.parent)["valid"]
     assert sweep_notes(ws) == []
     assert sorted(p.name for p in ws.quarantine_dir.iterdir()) == [f"quarantined-{NAME}",
                                                                     f"quarantined-{NAME}.reason.md"]
     assert (ws.quarantine_dir / f"quarantined-{NAME}").read_bytes() == b"broken"
-    assert validate_workspace(ws.root)["valid"]
+    assert validate_workspace(ws.root.parent)["valid"]

@@ -173,8 +173,12 @@ def test_detection(tmp_path: Path) -> None:
     g4 = tmp_path / "g4" / "fcop"
     g4.mkdir(parents=True)
     (g4 / "fcop.json").write_text(json.dumps({"protocol": "fcop", "protocol_version": "4.0"}))
-    with pytest.raises(FcopError) as exc:
-        open_workspace(tmp_path / "g4")
+    assert open_workspace(tmp_path / "g4").generation is Generation.G4  # fcop's Core reads it (docs/fcop4.md)
+    elsewhere = tmp_path / "g4-elsewhere" / "docs" / "agents"
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "fcop.json").write_text(json.dumps({"protocol": "fcop", "protocol_version": "4.0"}))
+    with pytest.raises(FcopError) as exc:  # the Core reads G4 only at <project>/fcop
+        open_workspace(tmp_path / "g4-elsewhere")
     assert exc.value.reason is FcopReason.UNSUPPORTED_WORKSPACE_GENERATION
     (g4 / "fcop.json").write_text("{not json")
     with pytest.raises(FcopError) as exc:

@@ -9,7 +9,7 @@ Ingest (each pass, level-triggered on what the Core validates):
   by an ISSUE on the task (fcop agents' ``list_issues``), once per refusal.
 Projection (for every task event): the Core is walked from the file's stage to the kernel's state one edge at a
 time — T2 claim, T3 submit (the kernel's done report written as the attempt's REPORT first), T4/T5 with an
-acceptance/rejection REVIEW plus an authorization REVIEW signed for the Profile ``taskkernel/1``, T6 and T7 with
+acceptance/rejection REVIEW plus an authorization REVIEW signed for the Profile ``taskkernel-authority/1``, T6 and T7 with
 an authorization REVIEW — so every transition carries the attempt ids, evidence digests and receipts the Core
 makes. A task the kernel created gets its TASK file written in the Core's own canonical bytes.
 """
@@ -21,12 +21,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-from taskkernel.coordinator.fcop import FcopWorkspace
+from taskkernel.coordinator.fcop import FcopWorkspace, safeio
 from taskkernel.coordinator.fcop.detect import Generation
 from taskkernel.coordinator.fcop.filenames import ROLE_RE
 from taskkernel.coordinator.fcop4.aliases import Aliases
 from taskkernel.coordinator.fcop4.authority import profile_key
-from taskkernel.coordinator.fcop4.edges import CoreEdges
+from taskkernel.coordinator.fcop4.edges import STAGES, CoreEdges
 from taskkernel.coordinator.fcop4.reader import G4Envelope, G4Listing, read_workspace
 from taskkernel.coordinator.folders.importer import ImportReport, is_imported, mark_imported, root_key_of
 from taskkernel.coordinator.folders.ingest import FILE_AGENT, REPORT_STATUS, IngestIncomplete, IngestStats
@@ -67,6 +67,7 @@ class G4Adapter:
         self.project_root = workspace_root
         self.fcop = FcopWorkspace(root=workspace_root / "fcop", generation=Generation.G4,
                                   config=json.loads((workspace_root / "fcop" / "fcop.json").read_bytes()))
+        self._complete_layout()
         self.tracker = FileTracker(kernel.db)
         self.edges = CoreEdges(workspace_root, profile_key(state_dir), self._written)
         self.ids = Aliases(kernel.db)
@@ -75,6 +76,18 @@ class G4Adapter:
         self.root_key = root_key_of(self.fcop.root, workspace_root)
         self.last_import: ImportReport | None = None
         self.last_ingest = IngestStats()
+
+    def _complete_layout(self) -> None:
+        """Make the layout's empty folders a clone lost (git keeps no empty folder): without them fcop's Core refuses
+        the whole workspace (RECOVERY_REQUIRED: Incomplete workspace layout), for fcop-mcp as for us."""
+        made = []
+        for folder in (*(f"_lifecycle/{s}" for s in STAGES), "reports", "issues", "reviews", "operations", "cold"):
+            path = self.fcop.root / folder
+            if not safeio.lexists(path):
+                safeio.ensure_dir(path)
+                made.append(folder)
+        if made:
+            log.info("fcop4.layout_completed", created=made)
 
     # -- ingest ------------------------------------------------------------------------------------------------
     def ingest_pass(self) -> int:

@@ -1,4 +1,4 @@
-"""The Profile ``taskkernel/1``: how a G4 workspace learns that the kernel decided a T4–T7 edge.
+"""The Profile ``taskkernel-authority/1``: how a G4 workspace learns that the kernel decided a T4–T7 edge.
 
 fcop's Core completes approve, reject, reopen and archive only with an authorization REVIEW whose ``issuer_proof``
 a trusted evaluator, given to the Core at start-up, accepts for a Profile the workspace manifest adopts. Ours
@@ -22,7 +22,7 @@ from typing import Any
 from taskkernel.coordinator.fcop import safeio
 from taskkernel.kernel.private import private_dir, write_private
 
-PROFILE_ID = "taskkernel/1"
+PROFILE_ID = "taskkernel-authority/1"
 PROOF_METHOD = "taskkernel-hmac-sha256"
 KEY_FILE = "fcop4-profile.key"
 
@@ -61,7 +61,7 @@ def evaluator(key: bytes) -> Callable[..., str]:
 
 
 def adopt_profile(fcop_root: Path) -> bool:
-    """Add ``taskkernel/1`` to the manifest's ``profiles`` (canonical JSON + LF, as fcop writes it); True if it
+    """Add ``taskkernel-authority/1`` to the manifest's ``profiles`` (canonical JSON + LF, as fcop writes it); True if it
     was added. Without it the Core refuses every T4–T7 with AUTHORIZATION_PROFILE_UNAVAILABLE."""
     from fcop.v4.encoding import canonical
 

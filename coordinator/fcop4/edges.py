@@ -1,7 +1,7 @@
 """One kernel lifecycle step as one edge of fcop's Core, with the evidence and authorization the Core requires.
 
 T2 claim and T3 submit (the attempt's REPORT written first when it has none), T4/T5 with an acceptance/rejection
-REVIEW of the REPORT head and an authorization REVIEW signed for the Profile ``taskkernel/1``, T6/T7 with an
+REVIEW of the REPORT head and an authorization REVIEW signed for the Profile ``taskkernel-authority/1``, T6/T7 with an
 authorization REVIEW. The Core itself appends the transition (attempt id, evidence digests of the exact bytes it
 consumed), moves the file and writes its receipt. Used by the live projection and by ``migrate --to g4``.
 """
