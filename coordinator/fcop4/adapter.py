@@ -7,10 +7,10 @@ Ingest (each pass, level-triggered on what the Core validates):
   inbox→active is its driver's claim, active→review its driver's submit (after the REPORT it consumed); a new
   REPORT is ``submit_report`` by its sender; REVIEWs and ISSUEs are evidence. What the kernel refuses is answered
   by an ISSUE on the task (fcop agents' ``list_issues``), once per refusal.
-Projection (for every task event): the Core is walked from the file's stage to the kernel's state one edge at a
-time — T2 claim, T3 submit (the kernel's done report written as the attempt's REPORT first), T4/T5 with an
-acceptance/rejection REVIEW plus an authorization REVIEW signed for the Profile ``taskkernel-authority/1``, T6 and T7 with
-an authorization REVIEW — so every transition carries the attempt ids, evidence digests and receipts the Core
+Projection (each kernel lifecycle event, in order): one Core edge per event through ``edges.CoreEdges`` — T2
+claim, T3 submit (the round's done report written as the attempt's REPORT first), T4/T5 with an
+acceptance/rejection REVIEW plus an authorization REVIEW signed for the kernel's Profile, T6 and T7 with an
+authorization REVIEW — so every transition carries the attempt ids, evidence digests and receipts the Core
 makes. A task the kernel created gets its TASK file written in the Core's own canonical bytes.
 """
 

@@ -61,7 +61,7 @@ def evaluator(key: bytes) -> Callable[..., str]:
 
 
 def adopt_profile(fcop_root: Path) -> bool:
-    """Add ``taskkernel-authority/1`` to the manifest's ``profiles`` (canonical JSON + LF, as fcop writes it); True if it
+    """Add the kernel's Profile to the manifest's ``profiles`` (canonical JSON + LF, as fcop writes it); True if it
     was added. Without it the Core refuses every T4–T7 with AUTHORIZATION_PROFILE_UNAVAILABLE."""
     from fcop.v4.encoding import canonical
 
