@@ -319,9 +319,16 @@ def init_workspace(root: Path, team: str | None = None, database: str | None = N
     if not existing and g4:
         if fcop.name != "fcop":
             raise ValueError(f"an FCoP 4 workspace lives at <project>/fcop, not {fcop}")
+        from fcop.errors import FcopError as CoreError
+
         from taskkernel.coordinator.fcop4.authority import PROFILE_ID, core
 
-        core(root, b"").create_workspace(profiles=[PROFILE_ID])
+        if fcop.is_dir() and not any(fcop.iterdir()):
+            fcop.rmdir()  # an empty fcop/ is no workspace: fcop's Core makes its own in one publish
+        try:
+            core(root, b"").create_workspace(profiles=[PROFILE_ID])
+        except CoreError as exc:
+            raise ValueError(f"fcop's Core could not make the FCoP 4 workspace at {fcop}: {exc}") from exc
     elif not existing:
         _lay_out(fcop, team or DEFAULT_TEAM)
     (root / "workspace").mkdir(exist_ok=True)

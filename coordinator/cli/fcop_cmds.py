@@ -79,9 +79,21 @@ def _migrate_g4(c: CliContext, ws: Workspace, dry_run: bool) -> None:
         say(f"dry run: {len(plan.docs)} task(s) would be written into a new FCoP 4 root at {ws.root / 'fcop'}, "
             f"{len(plan.kept)} stay in the kernel only; the old root would be kept in {plan.backup}; nothing written")
         return
+    team_kept = _keep_team(ws)
     result = apply_g4(plan, kernel, profile_key(ws.state_dir))
     emit({"status": "ok", "dry_run": False, **plan.as_json(), "aliases": plan.aliases, "files": result.files,
-          "swap": result.swap, "backup": str(result.backup)}, generic=False)
+          "swap": result.swap, "backup": str(result.backup), "team_to_config": team_kept}, generic=False)
     say(("migrated", "green"), f" {plan.root} to FCoP 4 at {ws.root / 'fcop'}: {len(plan.docs)} task(s) under new "
         f"TASK-<hex> ids (their old ids still answer), {len(plan.kept)} kept in the kernel only; the old root is "
         f"kept at {result.backup}")
+
+
+def _keep_team(ws: Workspace) -> bool:
+    """A G3 team lives in fcop.json, which the G4 manifest replaces: it goes to taskkernel.toml's ``[team]`` first
+    (unless one is there), so the roles of open tasks still exist after the swap. True if it was written."""
+    if ws.config.team is not None:
+        return False
+    team = ws.team()
+    with open(ws.root / "taskkernel.toml", "a", encoding="utf-8") as fh:
+        fh.write(team.toml().replace("(init took", "(migrate --to g4 kept the team of the G3 fcop.json; init took"))
+    return True

@@ -12,8 +12,8 @@ import typer
 
 from taskkernel.coordinator.cli.common import emit, get_ctx, reject, say, warn
 from taskkernel.coordinator.cli.output import oneline
-from taskkernel.coordinator.fcop import FcopError, open_workspace
-from taskkernel.coordinator.folders.importer import Importer
+from taskkernel.coordinator.fcop import FcopError, Generation, open_workspace
+from taskkernel.coordinator.folders.importer import Importer, is_imported
 from taskkernel.coordinator.folders.tracking import FileTracker
 from taskkernel.coordinator.workspace import STATE_DIR
 
@@ -31,12 +31,19 @@ def fcop_import(ctx: typer.Context,
         fcop = open_workspace(ws.root, allow_mixed=True)
     except FcopError as exc:  # G4, ambiguous roots, a linked root
         reject(exc.reason.value, exc.message)
-    importer = Importer.for_workspace(kernel, fcop, FileTracker(kernel.db), ws.root, STATE_DIR)
-    already = not dry_run and importer.imported()
-    try:
-        report = importer.run(dry_run=dry_run)
-    except FcopError as exc:
-        reject(exc.reason.value, exc.message)
+    if fcop.generation is Generation.G4:  # through fcop's own Core, as `up` imports it (docs/fcop4.md)
+        from taskkernel.coordinator.fcop4.adapter import G4Adapter
+
+        g4 = G4Adapter(kernel, ws.root, ws.state_dir)
+        already = not dry_run and is_imported(kernel.db, g4.root_key)
+        report = g4.import_history(dry_run=dry_run)
+    else:
+        importer = Importer.for_workspace(kernel, fcop, FileTracker(kernel.db), ws.root, STATE_DIR)
+        already = not dry_run and importer.imported()
+        try:
+            report = importer.run(dry_run=dry_run)
+        except FcopError as exc:
+            reject(exc.reason.value, exc.message)
     out = report.wire()
     emit({"status": out.pop("status"), "already_imported": already, "generation": fcop.generation.value, **out},
          generic=False)

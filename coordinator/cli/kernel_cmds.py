@@ -260,10 +260,12 @@ def task_diff(ctx: typer.Context, task_id: str,
                                                      "with a recorded diff).")) -> None:
     """The patch a task's done report recorded, checked against its recorded SHA-256 (like `gh pr diff`)."""
     from taskkernel.coordinator.cli import output
+    from taskkernel.coordinator.fcop4.aliases import resolve_task_id
     from taskkernel.kernel.queries import PatchRefused, recorded_patch
 
     c = get_ctx(ctx)
     ws = c.workspace()  # the patch files live in its evidence folder
+    task_id = resolve_task_id(c.database(), task_id)  # a migrated task's FCoP 4 file id names its task
     found = recorded_patch(c.database(), ws.root, ws.state_dir / "evidence", task_id, round_)
     if isinstance(found, PatchRefused):
         reject(found.code, found.message, task_id=task_id)
@@ -444,10 +446,12 @@ def task_watch(ctx: typer.Context, task_id: str,
                    "archived by then."))) -> None:
     """Follow a task until it is done or archived: its events so far, then each as it commits (JSON: one line
     per event); exit 0 when it gets there, or on SIGINT/SIGTERM."""
+    from taskkernel.coordinator.fcop4.aliases import resolve_task_id
     from taskkernel.kernel.queries import task_document, task_history
 
     deadline = None if timeout is None else time.monotonic() + timeout
     db = get_ctx(ctx).database()
+    task_id = resolve_task_id(db, task_id)  # a migrated task's FCoP 4 file id follows its task
     if task_document(db, task_id) is None:
         reject("task_not_found", f"{task_id} does not exist (see `taskkernel task list`)")
     watched = _Watched()

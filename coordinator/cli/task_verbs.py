@@ -76,13 +76,18 @@ def _show(outcome: VerbOutcome) -> None:
         warn("to grant it: ", outcome.hint)
 
 
-def _act(ctx: typer.Context, verb: str, task_id: str, payload: dict[str, Any] | None, expect_rev: int | None,
-         round_: int | None, key: str | None) -> None:
+def _resolved(ctx: typer.Context, task_id: str) -> str:
+    """The kernel's id for ``task_id``: a migrated task's FCoP 4 file id acts on its task (docs/fcop4.md)."""
     from taskkernel.coordinator.fcop4.aliases import resolve_task_id
 
+    return resolve_task_id(get_ctx(ctx).database(), task_id)
+
+
+def _act(ctx: typer.Context, verb: str, task_id: str, payload: dict[str, Any] | None, expect_rev: int | None,
+         round_: int | None, key: str | None) -> None:
     verbs, principal = _verbs(ctx)
-    task_id = resolve_task_id(get_ctx(ctx).database(), task_id)  # an FCoP 4 file's id acts on its task
-    _finish(verbs.act(principal, verb, task_id, payload, expect_rev=expect_rev, round_=round_, key=key))
+    _finish(verbs.act(principal, verb, _resolved(ctx, task_id), payload, expect_rev=expect_rev, round_=round_,
+                      key=key))
 
 
 def create(ctx: typer.Context,
@@ -131,6 +136,7 @@ def report(ctx: typer.Context, task_id: str,
     if artifact:
         payload["artifacts"] = artifact
     verbs, principal = _verbs(ctx)
+    task_id = _resolved(ctx, task_id)
     outcome = verbs.act(principal, "report", task_id, payload, expect_rev=expect_rev, round_=round_, key=key)
     if not then_submit or outcome.result.status == "rejected":
         _finish(outcome)
@@ -209,6 +215,7 @@ def merge(ctx: typer.Context, task_id: str) -> None:
     c = get_ctx(ctx)
     db = c.current_database()
     principal, kernel, root = c.principal(), c.kernel(), c.workspace().root
+    task_id = _resolved(ctx, task_id)
     doc = kernel.task(task_id)
     if doc is None:
         refuse("task_not_found", f"{task_id} does not exist (see `taskkernel task list`)")

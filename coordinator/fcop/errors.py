@@ -17,6 +17,7 @@ class FcopReason(StrEnum):
     MIXED_WORKSPACE = "mixed_workspace"
     AMBIGUOUS_WORKSPACE_ROOT = "ambiguous_workspace_root"
     MALFORMED_CONFIG = "malformed_config"
+    MIGRATION_INCOMPLETE = "migration_incomplete"  # the root is G4 but the kernel imported it as G2/G3
     # the file itself
     BAD_FILENAME = "bad_filename"
     INVALID_TASK_ID = "invalid_task_id"  # a well-formed name whose date is not real or whose sequence is too wide

@@ -21,7 +21,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from taskkernel.coordinator.fcop import FcopWorkspace, safeio
+import sqlalchemy as sa
+
+from taskkernel.coordinator.fcop import FcopError, FcopReason, FcopWorkspace, safeio
 from taskkernel.coordinator.fcop.detect import Generation
 from taskkernel.coordinator.fcop.filenames import ROLE_RE
 from taskkernel.coordinator.fcop4.aliases import Aliases
@@ -31,7 +33,7 @@ from taskkernel.coordinator.fcop4.reader import G4Envelope, G4Listing, read_work
 from taskkernel.coordinator.folders.importer import ImportReport, is_imported, mark_imported, root_key_of
 from taskkernel.coordinator.folders.ingest import FILE_AGENT, REPORT_STATUS, IngestIncomplete, IngestStats
 from taskkernel.coordinator.folders.projection import PROJECT_EFFECT
-from taskkernel.coordinator.folders.tracking import FileTracker, Origin
+from taskkernel.coordinator.folders.tracking import FileTracker, Origin, folders_metadata
 from taskkernel.kernel.commands import TaskCommandKernel
 from taskkernel.kernel.logging import get_logger
 from taskkernel.kernel.model.commands import CommandResult
@@ -45,16 +47,20 @@ EDGE_OF_EVENT = {"task_claimed": ("inbox", "active"), "task_submitted": ("active
                  "task_approved": ("review", "done"), "task_rejected": ("review", "active"),
                  "task_reopened": ("done", "active"), "task_archived": ("done", "archive")}
 NOT_EXPRESSIBLE = frozenset({"task_force_archived"})  # the file stays where the last Core edge left it
+DECISIONS = frozenset({"approve_task", "reject_task", "reopen_task", "archive_task"})  # T4-T7: the kernel's alone
+
+
+class ProjectionBehind(Exception):
+    """A kernel event whose Core edge cannot be made yet: the outbox retries it (a dead letter if it stays)."""
 
 
 def role_of(principal: str) -> str:
     """The kernel role a G4 ``sender``/``recipient`` names. G4 leaves them free text: a role code (``DEV``) is
-    itself, ``human:<name>`` is ADMIN (the person), anything else its upper-cased form (``agent:worker-1`` →
-    ``AGENT-WORKER-1``), which the kernel's role checks then judge like any other role."""
+    itself, anything else its upper-cased form (``agent:worker-1`` → ``AGENT-WORKER-1``, ``human:eve`` →
+    ``HUMAN-EVE``), which the kernel's role checks then judge like any other role: a free-text name never becomes
+    ADMIN."""
     if ROLE_RE.fullmatch(principal):
         return principal
-    if principal.lower().startswith("human:"):
-        return "ADMIN"
     code = re.sub(r"[^A-Z0-9_]+", "-", principal.upper()).strip("-")
     return code if ROLE_RE.fullmatch(code) else "UNKNOWN"
 
@@ -67,15 +73,32 @@ class G4Adapter:
         self.project_root = workspace_root
         self.fcop = FcopWorkspace(root=workspace_root / "fcop", generation=Generation.G4,
                                   config=json.loads((workspace_root / "fcop" / "fcop.json").read_bytes()))
+        self.root_key = root_key_of(self.fcop.root, workspace_root)
+        self._refuse_a_half_migration(kernel)
         self._complete_layout()
         self.tracker = FileTracker(kernel.db)
         self.edges = CoreEdges(workspace_root, profile_key(state_dir), self._written)
         self.ids = Aliases(kernel.db)
         self.relay = OutboxRelay(kernel.db, {PROJECT_EFFECT: self._on_event})
         self.projection = self
-        self.root_key = root_key_of(self.fcop.root, workspace_root)
         self.last_import: ImportReport | None = None
         self.last_ingest = IngestStats()
+
+    def _refuse_a_half_migration(self, kernel: TaskCommandKernel) -> None:
+        """A root the kernel imported as G2/G3 that is G4 now: a `migrate --to g4` stopped between publishing the
+        new root and committing its records (or a hand swap). Taking it in would make every task again."""
+        from taskkernel.coordinator.tables import folder_imports
+
+        kernel.db.create_schema(folders_metadata)
+        with kernel.db.read() as conn:
+            generation = conn.execute(sa.select(folder_imports.c.generation).where(
+                folder_imports.c.root == self.root_key)).scalar()
+        if generation not in (None, "g4"):
+            raise FcopError(FcopReason.MIGRATION_INCOMPLETE,
+                            f"{self.fcop.root} is FCoP 4 but the kernel imported it as {generation}: a `taskkernel "
+                            "fcop migrate --to g4` stopped after publishing the new root. Put the old root back (its "
+                            "copy is the .fcop-g4-root-* folder beside it, or the migrate backup) and migrate again.",
+                            self.fcop.root)
 
     def _complete_layout(self) -> None:
         """Make the layout's empty folders a clone lost (git keeps no empty folder): without them fcop's Core refuses
@@ -94,9 +117,13 @@ class G4Adapter:
         stats = IngestStats()
         first = self.last_import is None and not is_imported(self.kernel.db, self.root_key)
         listing = read_workspace(self.project_root, None if first else self.tracker.digests())
-        for rel, (sha, why) in listing.invalid.items():  # left where it is, said once per version of it
-            log.warning("fcop4.invalid", rel=rel, reason=why)
-            self.tracker.record(rel, sha, None, Origin.KEPT, note=why)
+        for rel, (_sha, why) in listing.invalid.items():
+            # left where it is and read again next pass (a file read while fcop's Core moves it is invalid for a
+            # moment: never cached), said once while the reason stays the same
+            known = self.tracker.get(rel)
+            if known is None or known.note != why:
+                log.warning("fcop4.invalid", rel=rel, reason=why)
+                self.tracker.record(rel, "", None, Origin.KEPT, note=why)
         if first:
             self.last_import = self._import(listing, stats)
         else:
@@ -105,6 +132,21 @@ class G4Adapter:
         if stats.failed:
             raise IngestIncomplete(stats)
         return stats.progress
+
+    def import_history(self, *, dry_run: bool = False) -> ImportReport:
+        """`taskkernel fcop import` on a G4 workspace: the import `up` runs on its first pass, once; a dry run counts
+        what the Core validates (every task, every record) and stores nothing."""
+        if is_imported(self.kernel.db, self.root_key):
+            return ImportReport(dry_run=dry_run)
+        listing = read_workspace(self.project_root)
+        if not dry_run:
+            return self._import(listing, IngestStats())
+        report = ImportReport(dry_run=True)
+        for task in listing.tasks.values():
+            report.tasks[task.stage or "inbox"] += 1
+        for record in listing.records:
+            report.records[record.kind.lower()] += 1
+        return report
 
     def _import(self, listing: G4Listing, stats: IngestStats) -> ImportReport:
         report = ImportReport()
@@ -154,10 +196,11 @@ class G4Adapter:
         payload: dict[str, Any] = {"sender": role_of(f["sender"]), "recipient": role_of(f["recipient"]),
                                    "subject": str(f.get("subject") or task.id)[:500], "body": task.body.strip(),
                                    "priority": f.get("priority") or "P2",
-                                   "references": [r for r in f.get("references") or [] if isinstance(r, str)]}
+                                   "references": [self.ids.kernel_id(r) for r in f.get("references") or []
+                                                  if isinstance(r, str)]}
         parent = f.get("branch_of") or f.get("parent")
-        if parent and self.kernel.task(parent) is not None:
-            payload["parent"] = parent
+        if parent and self.kernel.task(parent := self.ids.kernel_id(parent)) is not None:
+            payload["parent"] = parent  # a migrated parent by its file id too
         return payload
 
     def _live(self, listing: G4Listing, stats: IngestStats) -> None:
@@ -193,7 +236,11 @@ class G4Adapter:
         recorded (``by``), judged by the kernel's role checks like any other (another role's task is refused)."""
         kind = {("inbox", "active"): "claim", ("active", "review"): "submit"}.get((doc["state"], task.stage or ""))
         if kind is None:
-            return  # behind the kernel (the projection moves it on) or a decision fcop made without the kernel
+            last = (task.fields.get("transitions") or [{}])[-1]
+            if last.get("tool") in DECISIONS:  # T4-T7 without the kernel (fcop run with an evaluator of its own)
+                self._refuse(task, doc["task_id"], f"decision_not_taken: {last.get('tool')} by {last.get('by')} was "
+                             f"made without taskkernel, which decides T4-T7; the kernel says {doc['state']}", stats)
+            return  # else behind the kernel: the projection moves it on
         actor = role_of(str(task.last_by or doc["authority"]["driver"]))
         result = self._submit({"type": kind, "task_id": doc["task_id"], "thread_key": doc["thread_key"],
                                "expected_revision": doc["revision"], "round": doc["round"], "payload": {},
@@ -274,8 +321,12 @@ class G4Adapter:
                             message="FCoP 4 has no edge for it: the task's file stays where it is")
             return
         file_id = self.ids.file_id(task_id)
-        if self.edges.state(file_id)[0] != edge[0]:
+        stage = self.edges.state(file_id)[0]
+        if stage == edge[1]:
             return  # already there: an fcop agent made this move and the kernel took it in
+        if stage != edge[0]:  # behind (an earlier edge is still to be retried) or moved without the kernel
+            raise ProjectionBehind(f"{task_id}: the kernel's {event.type} needs its file in {edge[0]}/, it is in "
+                                   f"{stage}/; retried after the task's earlier edges (a dead letter if it stays)")
         self.edges.step(file_id, task_id, doc["authority"], *edge,
                         report_body=report_before(self.kernel.history(task_id), event.global_pos),
                         reason=str(event.data.get("reason") or ""))
@@ -285,11 +336,16 @@ class G4Adapter:
         return self.edges.find(self.ids.file_id(task_id))
 
     def place(self, task_id: str) -> Path | None:
-        """The task's TASK file, written if the kernel created the task and it has none yet."""
+        """The task's TASK file, written if the kernel created the task and it has none yet (never for one FCoP 4
+        cannot hold: a force-archived task stays in the kernel only)."""
         doc = self.kernel.task(task_id)
         if doc is None:
             return None
-        return self.find(task_id) or self.edges.write_task(doc)
+        if (found := self.find(task_id)) is not None:
+            return found
+        if any(e.type in NOT_EXPRESSIBLE for e in self.kernel.history(task_id)):
+            return None
+        return self.edges.write_task(doc)
 
     def _written(self, path: Path, task_id: str) -> None:
         self.tracker.record(self.fcop.relative(path), _sha(path), task_id, Origin.PROJECTED)

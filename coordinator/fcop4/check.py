@@ -13,7 +13,6 @@ import sqlalchemy as sa
 
 from taskkernel.coordinator.fcop4.aliases import Aliases
 from taskkernel.coordinator.folders.projection import PROJECT_EFFECT
-from taskkernel.coordinator.tables import folder_files
 from taskkernel.kernel.commands import TaskCommandKernel
 from taskkernel.kernel.store.schema import outbox, tasks
 from taskkernel.kernel.verify import VerifyReport
@@ -31,11 +30,9 @@ def verify_g4(kernel: TaskCommandKernel, project_root: Path, report: VerifyRepor
     with kernel.db.snapshot() as conn:
         queued = {json.loads(p)["task_id"] for p in conn.execute(sa.select(outbox.c.payload).where(
             outbox.c.effect == PROJECT_EFFECT, outbox.c.status.in_(("pending", "claimed")))).scalars()}
-        refused = {r.task_id for r in conn.execute(sa.select(folder_files.c.task_id).where(
-            folder_files.c.origin == "refused"))}
         rows = conn.execute(sa.select(tasks.c.task_id, tasks.c.state, tasks.c.last_pos))
         for task_id, state, pos in rows:
-            if task_id in queued or task_id in refused:
+            if task_id in queued:
                 continue
             try:
                 stage = core.inspect_state(task_id=ids.file_id(task_id))["stage"]

@@ -35,8 +35,13 @@ class CoreEdges:
         self.fcop_root = project_root / "fcop"
         self.key = key
         self.written = written  # (a file the Core or we wrote, the kernel task it is about)
-        self.core = core(project_root, key)
         self.workspace_id: str = json.loads((self.fcop_root / "fcop.json").read_bytes())["workspace_id"]
+
+    @property
+    def core(self) -> Any:
+        """fcop's Core, bound anew for each use (under a millisecond): a Project bound to a manifest that changed
+        since (another coordinator adopting the Profile, a hand edit) refuses every call."""
+        return core(self.project_root, self.key)
 
     def find(self, file_id: str) -> Path | None:
         for stage in STAGES:
@@ -125,8 +130,7 @@ class CoreEdges:
 
     def _authorize(self, file_id: str, task_id: str, authority: dict[str, str], actor: str, stage: str,
                    target: str, attempt: str | None, evidence: str | None) -> str:
-        if adopt_profile(self.fcop_root):  # the first decision: the manifest adopts the kernel's Profile
-            self.core = core(self.project_root, self.key)
+        adopt_profile(self.fcop_root)  # the first decision: the manifest adopts the kernel's Profile
         written = self.core.write_review(
             workspace_id=self.workspace_id, sender=actor, recipient=authority["driver"], subject_ref=file_id,
             review_kind="authorization", decision="authorize", attempt_id=attempt,

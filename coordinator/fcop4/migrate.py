@@ -117,7 +117,9 @@ def apply_g4(plan: G4Plan, kernel: TaskCommandKernel, key: bytes) -> G4Result:
     back); anything built is removed unless the swap published it."""
     from fcop.errors import FcopError as CoreError
 
-    staging = plan.project / f".fcop-g4-{secrets.token_hex(4)}"
+    for stale in plan.backup.parent.glob("migrate-g4-*"):  # an earlier build that was never published
+        shutil.rmtree(stale, ignore_errors=True)
+    staging = plan.backup.parent / f"migrate-g4-{secrets.token_hex(4)}"  # in .taskkernel/: never in the project
     before = _keys(plan.root)
     written: list[tuple[Path, str]] = []
     swapped: tuple[str, str] | None = None

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from taskkernel.coordinator.fcop import DEFAULT_MAX_BYTES, FcopError, safeio
+
 STAGES = ("inbox", "active", "review", "done", "archive")
 BUCKETS = {"REPORT": "reports", "REVIEW": "reviews", "ISSUE": "issues"}
 
@@ -53,7 +55,6 @@ def read_workspace(project_root: Path, known: dict[str, str] | None = None) -> G
     left out unread by the Core (a live pass then costs what changed: the Core parses with pure-Python YAML)."""
     known = known or {}
     from fcop import Project
-    from fcop.errors import FcopError as CoreError
     from fcop.v4.creation import _Creation  # noqa: PLC2701
     from fcop.workspace import _envelope  # noqa: PLC2701 - the Core's own per-file check (list_envelopes stops at one bad file)
 
@@ -71,18 +72,20 @@ def read_workspace(project_root: Path, known: dict[str, str] | None = None) -> G
             continue
         for path in sorted(directory.glob(f"{kind}-*.md")):
             rel = path.relative_to(root).as_posix()
-            try:
-                data = path.read_bytes()
-            except OSError as exc:
-                listing.invalid[rel] = ("", f"{type(exc).__name__}: {exc}")
+            try:  # never through a link, never a FIFO or device, never more than a TASK may weigh
+                data, _ = safeio.read_bytes(path, DEFAULT_MAX_BYTES)
+            except FileNotFoundError:
+                continue  # moved on meanwhile
+            except FcopError as exc:
+                listing.invalid[rel] = ("", f"{exc.reason.value}: {exc.message}")
                 continue
             sha = hashlib.sha256(data).hexdigest()
             if known.get(rel) == sha:
                 continue
             try:
                 fields = _envelope(project, creation, path)
-            except (CoreError, OSError, ValueError, UnicodeDecodeError) as exc:
-                listing.invalid[rel] = (sha, f"{getattr(exc, 'code', type(exc).__name__)}: {exc}")
+            except Exception as exc:  # noqa: BLE001 - one file (bad YAML nesting, a race) never stops the others
+                listing.invalid[rel] = (sha, f"{getattr(exc, 'code', type(exc).__name__)}: {exc}"[:500])
                 continue
             clean = {k: v for k, v in fields.items()
                      if k not in ("path", "warnings", "stage", "content_digest", "last_transition",

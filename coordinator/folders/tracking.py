@@ -34,6 +34,7 @@ class Tracked:
     sha256: str
     task_id: str | None
     origin: Origin
+    note: str | None = None
 
 
 class FileTracker:
@@ -44,7 +45,7 @@ class FileTracker:
     def get(self, rel: str) -> Tracked | None:
         with self.db.read() as conn:
             row = conn.execute(sa.select(folder_files).where(folder_files.c.rel == rel)).first()
-        return Tracked(row.rel, row.sha256, row.task_id, Origin(row.origin)) if row else None
+        return Tracked(row.rel, row.sha256, row.task_id, Origin(row.origin), row.note) if row else None
 
     def task_file(self, task_id: str) -> str | None:
         """The TASK file the kernel last placed (or took in) for ``task_id`` (matched by file name: reports
