@@ -23,13 +23,13 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from taskkernel.coordinator.fcop import FcopError, FcopReason, FcopWorkspace, safeio
+from taskkernel.coordinator.fcop import FcopError, FcopReason, FcopWorkspace, quarantine, safeio
 from taskkernel.coordinator.fcop.detect import Generation
 from taskkernel.coordinator.fcop.filenames import ROLE_RE
 from taskkernel.coordinator.fcop4.aliases import Aliases
 from taskkernel.coordinator.fcop4.authority import profile_key
 from taskkernel.coordinator.fcop4.edges import STAGES, CoreEdges
-from taskkernel.coordinator.fcop4.reader import G4Envelope, G4Listing, read_workspace
+from taskkernel.coordinator.fcop4.reader import G4Envelope, G4Listing, planted_entries, read_workspace
 from taskkernel.coordinator.folders.importer import ImportReport, is_imported, mark_imported, root_key_of
 from taskkernel.coordinator.folders.ingest import FILE_AGENT, REPORT_STATUS, IngestIncomplete, IngestStats
 from taskkernel.coordinator.folders.projection import PROJECT_EFFECT
@@ -115,6 +115,16 @@ class G4Adapter:
     # -- ingest ------------------------------------------------------------------------------------------------
     def ingest_pass(self) -> int:
         stats = IngestStats()
+        for path in planted_entries(self.fcop.root):  # out of the Core's way, moved as what it is (never followed)
+            try:
+                moved = quarantine(self.fcop, path, FcopReason.NOT_REGULAR_FILE,
+                                   "not a regular file: fcop's Core cannot work beside it (a link makes it refuse the "
+                                   "workspace, a FIFO blocks it)")
+                stats.quarantined += 1
+                log.warning("fcop.quarantined", rel=self.fcop.relative(path), reason="not_regular_file",
+                            to=self.fcop.relative(moved.path))
+            except FcopError as exc:
+                log.warning("quarantine_failed", rel=self.fcop.relative(path), reason=exc.reason.value)
         first = self.last_import is None and not is_imported(self.kernel.db, self.root_key)
         listing = read_workspace(self.project_root, None if first else self.tracker.digests())
         for rel, (_sha, why) in listing.invalid.items():

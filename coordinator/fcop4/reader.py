@@ -7,6 +7,7 @@ one file at a time, so one bad file never hides the rest.
 from __future__ import annotations
 
 import hashlib
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,20 @@ class G4Listing:
 
 def _body(data: bytes) -> str:
     return data.decode("utf-8").split("---\n", 2)[2].removeprefix("\n")
+
+
+def planted_entries(fcop_root: Path) -> list[Path]:
+    """Links, FIFOs, sockets and devices in a stage or bucket folder: fcop's Core refuses a workspace with a link in
+    it and blocks opening a FIFO, for fcop-mcp as for us, so none may stay there."""
+    found = []
+    for folder in (*(f"_lifecycle/{s}" for s in STAGES), *BUCKETS.values()):
+        try:
+            entries = safeio.list_dir(fcop_root / folder)
+        except (FileNotFoundError, FcopError):
+            continue
+        found += [fcop_root / folder / name for name, st in entries
+                  if not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode)]
+    return found
 
 
 def read_workspace(project_root: Path, known: dict[str, str] | None = None) -> G4Listing:
