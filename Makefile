@@ -22,11 +22,10 @@ test: setup fcop-mcp
 
 # fcop-mcp 4.0.5, the tests' real fcop agent server (tests/fcop_mcp.py), in a venv of its own: it pins an older mcp.
 FCOP_MCP_VENV := .venv-fcop-mcp
-fcop-mcp: $(FCOP_MCP_VENV)/.installed
-$(FCOP_MCP_VENV)/.installed:
+fcop-mcp: $(FCOP_MCP_VENV)/bin/fcop-mcp
+$(FCOP_MCP_VENV)/bin/fcop-mcp:
 	$(PYTHON) -m venv $(FCOP_MCP_VENV)
 	$(FCOP_MCP_VENV)/bin/pip install -qq fcop-mcp==4.0.5
-	touch $@
 
 # The real agent CLIs the tests drive, at the versions tests/clis/package.json pins (docs/agents.md, "Versions").
 # npm install, not npm ci: the registry lacks some platform packages other machines would use, which npm ci refuses.

@@ -16,6 +16,7 @@ makes. A task the kernel created gets its TASK file written in the Core's own ca
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -126,18 +127,19 @@ class G4Adapter:
             except FcopError as exc:
                 log.warning("quarantine_failed", rel=self.fcop.relative(path), reason=exc.reason.value)
         first = self.last_import is None and not is_imported(self.kernel.db, self.root_key)
-        listing = read_workspace(self.project_root, None if first else self.tracker.digests())
+        known = {} if first else self.tracker.digests()  # a file with the bytes recorded is not read again
+        listing = read_workspace(self.project_root, known)
         for rel, (_sha, why) in listing.invalid.items():
             # left where it is and read again next pass (a file read while fcop's Core moves it is invalid for a
             # moment: never cached), said once while the reason stays the same
-            known = self.tracker.get(rel)
-            if known is None or known.note != why:
+            recorded = self.tracker.get(rel)
+            if recorded is None or recorded.note != why:
                 log.warning("fcop4.invalid", rel=rel, reason=why)
                 self.tracker.record(rel, "", None, Origin.KEPT, note=why)
         if first:
             self.last_import = self._import(listing, stats)
         else:
-            self._live(listing, stats)
+            self._live(listing, known, stats)
         self.last_ingest = stats
         if stats.failed:
             raise IngestIncomplete(stats)
@@ -213,12 +215,10 @@ class G4Adapter:
             payload["parent"] = parent  # a migrated parent by its file id too
         return payload
 
-    def _live(self, listing: G4Listing, stats: IngestStats) -> None:
+    def _live(self, listing: G4Listing, known: dict[str, str], stats: IngestStats) -> None:
+        """``listing`` holds only what changed since the tracker's record (``known``: rel -> sha256)."""
         moved: list[tuple[G4Envelope, dict[str, Any]]] = []
         for task in listing.tasks.values():
-            known = self.tracker.get(task.rel)
-            if known is not None and known.sha256 == task.sha256:
-                continue  # unchanged since the kernel last wrote or took it in
             task_id = self.ids.kernel_id(task.id)
             doc = self.kernel.task(task_id)
             if doc is None:
@@ -236,7 +236,7 @@ class G4Adapter:
             else:
                 self.tracker.record(task.rel, task.sha256, task_id, Origin.INGESTED)
         for record in listing.records:
-            if self.tracker.get(record.rel) is None:
+            if not known.get(record.rel):  # new, or invalid until now (recorded without a digest): taken in once
                 self._record(record, stats)
         for task, doc in moved:
             self._agent_move(task, self.kernel.task(doc["task_id"]) or doc, stats)
@@ -370,6 +370,4 @@ def report_before(history: list[Any], position: int) -> str:
 
 
 def _sha(path: Path) -> str:
-    import hashlib
-
     return hashlib.sha256(path.read_bytes()).hexdigest()

@@ -14,6 +14,7 @@ one) and the old root goes into ``.taskkernel/migrate-backup-<UTC>/`` byte for b
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import secrets
@@ -259,8 +260,6 @@ def _keys(root: Path) -> tuple[dict[str, int], dict[str, tuple[int, int, int]]]:
 
 def _records(new_root: Path, written: list[tuple[Path, str]]) -> list[tuple[str, str, str]]:
     """(rel, sha256, kernel task id) of every envelope the migration wrote, where it is in the new root now."""
-    import hashlib
-
     owner: dict[str, str] = {}
     for path, task_id in written:
         owner[path.name] = task_id  # a TASK file moved between stages: its last place counts
