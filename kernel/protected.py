@@ -22,6 +22,7 @@ from taskkernel.kernel.reasons import KernelError, ReasonCode
 from taskkernel.kernel.sessionlog import Rec, SessionLog
 from taskkernel.kernel.sessionlog.authority import check_read
 from taskkernel.kernel.sessionlog.models import SessionLogError
+from taskkernel.kernel.sessionlog.replay import replay
 from taskkernel.kernel.store.db import UnitOfWork
 from taskkernel.kernel.store.events import EventStore, NewEvent
 
@@ -66,8 +67,18 @@ def trace_event(r: Rec) -> dict[str, Any] | None:
     return None
 
 
+class DamagedLog(ValueError):
+    """The session the gate would judge by does not replay as ``known``."""
+
+
 def build_trace(records: Sequence[Rec], protected: Sequence[str] | None) -> list[dict[str, Any]]:
-    """Accepted, sequenced inputs in acceptance order, behind the kernel's policy event (none = protect all)."""
+    """Accepted, sequenced inputs in acceptance order, behind the kernel's policy event (none = protect all). A log
+    that does not replay as ``known`` (a lost sequence, an accepted input without one, a lost tail) raises
+    ValueError: the gate never judges a damaged history as if it were whole (fail closed)."""
+    verdict = replay(records)
+    if not verdict.known:
+        raise DamagedLog(f"the session log does not replay ({verdict.reason}: {verdict.detail}): nothing it "
+                         "holds can authorize an action")
     events: list[dict[str, Any]] = []
     if protected is not None:
         events.append({"id": "kernel-policy", "seq": 1, "kind": "policy", "source": "system",
@@ -118,6 +129,8 @@ class GateGuard:
         head = max((r.seq or 0 for r in records), default=0)
         try:
             trace = build_trace(records, self.protected_operations(doc["risk_level"], principal.role))
+        except DamagedLog as exc:
+            raise KernelError(ReasonCode.GATE_INSUFFICIENT_EVIDENCE, f"session {session!r}: {exc}") from exc
         except (KeyError, TypeError, ValueError) as exc:  # an input the gate cannot read: fail closed
             raise KernelError(ReasonCode.GATE_INSUFFICIENT_EVIDENCE,
                               f"session {session!r} holds an input the gate cannot read ({exc!r})") from exc
