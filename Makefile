@@ -35,7 +35,7 @@ tests/clis/node_modules/.installed: tests/clis/package.json tests/clis/package-l
 	touch $@
 
 test-agents: setup agent-clis  # only the real agent CLIs' tests
-	$(BIN)/python -m pytest -q -n auto -m agent_clis tests/test_real_clis.py
+	$(BIN)/python -m pytest -q -n auto -m agent_clis tests/test_real_clis.py tests/test_run_stream.py
 
 screenshots: setup  # the board's pictures in docs/img, taken by its browser tests
 	TASKKERNEL_SCREENSHOTS=docs $(BIN)/python -m pytest -q tests/test_web_browser.py

@@ -44,7 +44,8 @@ def metadatas() -> tuple[sa.MetaData, ...]:
     from taskkernel.scheduler import tables as scheduler_tables
 
     return (core_tables.metadata, sessionlog_tables.metadata, scheduler_tables.metadata, coordinator_tables.metadata,
-            coordinator_tables.worktree_metadata, coordinator_tables.alias_metadata)
+            coordinator_tables.worktree_metadata, coordinator_tables.alias_metadata,
+            coordinator_tables.loop_metadata)
 
 
 class Status(NamedTuple):

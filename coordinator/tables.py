@@ -109,3 +109,50 @@ worktrees = sa.Table(
     sa.Column("created_at", sa.Text, nullable=False),
     sa.Column("updated_at", sa.Text, nullable=False),
 )
+
+# People in the loop of a running agent (runners/live.py, runners/inputs.py). Their own MetaData, as worktrees':
+# what creates the tables above keeps working on a database from before these.
+loop_metadata = sa.MetaData()
+
+# What a running agent's streamed output said, typed (assistant text, tool call, tool result, usage, error), redacted
+# and bounded per run: `runs follow`, `task watch`, the board's live pane and MCP get_task read it.
+run_events = sa.Table(
+    "run_events",
+    loop_metadata,
+    sa.Column("run_id", sa.Text, primary_key=True),
+    sa.Column("n", sa.Integer, primary_key=True),  # 1, 2, … per run, in the order the agent printed them
+    sa.Column("task_id", sa.Text, nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("at", sa.Text, nullable=False),
+    sa.Column("kind", sa.Text, nullable=False),
+    sa.Column("tool", sa.Text),
+    sa.Column("text", sa.Text, nullable=False),
+    sa.Index("ix_run_events_task", "task_id", "run_id", "n"),
+)
+
+# Which run an instruction a person (or a leader) gave a task's agent was delivered to, and how (its prompt, or a
+# tool result's pending-inputs notice). Consumed is the session log's own counter (last_consumed_seq).
+input_deliveries = sa.Table(
+    "input_deliveries",
+    loop_metadata,
+    sa.Column("session_id", sa.Text, primary_key=True),
+    sa.Column("seq", sa.Integer, primary_key=True),
+    sa.Column("task_id", sa.Text, nullable=False),
+    sa.Column("run_id", sa.Text, nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("via", sa.Text, nullable=False),  # prompt | tool
+    sa.Column("delivered_at", sa.Text, nullable=False),
+)
+
+# A person asked the running agent of a task to stop (`task interrupt`): the coordinator holding the run stops it
+# (TERM, grace, KILL) and a resumed run follows.
+run_interrupts = sa.Table(
+    "run_interrupts",
+    loop_metadata,
+    sa.Column("task_id", sa.Text, primary_key=True),
+    sa.Column("run_id", sa.Text, primary_key=True),
+    sa.Column("requested_by", sa.Text, nullable=False),
+    sa.Column("requested_at", sa.Text, nullable=False),
+    sa.Column("message_seq", sa.Integer),  # the instruction accepted with it, if any
+    sa.Column("handled_at", sa.Text),
+)

@@ -52,9 +52,9 @@ def test_each_preset_runs_its_cli_headless_with_the_kernel_mcp_server_and_record
         assert "- hello.txt says hello" in prompt.split("## Acceptance criteria")[1].split("##")[0]
         assert "`report`" in prompt and "submit_task" in prompt
         if cli == "claude":
-            assert argv == ["-p", "--output-format", "json", "--permission-mode", "acceptEdits", "--mcp-config",
-                            argv[6], "--strict-mcp-config", "--allowedTools", "mcp__taskkernel,Bash(pytest:*)",
-                            "--model", "sonnet"]
+            assert argv == ["-p", "--output-format", "stream-json", "--verbose", "--permission-mode", "acceptEdits",
+                            "--mcp-config", argv[7], "--strict-mcp-config", "--allowedTools",
+                            "mcp__taskkernel,Bash(pytest:*)", "--model", "sonnet"]
             assert env["ANTHROPIC_API_KEY"] == "anthropic-key" and "CODEX_API_KEY" not in env
         elif cli == "codex":
             assert argv[:7] == ["exec", "--json", "--skip-git-repo-check", "--cd", str(wt), "--sandbox",

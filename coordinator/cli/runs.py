@@ -1,19 +1,21 @@
-"""`taskkernel runs list|show`: the run ledger for people and scripts (docs/runs.md).
+"""`taskkernel runs list|show|follow`: the run ledger and a run's live output, for people and scripts (docs/runs.md,
+docs/live-output.md).
 
-Reads only (coordinator/runners/history.py): the database is opened, the kernel never built. Text an agent or
-its coordinator wrote (an error, a log line) goes out with control characters escaped and cut to a bound, in
-JSON as on a terminal, so a log can neither break a line nor drive the terminal.
+Reads only (coordinator/runners/history.py, runners/live.py): the database is opened, the kernel never built. Text
+an agent or its coordinator wrote (an error, a log line, a live event) goes out with control characters escaped and
+cut to a bound, in JSON as on a terminal, so a log can neither break a line nor drive the terminal.
 """
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 from typing import Any
 
 import typer
 
 from taskkernel.coordinator.cli.common import Exit, emit, fail, get_ctx, reject, say, show
-from taskkernel.coordinator.cli.output import oneline
+from taskkernel.coordinator.cli.output import human_mode, oneline, write_json
 
 VIEW_STATES = ("queued", "running", "retrying", "done", "failed", "blocked")  # = history.VIEW_STATES (tested)
 ERROR_CHARS = 300  # last_error, after escaping
@@ -160,3 +162,53 @@ def _render_show(doc: dict[str, Any]) -> None:
             say((f"attempt {a['attempt']} {stream}{more}", "bold"), f"  {a['logs'][stream]}")
             for line in tail["lines"]:
                 show(Text("  " + line))
+
+
+FOLLOW_POLL_S = 0.2  # how often `runs follow` looks for new events, as `task watch` does
+_KIND_STYLES = {"error": "red", "tool_call": "cyan", "tool_result": "dim", "usage": "green"}
+
+
+@app.command("follow")
+def runs_follow(ctx: typer.Context,
+                run_id: str = typer.Argument(..., metavar="RUN_ID", help="A run id from `taskkernel runs list`."),
+                timeout: float | None = typer.Option(None, "--timeout", min=0, help=(
+                    "Give up after this many seconds: exit 1 (error code timeout) unless the run ended by then.")),
+                ) -> None:
+    """A run's live output: its events so far, then each as it is stored (JSON: one line per event), until the
+    run is done, failed or blocked (exit 0); SIGINT/SIGTERM end it quietly with exit 0."""
+    from taskkernel.coordinator.cli.kernel_cmds import _quiet_stop
+    from taskkernel.coordinator.runners.live import ACTIVE_STATES, MAX_READ, read_events, run_state
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    db = get_ctx(ctx).current_database(writes=False)
+    state = run_state(db, run_id)
+    if state is None:
+        reject("run_not_found", f"no run {bounded(run_id, 200)} (see `taskkernel runs list`)")
+    after = 0
+    with _quiet_stop() as stop:
+        while not stop.requested:
+            state = run_state(db, run_id) or state  # before the events: a run seen ended had stored them all
+            events = read_events(db, run_id=run_id, after=after, limit=MAX_READ)
+            for event in events:
+                _print_run_event(event)
+                after = event["n"]
+            if len(events) == MAX_READ:
+                continue  # more are there already
+            if state not in ACTIVE_STATES:
+                say(f"{bounded(run_id, 200)} is {state}")
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            time.sleep(FOLLOW_POLL_S)
+    fail(Exit.INTERNAL, f"{bounded(run_id, 200)} is still {state} after {timeout:g} s (--timeout)", error="timeout",
+         run_id=run_id, state=state)
+
+
+def _print_run_event(event: dict[str, Any]) -> None:
+    """One event: a JSON line for scripts, a readable line on a terminal (time, kind, tool, text on one line)."""
+    if not human_mode():
+        write_json(event)
+        return
+    when = event["at"][11:19]  # HH:MM:SS of the UTC stamp
+    tool = f" {oneline(event['tool'])}" if event["tool"] and event["kind"] != "tool_call" else ""
+    say(f"{when} ", (f"{event['kind']:<11}", _KIND_STYLES.get(event["kind"], "")), f"{tool} {oneline(event['text'])}")

@@ -4,7 +4,8 @@
 Like the real CLI it checks the flags the preset relies on, reads the prompt from stdin, finds the MCP server
 where that CLI is told of it (Claude Code: the --mcp-config file; Codex: the -c mcp_servers.taskkernel.*
 overrides; Gemini CLI: .gemini/settings.json under GEMINI_CLI_HOME), talks to it with the official
-MCP SDK client, edits files in its working folder and prints the CLI's documented JSON output.
+MCP SDK client, edits files in its working folder and prints the CLI's documented JSON output (Claude Code's
+as one result object or, with stream-json, as its events).
 
 What it does is read from the task's body, one instruction per line:
   write <path> <text>   write <text> (and a newline) to <path> in the working folder
@@ -71,12 +72,16 @@ def server_of(cli: str, argv: list[str]) -> dict[str, Any] | None:
 
 def check_flags(cli: str, argv: list[str]) -> None:
     """The flags each preset must pass (docs/agents.md); a real CLI would otherwise not run headless."""
-    wanted = {"claude": ["-p", "--output-format", "json", "--permission-mode", "acceptEdits"],
+    wanted = {"claude": ["-p", "--output-format", "--permission-mode", "acceptEdits"],
               "codex": ["exec", "--json", "--sandbox", "workspace-write", "--cd"],
               "gemini": ["--output-format", "json", "--approval-mode", "auto_edit", "--skip-trust"]}[cli]
     missing = [w for w in wanted if w not in argv]
     if missing:
         fail(f"{cli}: missing {missing} in {argv}")
+    if cli == "claude" and value_after(argv, "--output-format") not in ("json", "stream-json"):
+        fail(f"claude: --output-format json or stream-json, not {argv}")
+    if cli == "claude" and streams(argv) and "--verbose" not in argv:  # as the real CLI refuses it
+        fail("Error: When using --print, --output-format=stream-json requires --verbose")
     if cli == "codex":
         os.chdir(value_after(argv, "--cd") or ".")
 
@@ -154,8 +159,19 @@ async def work(server: dict[str, Any], task_id: str, round_: str, crashed_before
 TEXT_ANSWER = "I would add the greeting to hello.txt: shall I go ahead?"
 
 
-def output(cli: str, outcome: str) -> None:
+def streams(argv: list[str]) -> bool:
+    """Claude Code told to print its events as they happen (``--output-format stream-json``)."""
+    return value_after(argv, "--output-format") == "stream-json"
+
+
+def output(cli: str, outcome: str, argv: list[str]) -> None:
     if cli == "claude":
+        if streams(argv):  # the events before the result, in Claude Code's shapes (tests/fixtures/run-streams)
+            answer = TEXT_ANSWER if outcome == "text" else "DONE"
+            for event in ({"type": "system", "subtype": "init", "model": "claude-sonnet-4-5",
+                           "mcp_servers": [{"name": "taskkernel", "status": "connected"}]},
+                          {"type": "assistant", "message": {"content": [{"type": "text", "text": answer}]}}):
+                print(json.dumps(event))
         print(json.dumps({"type": "result", "subtype": "success", "is_error": outcome == "fail-json",
                           "duration_ms": 132, "duration_api_ms": 27, "num_turns": 3,
                           "result": TEXT_ANSWER if outcome == "text" else "DONE",
@@ -202,11 +218,11 @@ def main() -> None:
         fail("no taskkernel MCP server was configured")
     body = prompt.split("\n## Where this task sits", 1)[0]  # the task's body as the prompt gives it
     if os.environ.get("TASKKERNEL_PURPOSE") != "review" and answered_in_text(body, records, task_id):
-        output(cli, "text")
+        output(cli, "text", argv)
         name.with_suffix(".end").write_text(str(time.time()))
         return
     outcome = asyncio.run(work(server, task_id, round_, crashed_before, marker))
-    output(cli, outcome)
+    output(cli, outcome, argv)
     name.with_suffix(".end").write_text(str(time.time()))
 
 
