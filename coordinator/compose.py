@@ -23,6 +23,7 @@ from taskkernel.coordinator.worktrees.effects import WORKTREE_RULE
 from taskkernel.coordinator.worktrees.evidence import DiffEvidence
 from taskkernel.coordinator.worktrees.manager import Worktrees
 from taskkernel.kernel.commands import EffectRule, TaskCommandKernel
+from taskkernel.kernel.instructions import PendingInputsGuard
 from taskkernel.kernel.model.upcasters import task_upcasters
 from taskkernel.kernel.permissions import HumanGrantGuard
 from taskkernel.kernel.protected import DEFAULT_PROTECTED, GateGuard
@@ -54,7 +55,7 @@ def build_kernel(db: Database, workspace: Workspace | None) -> TaskCommandKernel
                 ] if workspace is not None else []
     retry = [RetryGuard(retry_check(workspace.config, workspace.root, roles))] if workspace is not None else []
     return TaskCommandKernel(db, roles, effect_rules=STANDARD_EFFECTS, store=store,
-                             guards=[HumanGrantGuard(log), gate, *retry, *evidence],
+                             guards=[HumanGrantGuard(log), gate, *retry, PendingInputsGuard(db), *evidence],
                              preparers=[e.prepare for e in evidence],
                              numbers_in_use=_task_numbers_on_disk(workspace.root) if folders and workspace else None,
                              fcop4_ids=folders and workspace is not None and _is_g4(workspace.root))

@@ -51,7 +51,7 @@ RUNNER_UNAVAILABLE = "runner_unavailable"  # a runner this machine cannot start 
 PLACEHOLDERS = ("task_file", "task_id", "round", "workspace", "role", "purpose", "prompt_file", "mcp_config",
                 "workdir")
 # What a role's prompt template may name (taskkernel.coordinator.runners.prompt builds each part).
-PROMPT_FIELDS = ("task_id", "subject", "body", "round", "role", "purpose", "parents", "acceptance", "rework",
+PROMPT_FIELDS = ("task_id", "subject", "body", "round", "role", "purpose", "parents", "acceptance", "rework", "resume",
                  "how_to_report", "workdir", "review")
 NOT_TEAM = RESERVED_ROLES | {BROADCAST}  # the human owner, the system and a broadcast are no team roles
 MAX_ROLE_LEN = 32  # the kernel's role codes (kernel/model/commands.py)

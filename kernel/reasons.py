@@ -34,6 +34,11 @@ class ReasonCode(StrEnum):
     GATE_BLOCKED = "gate_blocked"
     GATE_INSUFFICIENT_EVIDENCE = "gate_insufficient_evidence"
     RETRY_CANNOT_HELP = "retry_cannot_help"  # `task retry`: the role that would run has no usable runner
+    # People in the loop of a running agent (kernel/instructions.py, docs/people-in-the-loop.md)
+    INPUTS_PENDING = "inputs_pending"  # a submit while the driver has not read what it was told
+    MAY_NOT_INSTRUCT = "may_not_instruct"  # `task say`/`interrupt` by someone who may not instruct the task
+    TASK_NOT_IN_WORK = "task_not_in_work"  # `task say` to a task no agent is (or will be) at work on
+    NO_RUNNING_RUN = "no_running_run"  # `task interrupt` while no run of the task is running
     # The database's schema against this code's (kernel/store/version.py, docs/migrations.md)
     SCHEMA_BEHIND = "schema_behind"  # an older revision (or none yet): `taskkernel db upgrade` first
     SCHEMA_AHEAD = "schema_ahead"  # a revision this code does not know: a newer release upgraded the database

@@ -69,7 +69,7 @@ def test_shell_completion(tmp_path: Path) -> None:
     bash_sub = {**bash, "COMP_WORDS": "taskkernel task ", "COMP_CWORD": "2"}
     assert set(complete(bash_sub, tmp_path).split()) == {"show", "list", "create", "claim", "report", "submit",
                                                          "approve", "reject", "reopen", "archive", "amend", "watch",
-                                                         "diff", "retry", "merge"}
+                                                         "diff", "retry", "merge", "say", "interrupt", "inputs"}
     zsh = {"_TASKKERNEL_COMPLETE": "complete_zsh", "_TYPER_COMPLETE_ARGS": "taskkernel session li"}
     assert '"list"' in complete(zsh, tmp_path)
     # --show-completion detects the shell it runs under (its parent process): run it from bash, as a user would

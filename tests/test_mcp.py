@@ -34,7 +34,7 @@ from tests.cli_support import CLI, ROOT, append_config, cli_env, new_workspace, 
 
 EXPECTED_TOOLS = {"whoami", "list_tasks", "get_task", "create_task", "claim_task", "report", "submit_task",
                   "approve_task", "reject_task", "archive_task", "retry_task", "add_progress", "resume", "check_action",
-                  "perform", "usage"}
+                  "perform", "usage", "read_inputs", "say_to_task", "interrupt_task"}
 COMMAND_KEYS = {"status", "reason", "message", "task_id", "revision", "round"}
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import typer
 
-from taskkernel.coordinator.cli import task_verbs
+from taskkernel.coordinator.cli import steer, task_verbs
 from taskkernel.coordinator.cli.common import Exit, emit, fail, fail_config, get_ctx, reject, say, show, warn
 from taskkernel.coordinator.cli.output import dumps, human_mode, oneline, table_of
 from taskkernel.coordinator.config import ConfigError
@@ -189,15 +189,13 @@ def _event_json(ev: RecordedEvent) -> dict[str, Any]:
 @task_app.command("show")
 def task_show(ctx: typer.Context, task_id: str) -> None:
     """A task's current state, reports and history."""
-    from taskkernel.coordinator.fcop4.aliases import aliases_of, resolve_task_id
-    from taskkernel.kernel.queries import task_show_document
+    from taskkernel.coordinator.fcop4.aliases import resolve_task_id
+    from taskkernel.coordinator.showing import task_show as show_document
 
     db = get_ctx(ctx).database()
-    doc = task_show_document(db, resolve_task_id(db, task_id))  # an FCoP 4 file's id answers for its task
+    doc = show_document(db, resolve_task_id(db, task_id))  # an FCoP 4 file's id answers for its task
     if doc is None:
         reject("task_not_found", f"{task_id} does not exist (see `taskkernel task list`)")
-    if aliases := aliases_of(db, doc["task_id"]):
-        doc["aliases"] = aliases
     emit(doc, _render_task)
 
 
@@ -215,6 +213,9 @@ def _render_task(doc: dict[str, Any]) -> None:
         else:
             say(("merge failed", "red"), f": {oneline(merge['error'])} (fix it, then `taskkernel task merge "
                 f"{doc['task_id']}`)")
+    if doc.get("inputs_pending"):
+        say(("inputs pending", "yellow"), f": {doc['inputs_pending']} instruction(s) its agent has not read; it is "
+            f"not submitted for review until it has (`taskkernel task inputs {doc['task_id']}`)")
     show(table_of({k: doc.get(k) for k in ("sender", "recipient", "priority", "risk_level", "parent", "root",
                                           "thread_key", "assignee", "lease") if doc.get(k) is not None}))
     if doc.get("body"):
@@ -488,3 +489,4 @@ class _Watched:
 
 
 task_verbs.attach(task_app)  # create, claim, report, submit, approve, reject, reopen, archive, amend
+steer.attach(task_app)  # say, interrupt, inputs

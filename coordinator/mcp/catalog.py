@@ -59,6 +59,17 @@ TOOLS: tuple[Tool, ...] = (
     _task_tool("retry", "Try an active or in-review task again (ADMIN or its done authority): its round's block is "
                "lifted and a new run of its driver (active) or done authority (review) is due; retry_cannot_help "
                "says what to fix when a run cannot help." + _COMMAND_NOTE, S.RetryArgs),
+    Tool("read_inputs", "Read what you were told", "The instructions people (or your leader) gave your task "
+         "since you last read, in the order they were accepted; each is consumed once read. Every result carries "
+         "pending_inputs while some wait: read them before you report done (a submit waits for them).",
+         S.NoArgs, S.ReadInputsOut, False),
+    Tool("say_to_task", "Tell a task's agent something", "Give an instruction to the agent working a task (ADMIN, "
+         "its done authority or sender; a run's credential for its own children): message/steer reach it at its "
+         "next tool call, queue at its next run, answer answers its question. A run is queued when none works "
+         "the task.", S.SayArgs, S.SayOut, False),
+    Tool("interrupt_task", "Stop a task's running agent", "Stop the running agent of a task (TERM, grace, KILL; "
+         "its worktree kept) and resume it with message as its newest instruction.", S.InterruptArgs,
+         S.InterruptOut, False, True),
     Tool("add_progress", "Record progress", "A progress checkpoint in your session (text, completed tool calls, "
          "done): the anchor resume continues from after a compaction.", S.AddProgressArgs, S.ProgressOut, False),
     Tool("resume", "Where to resume", "The resume answer for your session: the anchor (the last checkpoint before "

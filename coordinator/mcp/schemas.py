@@ -72,6 +72,7 @@ class GetTaskArgs(Args):
                                   description="Only this report, its body read from body_offset.")
     body_offset: int = Field(0, ge=0, le=2**31, description="Read the task's body (or report_id's) from this "
                                                             "character: a cut body's body_next says where.")
+    live_limit: int = Field(10, ge=0, le=200, description="The newest live events of its agents' runs to include.")
 
 
 class Budget(Args):
@@ -120,6 +121,22 @@ class ArchiveArgs(TaskArgs):
 
 class RetryArgs(TaskArgs):
     reason: str | None = Field(None, min_length=1, description="Why another run should do better (recorded).")
+
+
+class SayArgs(Args):
+    task_id: TaskId
+    text: str = Field(min_length=1, max_length=16384, description="What to tell the task's agent.")
+    mode: Literal["message", "steer", "queue", "answer"] = Field("message", description=(
+        "message/steer: delivered at its next tool call; queue: at its next run; answer: answers question_id."))
+    question_id: str | None = Field(None, min_length=1, max_length=200, description="With mode answer: the "
+                                    "question answered.")
+    input_id: InputId | None = Field(None, description="Idempotency id (default: a new one per call).")
+
+
+class InterruptArgs(Args):
+    task_id: TaskId
+    message: str | None = Field(None, min_length=1, max_length=16384, description=(
+        "The resumed run's newest instruction (without one, the agent stays stopped until told or retried)."))
 
 
 class AddProgressArgs(Args):
@@ -288,6 +305,16 @@ class HistoryOut(Out):
     at: str
 
 
+class LiveEventOut(Out):
+    run_id: str
+    n: int
+    attempt: int
+    at: str
+    kind: str
+    tool: str | None
+    text: str
+
+
 class GetTaskOut(Out):
     status: Literal["ok"]
     task: dict[str, Any] = Field(description="The task's document without its reports (they are `reports`); its "
@@ -302,7 +329,50 @@ class GetTaskOut(Out):
     children_next: Next | None
     history: list[HistoryOut] = Field(description="The newest entries, oldest first.")
     history_total: int
+    live: list[LiveEventOut] = Field(description="What its agents did last (typed run events), oldest first.")
     truncated: bool
+
+
+class SayOut(Out):
+    status: Literal["accepted", "replayed"]
+    task_id: str
+    session: str
+    input_id: str
+    accept_seq: int | None
+    kind: str
+    queued_run: str | None
+
+
+class InterruptOut(Out):
+    status: Literal["requested", "replayed"]
+    task_id: str
+    run_id: str
+    requested_by: str
+    message_seq: int | None
+
+
+class InputOut(Out):
+    accept_seq: int
+    kind: str
+    text: str
+    text_truncated: bool
+    question_id: str | None
+    by: str | None
+
+
+class ReadInputsOut(Out):
+    status: Literal["ok"]
+    session: str
+    inputs: list[InputOut] = Field(description="In acceptance order; each now consumed.")
+    remaining: int = Field(description="Still pending after these (call read_inputs again).")
+
+
+class PendingNotice(Out):
+    """On every result of a run's call while instructions wait for it."""
+
+    count: int
+    tool: Literal["read_inputs"]
+    message: str
 
 
 class ProgressOut(Out):
@@ -455,8 +525,17 @@ def input_schema(model: type[Args]) -> dict[str, Any]:
 
 
 def output_schema(model: type[Out]) -> dict[str, Any]:
-    """A command's document (which admits a refusal), or the tool's own document or a refusal."""
+    """A command's document (which admits a refusal), or the tool's own document or a refusal; either may carry
+    the pending-inputs notice (``pending_inputs``)."""
     if model is CommandOut:
-        return _standalone(model.model_json_schema(mode="serialization"))
+        return _with_notice(_standalone(model.model_json_schema(mode="serialization")))
     either = TypeAdapter(model | Refusal).json_schema(mode="serialization")  # type: ignore[arg-type]
-    return {"type": "object", **_standalone(either)}
+    return _with_notice({"type": "object", **_standalone(either)})
+
+
+def _with_notice(schema: dict[str, Any]) -> dict[str, Any]:
+    notice = _standalone(PendingNotice.model_json_schema(mode="serialization"))
+    for variant in schema.get("anyOf") or schema.get("oneOf") or [schema]:
+        if "properties" in variant:
+            variant["properties"]["pending_inputs"] = notice
+    return schema

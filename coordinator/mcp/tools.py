@@ -30,6 +30,8 @@ from taskkernel.coordinator.mcp.results import (
     size,
     squeeze,
 )
+from taskkernel.coordinator.runners.inputs import NO_RUN, RunInputs, role_specs
+from taskkernel.coordinator.runners.live import latest_events
 from taskkernel.coordinator.workspace import Workspace
 from taskkernel.kernel.commands import TaskCommandKernel
 from taskkernel.kernel.gate import TraceIndex, evaluate
@@ -37,7 +39,7 @@ from taskkernel.kernel.history import history_entry
 from taskkernel.kernel.model.commands import CommandType
 from taskkernel.kernel.model.principal import Principal
 from taskkernel.kernel.permissions import DEFAULT_SESSION
-from taskkernel.kernel.protected import SEQ_STRIDE, GateGuard, build_trace
+from taskkernel.kernel.protected import SEQ_STRIDE, DamagedLog, GateGuard, build_trace
 from taskkernel.kernel.queries import TaskQueryError, count_tasks, encode_cursor, page_tasks, task_history
 from taskkernel.kernel.reasons import KernelError, ReasonCode
 from taskkernel.kernel.sessionlog import SessionLog, SessionLogError
@@ -53,6 +55,7 @@ CHILDREN_MAX = 100  # children read for get_task (more: list_tasks parent=…)
 HISTORY_REASON_CHARS = 300  # characters of a reject/archive reason in get_task's history
 MAX_INSTRUCTION_TEXT = 4_000  # characters of one resumed instruction (the anchor's own cut)
 PLANNED_ACTION = "planned-action"  # the action id check_action judges
+LIVE_TEXT = 300  # characters of one live event in get_task
 __all__ = ["TOOLS", "TOOL_NAMES", "TaskTools", "Tool", "own_session"]
 
 
@@ -77,6 +80,7 @@ class TaskTools:
         self.gate = next((g for g in kernel.guards if isinstance(g, GateGuard)), None)
         install_usage(db)
         self.files = FileTracker(db) if workspace is not None else None  # where the folder adapter put TASK files
+        self.inputs = RunInputs(db, self.log, role_specs(workspace.config) if workspace else {})
         self._methods: dict[str, Callable[[Principal, Any], Outcome]] = {t.name: getattr(self, t.name)
                                                                           for t in TOOLS}
 
@@ -93,6 +97,10 @@ class TaskTools:
             outcome = refused(exc)
         except SessionLogError as exc:
             outcome = refusal(exc.reason.value, exc.message)
+        if principal.task_id is not None and (waiting := self.inputs.pending_in(principal.provenance)):
+            outcome.structured["pending_inputs"] = {
+                "count": waiting, "tool": "read_inputs",
+                "message": f"{waiting} instruction(s) for you since you last read: call read_inputs now"}
         return fit(outcome, self.budget)
 
     # -- identity ------------------------------------------------------------------------------------------------
@@ -144,11 +152,22 @@ class TaskTools:
         full = {"status": "ok", "task": doc, "reports": reports, "reports_total": len(reports),
                 "children": children.rows, "children_total": children_total,
                 "children_next": None, "history": history[-a.history_limit:] if a.history_limit else [],
-                "history_total": len(history), "truncated": False}
+                "history_total": len(history), "live": self._live(a.task_id, a.live_limit), "truncated": False}
         if children.next_cursor:
             full["children_next"] = {"tool": "list_tasks", "arguments": {"parent": a.task_id,
                                                                          "cursor": children.next_cursor}}
         return Outcome(_fit_task(full, a, self.budget))
+
+    def _live(self, task_id: str, limit: int) -> list[dict[str, Any]]:
+        """The newest live events of the task's runs, each text cut to LIVE_TEXT, within a fifth of the budget
+        (the oldest dropped first): a glance at what its agent is doing, `runs follow` has the rest."""
+        if not limit:
+            return []
+        events = [{k: e[k] for k in ("run_id", "n", "attempt", "at", "kind", "tool")} | {"text": e["text"][:LIVE_TEXT]}
+                  for e in latest_events(self.db, task_id, limit)]
+        while events and size(events) > self.budget // 5:
+            events.pop(0)
+        return events
 
     # -- commands ------------------------------------------------------------------------------------------------
     def create_task(self, p: Principal, a: S.CreateTaskArgs) -> Outcome:
@@ -202,6 +221,27 @@ class TaskTools:
         if a.session is not None:
             command["permission_session"] = a.session
         return command_outcome(self.kernel.submit(command, p, external=True), key)
+
+    # -- people in the loop ----------------------------------------------------------------------------------------
+    def read_inputs(self, p: Principal, _: S.NoArgs) -> Outcome:
+        session = own_session(p)
+        if p.task_id is None:
+            return refusal(INVALID_ARGUMENTS, "read_inputs reads a run's instructions: your credential is no run's")
+        running = self.inputs.running_run(p.task_id)
+        room = self.budget - 400  # the document around the inputs, and the notice
+        taken = self.inputs.deliver(session, *(running or (NO_RUN, 0)), "tool",
+                                    fits=lambda texts: _fitting(texts, room))
+        remaining = self.inputs.pending_in(session)
+        inputs = [{"accept_seq": t.seq, "kind": t.kind, "text": t.text[:room], "text_truncated": len(t.text) > room,
+                   "question_id": t.question_id, "by": t.by} for t in taken]
+        return Outcome(_out(S.ReadInputsOut, status="ok", session=session, inputs=inputs, remaining=remaining))
+
+    def say_to_task(self, p: Principal, a: S.SayArgs) -> Outcome:
+        return Outcome(_out(S.SayOut, **self.inputs.say(p, a.task_id, a.text, a.mode, question_id=a.question_id,
+                                                        input_id=a.input_id)))
+
+    def interrupt_task(self, p: Principal, a: S.InterruptArgs) -> Outcome:
+        return Outcome(_out(S.InterruptOut, **self.inputs.interrupt(p, a.task_id, a.message)))
 
     # -- sessions ------------------------------------------------------------------------------------------------
     def add_progress(self, p: Principal, a: S.AddProgressArgs) -> Outcome:
@@ -268,6 +308,9 @@ class TaskTools:
         head = max((r.seq or 0 for r in records), default=0)
         try:  # the trace exactly as the kernel's GateGuard builds it for `perform`
             trace = build_trace(records, self.gate.protected_operations(doc["risk_level"], p.role))
+        except DamagedLog as exc:
+            return refusal(ReasonCode.GATE_INSUFFICIENT_EVIDENCE.value, f"session {session!r}: {exc}",
+                           task_id=a.task_id, revision=doc["revision"], round_=doc["round"])
         except (KeyError, TypeError, ValueError) as exc:
             return refusal(ReasonCode.GATE_INSUFFICIENT_EVIDENCE.value,
                            f"session {session!r} holds an input the gate cannot read ({exc!r})", task_id=a.task_id,
@@ -445,3 +488,13 @@ def fill(frame: dict[str, Any], texts: dict[str, Any], squeezed: bool) -> dict[s
     out["reports"] = [{**r, **{k: t[k] for k in ("body", "body_truncated", "body_next")}}
                       for r, t in zip(frame["reports"], texts["reports"], strict=True)]
     return out
+
+
+def _fitting(texts: list[str], room: int) -> int:
+    """How many instructions (at least one) fit one answer of ``room`` bytes."""
+    used = 0
+    for n, text in enumerate(texts):
+        used += len(text.encode()) + 120
+        if used > room:
+            return max(n, 1)
+    return len(texts)

@@ -64,6 +64,7 @@ class ErrorCode(StrEnum):
     GOAL_ENDED = "goal_ended"  # the task's goal was cancelled or ran out of budget: no run starts
     NO_REPORT = "no_report"  # an execute run ended (even exit 0) with its task still active and nothing reported
     NO_DECISION = "no_decision"  # a review run ended with its task still in review, neither approved nor rejected
+    STOPPED_BY_PERSON = "stopped_by_person"  # `task interrupt`: stopped on purpose; a resumed run follows
 
 
 NON_RETRYABLE = frozenset({ErrorCode.NON_RETRYABLE_EXIT, ErrorCode.BINARY_MISSING, ErrorCode.PLACEHOLDER_UNKNOWN,
@@ -90,7 +91,9 @@ class Outcome:
 class Supervision:
     """The dispatcher's hooks into a command run: record the agent once it exists, renew the lease while it
     runs (False: the run was taken over, and the agent is stopped), record the agent's own heartbeats and read
-    those other processes recorded, and ``stop``: a shutdown asks for the agent to be terminated now."""
+    those other processes recorded, and ``stop``: a shutdown asks for the agent to be terminated now. ``output``
+    gets the agent's stdout as it grows (its live events); ``interrupted`` says who asked to stop it (a person's
+    `task interrupt`), looked at once a second."""
 
     on_start: Callable[[int, int | None], bool]  # (process group, start time)
     heartbeat: Callable[[], bool]
@@ -98,6 +101,8 @@ class Supervision:
     beat: Callable[[], bool] = lambda: True  # the agent printed HEARTBEAT_LINE
     last_beat: Callable[[], float | None] = lambda: None  # epoch seconds of the last recorded heartbeat
     stop: threading.Event = field(default_factory=threading.Event)
+    output: Callable[[bytes], None] | None = None
+    interrupted: Callable[[], str | None] = lambda: None
 
 
 def agent_env(spec: RunnerSpec, run_vars: dict[str, str], source: dict[str, str] | None = None, *,
@@ -196,13 +201,15 @@ class _Stopped(Exception):
         self.error, self.code, self.fenced = error, code, fenced
 
 
-class _StdoutBeats:
-    """Heartbeat lines the agent printed since the last look (its stdout file, read from where we stopped)."""
+class _StdoutTail:
+    """What the agent printed on stdout since the last look (its log file, read from where we stopped): handed to
+    ``output`` whole, and searched for heartbeat lines."""
 
-    def __init__(self, path: Path) -> None:
-        self.path, self.offset, self.partial = path, 0, b""
+    def __init__(self, path: Path, output: Callable[[bytes], None] | None) -> None:
+        self.path, self.offset, self.partial, self.output = path, 0, b"", output
 
     def seen(self) -> bool:
+        """Read what is new; True when it holds a heartbeat line."""
         try:
             with open(self.path, "rb") as f:
                 f.seek(self.offset)
@@ -210,6 +217,8 @@ class _StdoutBeats:
         except OSError:
             return False
         self.offset += len(chunk)
+        if chunk and self.output is not None:
+            self.output(chunk)
         lines = (self.partial + chunk).split(b"\n")
         self.partial = lines.pop()[-4096:]
         return any(line.strip() == HEARTBEAT_LINE.encode() for line in lines)
@@ -218,38 +227,51 @@ class _StdoutBeats:
 def _supervise(proc: subprocess.Popen[bytes], spec: RunnerSpec, supervision: Supervision | None,
                stdout: Path) -> int:
     """The agent's exit code. Meanwhile: the lease renewed, heartbeats watched, and the agent stopped (SIGTERM
-    to its group, ``kill_grace``, SIGKILL) at its timeout, when its heartbeats stop, or when a shutdown asks."""
+    to its group, ``kill_grace``, SIGKILL) at its timeout, when its heartbeats stop, when a shutdown asks, or when a
+    person interrupts it; its stdout handed to ``supervision.output`` as it grows."""
     if supervision is not None and not supervision.on_start(proc.pid, process_start(proc.pid)):
         raise _Stopped("lease lost: the run was taken over", ErrorCode.LEASE_LOST, fenced=True)
     started = time.monotonic()
     deadline, renew_at, beat_at, read_beats_at = started + spec.timeout, started, started, started
-    beats = _StdoutBeats(stdout) if spec.heartbeat_timeout is not None else None
-    with _ExitWatch(proc) as watch:
-        while (code := watch.wait(TICK_S)) is None:
-            now = time.monotonic()
-            if supervision is not None and supervision.stop.is_set():
-                raise _Stopped(f"interrupted by a shutdown ({_terminate(proc, spec.kill_grace)})",
-                               ErrorCode.INTERRUPTED)
-            if now >= deadline:
-                raise _Stopped(f"timeout after {spec.timeout:g}s ({_terminate(proc, spec.kill_grace)})",
-                               ErrorCode.TIMEOUT)
-            if beats is not None and spec.heartbeat_timeout is not None:
-                if beats.seen():
-                    beat_at = now
-                    if supervision is not None:
-                        supervision.beat()
-                elif supervision is not None and now >= read_beats_at:
-                    read_beats_at = now + EXTERNAL_BEAT_EVERY_S
-                    last = supervision.last_beat()
-                    if last is not None:
-                        beat_at = max(beat_at, now - max(0.0, time.time() - last))
-                if now - beat_at > spec.heartbeat_timeout:
-                    raise _Stopped(f"no heartbeat for {spec.heartbeat_timeout:g}s "
-                                   f"({_terminate(proc, spec.kill_grace)})", ErrorCode.HEARTBEAT_TIMEOUT)
-            if supervision is not None and now >= renew_at:
-                renew_at = now + supervision.every_s
-                if not supervision.heartbeat():
-                    raise _Stopped("lease lost: the run was taken over", ErrorCode.LEASE_LOST, fenced=True)
+    ask_at = started
+    output = supervision.output if supervision is not None else None
+    tail = _StdoutTail(stdout, output) if spec.heartbeat_timeout is not None or output is not None else None
+    try:
+        with _ExitWatch(proc) as watch:
+            while (code := watch.wait(TICK_S)) is None:
+                now = time.monotonic()
+                if supervision is not None and supervision.stop.is_set():
+                    raise _Stopped(f"interrupted by a shutdown ({_terminate(proc, spec.kill_grace)})",
+                                   ErrorCode.INTERRUPTED)
+                if now >= deadline:
+                    raise _Stopped(f"timeout after {spec.timeout:g}s ({_terminate(proc, spec.kill_grace)})",
+                                   ErrorCode.TIMEOUT)
+                if supervision is not None and now >= ask_at:
+                    ask_at = now + EXTERNAL_BEAT_EVERY_S
+                    if (who := supervision.interrupted()) is not None:
+                        raise _Stopped(f"stopped by {who} ({_terminate(proc, spec.kill_grace)})",
+                                       ErrorCode.STOPPED_BY_PERSON)
+                beaten = tail.seen() if tail is not None else False
+                if spec.heartbeat_timeout is not None:
+                    if beaten:
+                        beat_at = now
+                        if supervision is not None:
+                            supervision.beat()
+                    elif supervision is not None and now >= read_beats_at:
+                        read_beats_at = now + EXTERNAL_BEAT_EVERY_S
+                        last = supervision.last_beat()
+                        if last is not None:
+                            beat_at = max(beat_at, now - max(0.0, time.time() - last))
+                    if now - beat_at > spec.heartbeat_timeout:
+                        raise _Stopped(f"no heartbeat for {spec.heartbeat_timeout:g}s "
+                                       f"({_terminate(proc, spec.kill_grace)})", ErrorCode.HEARTBEAT_TIMEOUT)
+                if supervision is not None and now >= renew_at:
+                    renew_at = now + supervision.every_s
+                    if not supervision.heartbeat():
+                        raise _Stopped("lease lost: the run was taken over", ErrorCode.LEASE_LOST, fenced=True)
+    finally:
+        if tail is not None:  # what it printed last (its final result, its last words when stopped)
+            tail.seen()
     return code
 
 

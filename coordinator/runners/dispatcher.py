@@ -13,6 +13,7 @@ revokes the previous holder's token (`stale_lease`) and terminates its agent, an
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import traceback
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from taskkernel.coordinator.runners.live import RunOutput
 
 from taskkernel.coordinator.config import NOT_TEAM, Isolation
 from taskkernel.coordinator.runners.agent import AgentContext
@@ -33,6 +35,7 @@ from taskkernel.coordinator.runners.command import (
     terminate_group,
 )
 from taskkernel.coordinator.runners.config import RunnerKind, RunnerSpec
+from taskkernel.coordinator.runners.inputs import RunInputs
 from taskkernel.coordinator.runners.launch import Launch, LaunchProblem, prepare
 from taskkernel.coordinator.runners.ledger import ClaimedRun, Orphan, Purpose, RunLedger
 from taskkernel.coordinator.runners.outcomes import (
@@ -46,7 +49,8 @@ from taskkernel.coordinator.runners.outcomes import (
     worktree_base,
 )
 from taskkernel.coordinator.runners.pool import Running, RunPool
-from taskkernel.coordinator.runners.prompt import build_prompt, prompt_fields
+from taskkernel.coordinator.runners.presets import ProfileRunner
+from taskkernel.coordinator.runners.prompt import build_prompt, prompt_fields, resume_section
 from taskkernel.coordinator.runners.scripted import ScriptedAgent, agent_for
 from taskkernel.coordinator.worktrees.effects import WORKTREE_EFFECT, WorktreeEffects
 from taskkernel.coordinator.worktrees.git import GitError
@@ -58,6 +62,7 @@ from taskkernel.kernel.logging import get_logger
 from taskkernel.kernel.model.commands import CommandType
 from taskkernel.kernel.model.principal import Principal
 from taskkernel.kernel.outbox import OutboxRelay
+from taskkernel.kernel.sessionlog import SessionLog
 from taskkernel.kernel.store.schema import tasks
 from taskkernel.kernel.usage import Feature, UsageRecord, record_usage
 from taskkernel.kernel.usage import install as install_usage
@@ -69,6 +74,7 @@ WAKE_RULE = EffectRule(WAKE_EFFECT, frozenset({
     "task_claimed", "task_submitted", "task_rejected", "task_reopened", "task_approved", "task_archived",
     "task_force_archived", "task_retried"}))
 ORPHAN_GRACE_S = 5.0  # between SIGTERM and SIGKILL for an agent a crashed coordinator left running
+_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|AUTH|CREDENTIAL", re.IGNORECASE)
 
 
 class Dispatcher:
@@ -98,6 +104,7 @@ class Dispatcher:
         self.relay = OutboxRelay(self.db, {WAKE_EFFECT: self._on_wake,
                                            WORKTREE_EFFECT: WorktreeEffects(kernel, self.worktrees, specs)})
         self.pool = RunPool(max_runs, {role: spec.concurrency for role, spec in specs.items()}, on_run_done)
+        self.inputs = RunInputs(self.db, SessionLog(self.db), specs)
         self.accepting = True  # False once a shutdown began: running agents finish, none starts
         self.warned: set[str] = set()  # roles `up` said have waiting tasks and no runner
         self._unrun_checked = float("-inf")
@@ -264,10 +271,19 @@ class Dispatcher:
             self.ledger.interrupt(run, outcome.error or "interrupted")
             log.warning("run_interrupted", run_id=run.run_id, task_id=run.task_id, role=run.role)
             return  # due again at the next start; the attempt is not the agent's
+        if outcome.code is ErrorCode.STOPPED_BY_PERSON:
+            self.ledger.stopped(run, outcome.error or "stopped")
+            self.inputs.interrupt_handled(run.run_id)
+            resumed = self.inputs.follow_up(run.task_id)  # with the interrupt's message, if it had one
+            log.warning("run_stopped_by_person", run_id=run.run_id, task_id=run.task_id, role=run.role,
+                        error=outcome.error, resumed_by=resumed)
+            return
         if goal_id is not None:
             self.goals.record_run(goal_id, executed=outcome.ok)
         if outcome.ok:
             self.ledger.succeed(run, outcome.exit_code)
+            if run.role == doc["authority"]["driver"] and (queued := self.inputs.follow_up(run.task_id)):
+                log.info("run_follow_up", run_id=run.run_id, task_id=run.task_id, follow_up=queued)
         elif not outcome.retryable:
             self._give_up(run, f"{outcome.code}: {outcome.error}", outcome.code or ErrorCode.EXIT_CODE,
                           outcome.summary)
@@ -330,15 +346,29 @@ class Dispatcher:
                 code = (ErrorCode.PLACEHOLDER_UNKNOWN if exc.placeholder else
                         ErrorCode.SPAWN_FAILED if exc.retryable else ErrorCode.CONFIG_INVALID)
                 return Outcome(False, None, 0, str(exc), code=code)
+            output = self._live_output(run, launch, token)
             supervision = Supervision(
                 on_start=lambda pgid, start: self.ledger.attach_agent(run, self.host, pgid, start),
                 heartbeat=lambda: self.ledger.renew(run), every_s=max(0.2, spec.lease_seconds / 3),
-                beat=lambda: self.ledger.beat(run), last_beat=lambda: self.ledger.last_beat(run), stop=stop)
-            return run_command(spec, launch, log_dir, supervision)
+                beat=lambda: self.ledger.beat(run), last_beat=lambda: self.ledger.last_beat(run), stop=stop,
+                output=output.feed, interrupted=lambda: self.inputs.interrupted_by(run.run_id))
+            try:
+                return run_command(spec, launch, log_dir, supervision)
+            finally:
+                output.close()
         finally:
             if launch is not None:
                 launch.cleanup()
             revoke_token(self.db, token)  # the credential lives exactly as long as the run
+
+    def _live_output(self, run: ClaimedRun, launch: Launch, token: str) -> RunOutput:
+        """The run's stdout read into typed events as it grows, with every secret the agent was handed (its token,
+        its provider's keys) redacted."""
+        preset = launch.preset
+        kind = preset.profile.output if isinstance(preset, ProfileRunner) else None
+        secrets = [token, *(v for k, v in launch.env.items() if _SECRET_NAME.search(k))]
+        return RunOutput(self.db, run_id=run.run_id, task_id=run.task_id, attempt=run.attempt, output_kind=kind,
+                         secrets=secrets)
 
     def _launch(self, spec: RunnerSpec, run: ClaimedRun, doc: dict[str, Any], token: str, task_file: Path,
                 log_dir: Path) -> Launch:
@@ -354,6 +384,10 @@ class Dispatcher:
         fields = prompt_fields(doc, run.purpose, run.role, task=self.kernel.task,
                                history=((e.type, e.data) for e in self.kernel.history(run.task_id)), mcp=spec.mcp,
                                workdir=str(workdir))
+        if run.role == doc["authority"]["driver"]:  # what the driver was told, and where it got to (seed 002)
+            resumption = self.inputs.resumption(doc, run.run_id, run.attempt,
+                                                first=not self.ledger.ran_before(run))
+            fields["resume"] = resume_section(resumption) if resumption is not None else ""
         placeholders = {"task_file": str(task_file), "task_id": run.task_id, "round": str(run.round),
                         "workspace": str(self.workspace), "role": run.role, "purpose": run.purpose.value}
         # No database URL: the agent's `taskkernel` and its MCP server find the workspace by name.

@@ -112,10 +112,16 @@ class RunLedger:
 
     def enqueue(self, uow: UnitOfWork, run_id: str, task_id: str, round_: int, role: str, purpose: Purpose,
                 max_attempts: int) -> bool:
-        if uow.conn.execute(sa.select(runs.c.run_id).where(runs.c.run_id == run_id)).first():
+        return self.insert(uow.conn, run_id, task_id, round_, role, purpose, max_attempts)
+
+    @staticmethod
+    def insert(conn: sa.Connection, run_id: str, task_id: str, round_: int, role: str, purpose: Purpose,
+               max_attempts: int) -> bool:
+        """A run due now, in the caller's write transaction (False: a run of that id exists)."""
+        if conn.execute(sa.select(runs.c.run_id).where(runs.c.run_id == run_id)).first():
             return False
         now = utc_now_iso()
-        uow.conn.execute(runs.insert().values(
+        conn.execute(runs.insert().values(
             run_id=run_id, task_id=task_id, round=round_, role=role, purpose=purpose.value,
             state=RunState.PENDING.value, max_attempts=max_attempts, not_before=now, created_at=now))
         return True
@@ -214,6 +220,22 @@ class RunLedger:
         return self._fenced(run, state=RunState.PENDING.value, not_before=utc_now_iso(), last_error=error,
                             error_code="interrupted", max_attempts=run.max_attempts + 1, lease_owner=None,
                             lease_until=None, **_CLEARED)
+
+    def ran_before(self, run: ClaimedRun) -> bool:
+        """Whether an attempt of this task by this role began before this one (an earlier attempt of this run, or
+        another run): a resumed prompt says so even when nothing was recorded."""
+        if run.attempt > 1:
+            return True
+        with self.db.read() as conn:
+            return conn.execute(sa.select(runs.c.run_id).where(
+                runs.c.task_id == run.task_id, runs.c.role == run.role, runs.c.run_id != run.run_id,
+                runs.c.attempt > 0)).first() is not None
+
+    def stopped(self, run: ClaimedRun, error: str) -> bool:
+        """A person stopped the agent (`task interrupt`): this run is over, not failed (no attempt counts against
+        it); the run that resumes the task follows it (runners/inputs.py)."""
+        return self._fenced(run, state=RunState.SUCCEEDED.value, last_error=error, error_code="stopped_by_person",
+                            ended_at=utc_now_iso(), lease_owner=None, lease_until=None, **_CLEARED)
 
     def block(self, run: ClaimedRun, error: str, code: str | None = None) -> bool:
         return self._fenced(run, state=RunState.BLOCKED.value, last_error=error, error_code=code,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from taskkernel.coordinator.runners.ledger import Purpose
@@ -34,7 +35,7 @@ You are the {role} agent of a taskkernel team, working on task {task_id} (round 
 
 ## Acceptance criteria
 {acceptance}
-{rework}{review}
+{rework}{review}{resume}
 ## Working folder
 {workdir}
 
@@ -160,13 +161,82 @@ def prompt_fields(doc: dict[str, Any], purpose: Purpose, role: str, *, task: Cal
         "acceptance": acceptance_of(doc["body"] or "") or "None stated apart from the body above.",
         "rework": f"\n## Why this task came back\n{rework}\n" if rework else "",
         "review": f"\n## The work to review\n{submitted}\n" if submitted else "",
-        "how_to_report": how_to_report(doc["task_id"], mcp), "workdir": workdir,
+        "how_to_report": how_to_report(doc["task_id"], mcp), "workdir": workdir, "resume": "",
     }
 
 
 def build_prompt(template: str | None, fields: dict[str, str]) -> str:
-    """The role's template (checked against PROMPT_FIELDS when the file was read), else the default."""
-    return (template or DEFAULT_TEMPLATE).format(**fields)
+    """The role's template (checked against PROMPT_FIELDS when the file was read), else the default. A template
+    that does not place ``{resume}`` gets it at its end: a resumed run must never start over for want of a field."""
+    text = (template or DEFAULT_TEMPLATE).format(**fields)
+    if template and "{resume}" not in template and fields.get("resume"):
+        text = text.rstrip("\n") + "\n" + fields["resume"]
+    return text
+
+
+@dataclass(frozen=True)
+class Told:
+    """An instruction as a prompt quotes it."""
+
+    seq: int | None
+    kind: str
+    text: str
+    by: str | None = None
+    question_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Resumption:
+    """What a run's prompt says of the runs before it (seed 002): the last progress anchor (None: no safe one, and
+    ``no_anchor_why`` says why), the instructions delivered to this run now (new), those given to an earlier run
+    after the anchor (their work may be unfinished) and those before it (history: never acted on again)."""
+
+    anchor_text: str | None
+    anchor_seq: int | None
+    completed_tool_calls: int
+    no_anchor_why: str | None
+    new: list[Told]
+    after_anchor: list[Told]
+    history: list[Told]
+    undeliverable: str | None = None  # the session does not replay: nothing was delivered, and why
+
+
+HISTORY_SHOWN = 10  # older instructions quoted at most (the newest)
+_QUOTED = 200
+
+
+def resume_section(r: Resumption) -> str:
+    """The prompt's resume part: where to continue from, what is new, what is history."""
+    parts = []
+    if r.anchor_text is not None:
+        parts += ["", "## Resuming this task: do not start over",
+                  f"An earlier run of this task recorded progress. Its last checkpoint (#{r.anchor_seq}) says:",
+                  *(f"> {line}" for line in r.anchor_text.splitlines() or [""]),
+                  f"Tool calls completed before it: {r.completed_tool_calls}. Continue from there: look at the "
+                  "working folder for what is already done before doing anything again."]
+    else:
+        parts += ["", "## Fresh start", f"No safe progress anchor ({r.no_anchor_why}): start from the task above, "
+                  "but earlier runs may have left work in the working folder: look before redoing anything."]
+    if r.undeliverable:
+        parts += ["", f"Instructions could not be delivered: {r.undeliverable}. A person has to look at them."]
+    if r.new:
+        parts += ["", "## New instructions (in the order they were given; act on each)",
+                  *(f"{n}. {_told(t)}" for n, t in enumerate(r.new, 1))]
+    if r.after_anchor:
+        parts += ["", "## Given to an earlier run after that checkpoint (their work may be unfinished: check the "
+                  "working folder before repeating any of it)", *(f"- {_told(t)}" for t in r.after_anchor)]
+    if r.history:
+        shown = r.history[-HISTORY_SHOWN:]
+        parts += ["", "## History (handled before the checkpoint: never act on these again)",
+                  *(f"> #{t.seq} {t.kind}: {_excerpt(t.text)[:_QUOTED]}" for t in shown)]
+        if len(r.history) > len(shown):
+            parts.append(f"> … and {len(r.history) - len(shown)} older")
+    return "\n".join(parts) + "\n"
+
+
+def _told(t: Told) -> str:
+    about = f"answer to {t.question_id}" if t.question_id else t.kind
+    return f"({about} #{t.seq}{f', from {t.by}' if t.by else ''}) {t.text}"
 
 
 def _excerpt(text: str) -> str:

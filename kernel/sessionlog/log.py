@@ -118,6 +118,15 @@ class SessionLog:
         self._insert(conn, session, record_no, seq, si, dig, accepted=True, accepted_by=accepted_by)
         return AcceptResult(session=session, input_id=si.input_id, accept_seq=seq, status="accepted")
 
+    def accept_for(self, conn: Connection, session: str, inp: SessionInput | Mapping[str, Any], *,
+                   owner: Principal, by: Principal) -> AcceptResult:
+        """Accept, in the caller's transaction, an instruction ``by`` gives into ``owner``'s session (a task's run
+        session: the caller checked that ``by`` may instruct that task, kernel/instructions.py). The session is
+        claimed for its owner as the owner's own write would; the giver is recorded as ``accepted_by``."""
+        si = coerce_input(inp)
+        self._authorize(conn, session, owner, si.kind.value)
+        return self.accept_in(conn, session, si, accepted_by=by.provenance)
+
     def checkpoint(self, session: str, payload: Mapping[str, Any], *, writer: Principal) -> AcceptResult:
         """Accept a ``progress`` input whose id the log derives: a checkpoint retried while it is still the
         session's newest accepted input replays it; the same text after other inputs is a new checkpoint (its id
