@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,12 +26,20 @@ from taskkernel.coordinator.worktrees.manager import Worktrees
 from taskkernel.kernel.store.db import Database
 from tests.cli_support import ROOT, run
 from tests.test_agents import git
-from tests.web_support import board, create, issue, owner_token, to_review
+from tests.web_support import (
+    CHROMIUM,
+    NO_CHROMIUM,
+    board,
+    chromium,
+    create,
+    issue,
+    owner_token,
+    policy_violations,
+    to_review,
+)
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 if CHROMIUM is None and not os.environ.get("TASKKERNEL_REQUIRE_BROWSER"):
-    pytest.skip("no chromium on this machine (.ci/run installs Debian's; TASKKERNEL_REQUIRE_BROWSER=1 makes this a "
-                "failure)", allow_module_level=True)
+    pytest.skip(NO_CHROMIUM, allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api")
 # Waits are locators, not wait_for_function: Playwright evaluates a function's text with eval(), which the board's
 # policy (script-src 'self', no 'unsafe-eval') refuses, as it should.
@@ -49,21 +56,8 @@ def images(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def browser() -> Iterator[object]:
-    assert CHROMIUM is not None, "TASKKERNEL_REQUIRE_BROWSER is set but chromium is not installed"
-    with sync_api.sync_playwright() as p:
-        chrome = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        try:
-            yield chrome
-        finally:
-            chrome.close()
-
-
-def policy_violations(page: Any) -> list[str]:
-    """What the page's console says its Content-Security-Policy blocked, as it happens: a script, a style or a
-    connection the board needs and the policy forbids breaks the board without any other sign."""
-    found: list[str] = []
-    page.on("console", lambda m: found.append(m.text) if "Content Security Policy" in m.text else None)
-    return found
+    with chromium() as chrome:
+        yield chrome
 
 
 def repository_workspace(tmp_path: Path) -> Path:

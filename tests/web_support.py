@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import queue
+import shutil
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -12,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
+import pytest
 
 from tests.cli_support import CLI, cli_env, run, stop_server
 
@@ -38,6 +41,36 @@ def board(ws: Path, *options: str) -> Iterator[str]:
         yield url
     finally:
         stop_server(proc)
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+NO_CHROMIUM = ("no chromium on this machine (.ci/run installs Debian's; TASKKERNEL_REQUIRE_BROWSER=1 makes this a "
+               "failure)")
+
+
+@contextmanager
+def chromium() -> Iterator[Any]:
+    """Debian's headless chromium driven by Playwright (no browser is downloaded); the test is skipped without one,
+    unless TASKKERNEL_REQUIRE_BROWSER is set."""
+    if CHROMIUM is None:
+        if os.environ.get("TASKKERNEL_REQUIRE_BROWSER"):
+            pytest.fail("TASKKERNEL_REQUIRE_BROWSER is set but chromium is not installed")
+        pytest.skip(NO_CHROMIUM)
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        chrome = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            yield chrome
+        finally:
+            chrome.close()
+
+
+def policy_violations(page: Any) -> list[str]:
+    """What the page's console says its Content-Security-Policy blocked, as it happens: a script, a style or a
+    connection the board needs and the policy forbids breaks the board without any other sign."""
+    found: list[str] = []
+    page.on("console", lambda m: found.append(m.text) if "Content Security Policy" in m.text else None)
+    return found
 
 
 def owner_token(ws: Path) -> str:

@@ -3,21 +3,25 @@
 A task verb is ``TaskVerbs.act`` (`taskkernel task approve|reject|archive|…`), a grant is the session-log input the
 refusal's hint names (`taskkernel session accept admin --kind allow …`), a schedule is paused or resumed through
 ``Schedules`` (`taskkernel schedule pause|resume`) and a goal cancelled under ``goal_refusal`` (`taskkernel goal
-cancel`). Every answer is ``(http status, document)``: 200 when the change was accepted (or replayed), 404 when what
-it names does not exist, 409 for any other refusal; the document says why with the stable reason code.
+cancel`); an instruction to a task's agent is ``RunInputs.say`` (`taskkernel task say`) and a stop
+``RunInputs.interrupt`` (`taskkernel task interrupt`). Every answer is ``(http status, document)``: 200 when the
+change was accepted (or replayed), 404 when what it names does not exist, 409 for any other refusal; the document
+says why with the stable reason code.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from taskkernel.coordinator.runners.inputs import RunInputs
 from taskkernel.kernel.commands import TaskCommandKernel
 from taskkernel.kernel.goals import GoalService, goal_refusal
 from taskkernel.kernel.model.commands import CommandType
 from taskkernel.kernel.model.principal import Principal
 from taskkernel.kernel.permissions import DEFAULT_SESSION, permission_scope
-from taskkernel.kernel.reasons import ReasonCode
+from taskkernel.kernel.reasons import KernelError, ReasonCode
 from taskkernel.kernel.sessionlog import SessionLog, SessionLogError
 from taskkernel.kernel.sessionlog.models import InputKind
 from taskkernel.kernel.verbs import VERB_COMMANDS, TaskVerbs
@@ -30,6 +34,7 @@ CONTROL_FIELDS = ("expect_rev", "round", "key")  # a verb's body fields that ste
 NOT_FOUND = {ReasonCode.TASK_NOT_FOUND.value, ScheduleError.SCHEDULE_NOT_FOUND.value, "unknown_goal"}
 GRANTABLE = tuple(c.value for c in (CommandType.APPROVE, CommandType.REOPEN, CommandType.FORCE_ARCHIVE))
 SCHEDULE_VERBS = {"pause": "paused", "resume": "resumed"}
+SAY_FIELDS = ("text", "mode", "question_id", "input_id")  # `task say`'s argument and options
 Answer = tuple[int, dict[str, Any]]
 
 
@@ -44,12 +49,21 @@ def refused(reason: str, message: str, **detail: Any) -> Answer:
     return status_of(doc), doc
 
 
+def judged(act: Callable[[], dict[str, Any]]) -> Answer:
+    """``act``'s document, or the refusal it raised (KernelError, SessionLogError) with its reason code."""
+    try:
+        return 200, act()
+    except (KernelError, SessionLogError) as exc:
+        return refused(exc.reason.value, exc.message)
+
+
 class Actions:
-    def __init__(self, kernel: TaskCommandKernel, log: SessionLog) -> None:
+    def __init__(self, kernel: TaskCommandKernel, log: SessionLog, inputs: RunInputs) -> None:
         self.kernel = kernel
         self.db = kernel.db
         self.verbs = TaskVerbs(kernel, grant_session=DEFAULT_SESSION)
         self.log = log
+        self.inputs = inputs
 
     def task_verb(self, principal: Principal, task_id: str, verb: str, body: dict[str, Any]) -> Answer:
         """``POST /api/tasks/{id}/{verb}``: the body is the verb's fields (a reject's ``reason``, a report's
@@ -121,3 +135,21 @@ class Actions:
             return refused("goal_not_active", f"goal {goal_id} is not active")
         return 200, {"status": "ok", "reason": None, "message": f"goal {goal_id} cancelled",
                      "detail": {"goal_id": goal_id, "state": "cancelled"}}
+
+    def say(self, principal: Principal, task_id: str, body: dict[str, Any]) -> Answer:
+        """``POST /api/tasks/{id}/say``: ``{text, mode, question_id, input_id}`` as `taskkernel task say`'s
+        argument and options (``mode`` message, steer, queue or answer; default message), its document back."""
+        fields = {name: body.get(name) for name in SAY_FIELDS}
+        if (unknown := set(body) - set(SAY_FIELDS)) or any(
+                value is not None and not isinstance(value, str) for value in fields.values()):
+            return refused(ReasonCode.INVALID_COMMAND.value, f"say takes the strings {', '.join(SAY_FIELDS)}"
+                           + (f" (not {', '.join(sorted(unknown))})" if unknown else ""))
+        return judged(lambda: self.inputs.say(principal, task_id, fields["text"] or "", fields["mode"] or "message",
+                                              question_id=fields["question_id"], input_id=fields["input_id"]))
+
+    def interrupt(self, principal: Principal, task_id: str, body: dict[str, Any]) -> Answer:
+        """``POST /api/tasks/{id}/interrupt``: ``{message}`` (optional) as `taskkernel task interrupt --message`."""
+        message = body.get("message")
+        if set(body) - {"message"} or (message is not None and not isinstance(message, str)):
+            return refused(ReasonCode.INVALID_COMMAND.value, "interrupt takes one optional string, message")
+        return judged(lambda: self.inputs.interrupt(principal, task_id, message or None))

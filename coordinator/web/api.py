@@ -21,13 +21,18 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from taskkernel import __version__
 from taskkernel.coordinator.inbox import waiting
+from taskkernel.coordinator.runners.live import MAX_READ
 from taskkernel.coordinator.web import reads
 from taskkernel.coordinator.web.auth import CSRF_FIELD, Caller, Refused
+from taskkernel.coordinator.web.events import LIVE
 from taskkernel.coordinator.web.models import (
     ActionOutcome,
     CommandOutcome,
     EventSummary,
     Health,
+    InstructionOutcome,
+    InterruptOutcome,
+    LiveOutput,
     NeedsYou,
     RunRow,
     ScheduleView,
@@ -40,7 +45,7 @@ from taskkernel.coordinator.web.models import (
 from taskkernel.coordinator.web.state import Board, board_of
 from taskkernel.kernel.logging import get_logger
 from taskkernel.kernel.model.principal import LOCAL_OWNER
-from taskkernel.kernel.queries import DEFAULT_LIMIT, MAX_LIMIT, TaskQueryError, page_tasks, task_show_document
+from taskkernel.kernel.queries import DEFAULT_LIMIT, MAX_LIMIT, TaskQueryError, page_tasks
 from taskkernel.kernel.reasons import ReasonCode
 from taskkernel.kernel.sessionlog import SessionLogError, SessionReason
 from taskkernel.kernel.usage import GROUPINGS, since_utc
@@ -56,6 +61,7 @@ REFUSALS: dict[int | str, dict[str, Any]] = {
     403: {"description": "a signed-in change without this sign-in's CSRF token: reason csrf_failed"},
     413: {"description": "a body over 4 MiB: reason payload_too_large"},
 }
+ACTED = REFUSALS | {404: {"description": "no such task"}, 409: {"description": "refused: reason says why"}}
 # A change's body is read by the route, after its credential (``acting``): declared here for the schema only.
 JSON_BODY = {"requestBody": {"required": False, "content": {"application/json": {"schema": {
     "type": "object", "additionalProperties": True}}}}}
@@ -127,7 +133,7 @@ async def show_task(request: Request, task_id: str) -> Any:
     """`taskkernel task show`: the task's document and history."""
     board = board_of(request)
     board.gate.reader(request)
-    doc = await anyio.to_thread.run_sync(task_show_document, board.db, task_id)
+    doc = await anyio.to_thread.run_sync(reads.task_show, board.db, task_id)
     if doc is None:
         raise Refused(404, ReasonCode.TASK_NOT_FOUND.value, f"{task_id} does not exist")
     return JSONResponse(doc)  # exactly `task show`'s document: the model only documents it
@@ -139,8 +145,25 @@ async def task_page_data(request: Request, task_id: str) -> Any:
     usage, runs) as JSON, for scripts."""
     board = board_of(request)
     caller = board.gate.reader(request)
-    found = await anyio.to_thread.run_sync(reads.task_page, board.db, board.ws, board.session_log, task_id,
-                                           caller.principal if caller else None)
+    found = await anyio.to_thread.run_sync(reads.task_page, board.db, board.ws, board.session_log, board.inputs,
+                                           task_id, caller.principal if caller else None)
+    if found is None:
+        raise Refused(404, ReasonCode.TASK_NOT_FOUND.value, f"{task_id} does not exist")
+    return found
+
+
+@router.get("/tasks/{task_id}/live", response_model=LiveOutput,
+            responses={400: {"description": "a bad cursor or limit"}, 404: {"description": "no such task"}})
+async def live_output(request: Request, task_id: str, after: str | None = None,
+                      limit: Annotated[int, Query(ge=1, le=MAX_READ)] = reads.LIVE_SHOWN) -> Any:
+    """The live output of the task's agents (typed run events, redacted when stored), oldest first: those stored
+    after the cursor ``after`` (``RUN_ID:N``, the ``cursor`` of the previous answer), or without it the newest."""
+    board = board_of(request)
+    board.gate.reader(request)
+    cursor = reads.parse_live_cursor(after) if after is not None else None
+    if after is not None and cursor is None:
+        raise Refused(400, ReasonCode.INVALID_COMMAND.value, f"after {after!r} is not a cursor RUN_ID:N")
+    found = await anyio.to_thread.run_sync(reads.live_output, board.db, task_id, cursor, limit)
     if found is None:
         raise Refused(404, ReasonCode.TASK_NOT_FOUND.value, f"{task_id} does not exist")
     return found
@@ -156,9 +179,26 @@ async def grant(request: Request, task_id: str) -> Any:
     return answer(status, doc)
 
 
-@router.post("/tasks/{task_id}/{verb}", response_model=CommandOutcome, responses=REFUSALS | {
-    404: {"description": "no such task"}, 409: {"description": "refused by the kernel: reason says why"}},
-    openapi_extra=JSON_BODY)
+@router.post("/tasks/{task_id}/say", response_model=InstructionOutcome, responses=ACTED, openapi_extra=JSON_BODY)
+async def say(request: Request, task_id: str) -> Any:
+    """Tell the task's agent something (``{"text", "mode", "question_id", "input_id"}``), as `taskkernel task say`:
+    ADMIN, the task's done authority or its sender, while it is in the inbox or active."""
+    board, caller, body = await acting(request)
+    status, doc = await anyio.to_thread.run_sync(board.actions.say, caller.principal, task_id, body)
+    return answer(status, doc)
+
+
+@router.post("/tasks/{task_id}/interrupt", response_model=InterruptOutcome, responses=ACTED,
+             openapi_extra=JSON_BODY)
+async def interrupt(request: Request, task_id: str) -> Any:
+    """Stop the task's running agent (``{"message"}``: the resumed run's newest instruction), as `taskkernel task
+    interrupt`."""
+    board, caller, body = await acting(request)
+    status, doc = await anyio.to_thread.run_sync(board.actions.interrupt, caller.principal, task_id, body)
+    return answer(status, doc)
+
+
+@router.post("/tasks/{task_id}/{verb}", response_model=CommandOutcome, responses=ACTED, openapi_extra=JSON_BODY)
 async def task_verb(request: Request, task_id: str, verb: str) -> Any:
     """A task verb (claim, report, submit, approve, reject, reopen, archive, amend, retry) with the verb's fields as the
     JSON body (``{"reason": "…"}`` for reject), answered like `taskkernel submit`."""
@@ -268,16 +308,17 @@ async def needs_you(request: Request, role: str | None = None) -> Any:
 @router.get("/events", response_class=EventSourceResponse, responses={200: {"model": EventSummary}})
 async def events(request: Request, caller: Annotated[Caller | None, Depends(reader)],
                  last_event_id: Annotated[str | None, Header()] = None,
-                 after: int | None = None) -> AsyncIterator[ServerSentEvent]:
+                 after: int | None = None, live: str | None = None) -> AsyncIterator[ServerSentEvent]:
     """One server-sent event per committed event (``id:`` its global position, ``data:`` an EventSummary, the
     default event name ``message``); ``Last-Event-ID`` (or ``after``) replays what was missed first. An event named
-    ``reset`` says more was missed than is replayed: reload what you show."""
+    ``reset`` says more was missed than is replayed: reload what you show. With ``live`` (a task id), an event named
+    ``live`` says that task's agents printed more: fetch ``/api/tasks/{id}/live`` after your cursor."""
     board = board_of(request)
     last_seen = after
     if last_event_id is not None and last_event_id.isdigit():
         last_seen = int(last_event_id)
     checked = time.monotonic()
-    async for item in board.hub.follow(last_seen, RECHECK_SECONDS):
+    async for item in board.hub.follow(last_seen, RECHECK_SECONDS, live):
         if caller is not None and time.monotonic() - checked >= RECHECK_SECONDS:
             try:  # a credential revoked (or a sign-in ended) while the stream is open ends the stream
                 await anyio.to_thread.run_sync(lambda: board.gate.reader(request, heartbeat=False))
@@ -290,8 +331,8 @@ async def events(request: Request, caller: Annotated[Caller | None, Depends(read
             continue
         if item["type"] == "reset":
             yield ServerSentEvent(id=str(item["global_pos"]), event="reset", data=item)  # a reconnect resumes here
-        elif item["type"] == "state_changed":  # no event of the log: no id, so a reconnect's position stays
-            yield ServerSentEvent(event="state_changed", data=item)
+        elif item["type"] in ("state_changed", LIVE):  # no event of the log: no id, a reconnect's position stays
+            yield ServerSentEvent(event=item["type"], data=item)
         else:
             yield ServerSentEvent(id=str(item["global_pos"]), data=item)
 

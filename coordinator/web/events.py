@@ -11,6 +11,13 @@ schedules, the run ledger and the usage ledger. Every MARKER_EVERY polls the hub
 count and a sum or a maximum that any change moves) and, when one moved, sends ``{"type": "state_changed",
 "stream": "sessions" | "schedules" | "runs" | "usage"}`` (no id: it is no event of the log).
 
+A task page also follows its agents' live output (``run_events``, runners/live.py): a client that names a task
+(``live``) gets ``{"type": "live", "task_id", …}`` when that task's runs stored new events. The hub reads, every
+LIVE_EVERY polls, the newest event number of each run of the tasks its clients watch (the runs ledger by task, then
+the run's primary key: a few index lookups, whatever the number of events), and tells only those clients; the page
+then fetches what follows the last event it shows (``GET /api/tasks/{id}/live?after=…``). Each new subscription
+gets one such notice at once, so a notice lost with a reconnect loses nothing: the page fetches after its cursor.
+
 A client that reconnects with ``Last-Event-ID`` (the browser does it by itself) first gets the events it missed,
 read from the log, then the live ones. A client too slow to keep up (its queue full) is disconnected; it
 reconnects with its last id and catches up from the log, so nothing is lost, only delayed. More than
@@ -22,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,11 +46,13 @@ log = get_logger(__name__)
 POLL_SECONDS = 0.1
 FAILING_POLL_SECONDS = 1.0  # while the database cannot be read
 MARKER_EVERY = 5  # polls between two reads of the markers below (every half second)
+LIVE_EVERY = 2  # polls between two reads of the watched tasks' live output (RunOutput writes every 0.25 s)
 QUEUE_SIZE = 2000  # events a client may lag behind before it is cut off (it then catches up from the log)
 REPLAY_MAX = 5000  # missed events replayed to a reconnecting client; beyond, a reset
 READ_BATCH = 1000
 TASK_PREFIX = "task:"
 IDLE: dict[str, Any] = {"type": "idle"}
+LIVE = "live"  # the item a client following a task's live output gets when the task's runs stored events
 
 
 def summary(ev: RecordedEvent) -> dict[str, Any]:
@@ -57,6 +66,12 @@ def summary(ev: RecordedEvent) -> dict[str, Any]:
             state = target.value
     return {"global_pos": ev.global_pos, "stream": ev.stream_id, "type": ev.type, "task_id": task_id,
             "state": state, "by": ev.data.get("by") or ev.meta.get("actor"), "at": ev.recorded_at}
+
+
+def notice(type_: str, stream: str, task_id: str | None = None) -> dict[str, Any]:
+    """An item that is no event of the log (no position): a table outside it changed, or a task's live output."""
+    return {"type": type_, "stream": stream, "global_pos": None, "task_id": task_id, "state": None, "by": None,
+            "at": None}
 
 
 @functools.cache
@@ -84,6 +99,20 @@ def _markers() -> dict[str, sa.Select[Any]]:
     }
 
 
+def _live_marks(db: Database, tasks: list[str]) -> dict[str, frozenset[tuple[str, int | None]]]:
+    """For each task, its runs and the number of each one's newest stored event: it moves whenever one of them
+    stores an event (a run numbers on past the events it no longer keeps)."""
+    from taskkernel.coordinator.tables import run_events, runs
+
+    newest = sa.select(sa.func.max(run_events.c.n)).where(run_events.c.run_id == runs.c.run_id).scalar_subquery()
+    found: dict[str, set[tuple[str, int | None]]] = {t: set() for t in tasks}
+    with db.read() as conn:
+        for task_id, run_id, n in conn.execute(sa.select(runs.c.task_id, runs.c.run_id, newest)
+                                               .where(runs.c.task_id.in_(tasks))):
+            found[task_id].add((run_id, n))
+    return {t: frozenset(v) for t, v in found.items()}
+
+
 @dataclass(eq=False)
 class Subscription:
     """One client's queue; ``start`` is the hub's position when it subscribed (live events are past it)."""
@@ -91,6 +120,7 @@ class Subscription:
     start: int
     queue: asyncio.Queue[dict[str, Any] | None]
     cut_off: bool = False
+    live_task: str | None = None  # the task whose live output it follows (a task page), if any
 
 
 class EventHub:
@@ -104,6 +134,7 @@ class EventHub:
         self.clients: set[Subscription] = set()
         self._task: asyncio.Task[None] | None = None
         self._marks: dict[str, Any] = {}
+        self._live_marks: dict[str, frozenset[tuple[str, int | None]]] = {}
         self._unreadable: set[str] = set()
         self._ticks = 0
 
@@ -176,9 +207,10 @@ class EventHub:
             marks = await anyio.to_thread.run_sync(self._read_marks)
             for name, value in marks.items():
                 if value != self._marks.get(name):
-                    self._publish({"type": "state_changed", "stream": name, "global_pos": None, "task_id": None,
-                                   "state": None, "by": None, "at": None})
+                    self._publish(notice("state_changed", name))
             self._marks = marks
+        if self._ticks % LIVE_EVERY == 0:
+            await self._advance_live()
         end = await anyio.to_thread.run_sync(self._end)
         while end > self.position:
             events = await anyio.to_thread.run_sync(self._read, self.position, end)
@@ -188,8 +220,29 @@ class EventHub:
                 self._publish(summary(ev))
             self.position = events[-1].global_pos
 
-    def _publish(self, item: dict[str, Any]) -> None:
-        for client in list(self.clients):
+    async def _advance_live(self) -> None:
+        """Tell each client following a task's live output when the task's runs stored new events (and when it
+        starts to be watched: what was stored while the client connected is not missed)."""
+        watched = sorted({c.live_task for c in self.clients if c.live_task is not None})
+        if not watched:
+            self._live_marks = {}
+            return
+        try:
+            marks = await anyio.to_thread.run_sync(_live_marks, self.db, watched)
+            self._unreadable.discard(LIVE)
+        except sa.exc.SQLAlchemyError as exc:  # no live notice this time; the log's feed goes on
+            if LIVE not in self._unreadable:
+                self._unreadable.add(LIVE)
+                log.info("event_marker_unreadable", marker=LIVE, error=f"{type(exc).__name__}: {exc}"[:300])
+            return
+        for task_id in watched:
+            if marks[task_id] != self._live_marks.get(task_id):
+                self._publish(notice(LIVE, LIVE, task_id), [c for c in self.clients if c.live_task == task_id])
+        self._live_marks = marks
+
+    def _publish(self, item: dict[str, Any], to: Iterable[Subscription] | None = None) -> None:
+        """Queue ``item`` for every client (``to``: for those)."""
+        for client in list(self.clients if to is None else to):
             try:
                 client.queue.put_nowait(item)
             except asyncio.QueueFull:
@@ -205,14 +258,17 @@ class EventHub:
             client.queue.get_nowait()
         client.queue.put_nowait(None)
 
-    async def follow(self, last_seen: int | None, idle_seconds: float | None = None
+    async def follow(self, last_seen: int | None, idle_seconds: float | None = None, live_task: str | None = None
                      ) -> AsyncIterator[dict[str, Any]]:
         """The events after ``last_seen`` (None: only those committed from now on), then each as it commits;
         a ``{"type": "reset"}`` item when too many were missed to replay; ``{"type": "idle"}`` every
-        ``idle_seconds`` (for the caller's own checks: it is not sent to a client)."""
+        ``idle_seconds`` (for the caller's own checks: it is not sent to a client); ``{"type": "live"}`` when
+        ``live_task``'s runs stored new events."""
         # subscribe first: nothing falls between the replay and the live feed
-        client = Subscription(self.position, asyncio.Queue(self.queue_size))
+        client = Subscription(self.position, asyncio.Queue(self.queue_size), live_task=live_task)
         self.clients.add(client)
+        if live_task is not None:  # what was stored before it subscribed: its reader fetches after its cursor now
+            client.queue.put_nowait(notice(LIVE, LIVE, live_task))
         loop = asyncio.get_running_loop()
         next_idle = None if idle_seconds is None else loop.time() + idle_seconds
         try:

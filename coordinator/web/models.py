@@ -79,6 +79,9 @@ class TaskDocument(TaskRow):
     created_at: str
     updated_at: str
     history: list[HistoryEntry]
+    aliases: list[str] | None = Field(default=None, description="the other ids the task is known by, if any")
+    inputs_pending: int = Field(default=0, description="instructions its agent has not read: it is not submitted "
+                                                       "for review until it has")
 
 
 class CommandOutcome(SQLModel):
@@ -103,13 +106,60 @@ class ActionOutcome(SQLModel):
     detail: dict[str, Any] | None = None
 
 
+class InstructionOutcome(SQLModel):
+    """`taskkernel task say`'s document: the instruction accepted into the task's run session (or ``replayed``),
+    and the run queued to deliver it when nothing runs the task."""
+
+    status: str = Field(description="accepted or replayed (a refusal: status rejected, reason, message)")
+    task_id: str
+    session: str = Field(description="the task's run session, RUN:<DRIVER>:<agent>@<TASK>")
+    input_id: str
+    accept_seq: int
+    kind: str = Field(description="message, steer, queued or answer")
+    queued_run: str | None = None
+
+
+class InterruptOutcome(SQLModel):
+    """`taskkernel task interrupt`'s document: the stop asked of the coordinator holding the running run."""
+
+    status: str = Field(description="requested, or replayed for a stop already asked")
+    task_id: str
+    run_id: str
+    requested_by: str
+    message_seq: int | None = Field(default=None, description="the message's sequence, queued for the resumed run")
+
+
+class RunEvent(SQLModel):
+    """One event of an agent's live output, as `taskkernel runs follow --json` prints it (docs/live-output.md)."""
+
+    run_id: str
+    n: int = Field(description="1, 2, … per run, in the order the agent printed them")
+    task_id: str
+    attempt: int
+    at: str
+    kind: str = Field(description="text, tool_call, tool_result, usage, error or output")
+    tool: str | None = None
+    text: str = Field(description="redacted and control-escaped when stored")
+
+
+class LiveOutput(SQLModel):
+    """A task's live output: its runs' events, oldest first, and where the next read goes on from."""
+
+    status: str = "ok"
+    task_id: str
+    events: list[RunEvent]
+    cursor: str | None = Field(description="RUN_ID:N of the last event (or the after given): the next read's after")
+    more: bool = Field(description="the read was cut at its limit: read again after cursor")
+
+
 class EventSummary(SQLModel):
     """One committed event as ``GET /api/events`` sends it (``id:`` is its global position)."""
 
     global_pos: int | None = Field(description="the event's global position (null for state_changed)")
     stream: str
     type: str = Field(description="the event's type; state_changed: a table outside the event log changed "
-                                  "(stream: sessions, schedules, runs or usage)")
+                                  "(stream: sessions, schedules, runs or usage); live: the task's agents printed "
+                                  "more (a stream opened with live=TASK)")
     task_id: str | None = None
     state: str | None = Field(default=None, description="the task's lifecycle state after a task event")
     by: str | None = None

@@ -4,7 +4,8 @@ buttons), sign-in and sign-out.
 A page shows the buttons its viewer's role may use (the kernel still judges every click): approve, reject and
 reopen for the task's done_authority (and retry, on an active or in-review task), archive for its
 archive_authority, a grant for ADMIN where an approval needs one, pause and resume on schedules, cancel on a root
-task's active goal. Every form carries the sign-in's CSRF token.
+task's active goal; to whoever may instruct a task in work, a message box for its agent and, while its agent runs,
+an interrupt button. Every form carries the sign-in's CSRF token.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from taskkernel.coordinator.web.api import RISKS, session_inputs_for
 from taskkernel.coordinator.web.auth import COOKIE, CSRF_FIELD, Caller, Refused, check_same_origin
 from taskkernel.coordinator.web.state import Board, board_of
 from taskkernel.kernel.goals import GoalService
+from taskkernel.kernel.instructions import IN_WORK, check_instructor
 from taskkernel.kernel.model.commands import CommandType
 from taskkernel.kernel.model.principal import LOCAL_OWNER
 from taskkernel.kernel.queries import TaskQueryError
@@ -105,11 +107,13 @@ def _team_roles(board: Any) -> list[str]:
 @router.get("/tasks/{task_id}", response_class=HTMLResponse)
 async def task_page(request: Request, task_id: str) -> Response:
     board, caller = await reading(request)
-    found = await anyio.to_thread.run_sync(reads.task_page, board.db, board.ws, board.session_log, task_id,
-                                           caller.principal if caller else None)
+    found = await anyio.to_thread.run_sync(reads.task_page, board.db, board.ws, board.session_log, board.inputs,
+                                           task_id, caller.principal if caller else None)
     if found is None:
         raise Refused(404, ReasonCode.TASK_NOT_FOUND.value, f"{task_id} does not exist")
     doc = found["task"]
+    instructs = reads.allowed(check_instructor, caller.principal if caller else None, doc)
+    driver_running = any(r["state"] == "running" and r["role"] == doc["authority"]["driver"] for r in found["runs"])
     goal = None
     if doc["root"] == task_id:
         service = GoalService(board.db, board.kernel.store)
@@ -124,9 +128,20 @@ async def task_page(request: Request, task_id: str) -> Response:
         "grant": doc["state"] == "review" and doc["risk_level"] in ("high", "irreversible") and caller is not None
         and caller.principal.is_admin,
         "cancel_goal": goal is not None and may(caller, authority.get("done_authority")),
+        "say": instructs and doc["state"] in IN_WORK,
+        "interrupt": instructs and driver_running,
     }
     return await page(request, "task.html", caller, page=found, task=doc, goal=goal, can=can,
-                  grant_command=grant_hint(CommandType.APPROVE, task_id))
+                      timeline=timeline_rows(found), live_shown=reads.LIVE_SHOWN,
+                      grant_command=grant_hint(CommandType.APPROVE, task_id))
+
+
+def timeline_rows(found: dict[str, Any]) -> list[dict[str, Any]]:
+    """The task's events and the instructions given to its agent, in the order they happened (``instruction``:
+    None for an event)."""
+    rows = [{**e, "instruction": None} for e in found["timeline"]]
+    rows += [{"at": i["received_at"], "instruction": i} for i in found["instructions"]]
+    return sorted(rows, key=lambda row: row["at"] or "")
 
 
 @router.get("/tasks/{task_id}/file", response_class=PlainTextResponse)

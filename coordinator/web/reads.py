@@ -6,6 +6,7 @@ the same with ten tasks or ten thousand (bench/serve.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -15,8 +16,12 @@ import sqlalchemy as sa
 from taskkernel.coordinator.config import RunnerSpec
 from taskkernel.coordinator.inbox import approval_refusals
 from taskkernel.coordinator.runners.history import page_runs, run_detail
+from taskkernel.coordinator.runners.inputs import RunInputs
+from taskkernel.coordinator.runners.live import latest_events, read_events
+from taskkernel.coordinator.showing import task_show
 from taskkernel.coordinator.workspace import Workspace
 from taskkernel.kernel.history import history_note
+from taskkernel.kernel.instructions import check_reader
 from taskkernel.kernel.model.principal import LOCAL_OWNER, Principal
 from taskkernel.kernel.model.task import TaskState
 from taskkernel.kernel.permissions import permission_scope
@@ -28,9 +33,10 @@ from taskkernel.kernel.queries import (
     event_reader,
     page_tasks,
     read_patch,
+    task_document,
     task_history,
-    task_show_document,
 )
+from taskkernel.kernel.reasons import KernelError
 from taskkernel.kernel.sessionlog import SessionLog, SessionLogError
 from taskkernel.kernel.sessionlog.interchange import record_json
 from taskkernel.kernel.store.db import Database
@@ -48,6 +54,7 @@ PATCH_SHOWN = 256 * 1024  # bytes of a patch the task page shows; the file has i
 TREE_DEPTH = 4
 TREE_WIDTH = 100
 GRANT_KINDS = ("allow", "revoke")
+LIVE_SHOWN = 200  # a task page's live output: its agents' newest events (the pane keeps that many as more come)
 
 
 @dataclass(frozen=True)
@@ -108,12 +115,14 @@ def done_authorities(db: Database, task_ids: list[str]) -> dict[str, str | None]
         return dict(conn.execute(sa.select(tasks.c.task_id, decider).where(tasks.c.task_id.in_(task_ids))).all())
 
 
-def task_page(db: Database, ws: Workspace | None, log: SessionLog, task_id: str,
+def task_page(db: Database, ws: Workspace | None, log: SessionLog, inputs: RunInputs, task_id: str,
               reader: Principal | None = None) -> dict[str, Any] | None:
     """Everything the task page shows: the `task show` document, the timeline with each event's actor, the
-    reports with their bodies and diffs, the children as a tree, gate verdicts, usage, runs, and the grants the
-    kernel's guard consults: those ``reader`` may read in full, how many there are in ``grants_held``."""
-    doc = task_show_document(db, task_id)
+    instructions given to its agent (for a reader who may list them; how many in ``instructions_given``), the
+    reports with their bodies and diffs, the children as a tree, gate verdicts, usage, runs, its agents' newest live
+    output, and the grants the kernel's guard consults: those ``reader`` may read in full, how many there are in
+    ``grants_held``."""
+    doc = task_show(db, task_id)
     if doc is None:
         return None
     events = task_history(db, task_id)
@@ -124,11 +133,53 @@ def task_page(db: Database, ws: Workspace | None, log: SessionLog, task_id: str,
                  "by": ev.data.get("by") or ev.meta.get("actor"), "reason": ev.data.get("reason"),
                  "status": ev.data.get("status"), "round": ev.data.get("round"),
                  "note": history_note(ev.type, ev.data)} for ev in events]
+    told = inputs.timeline(task_id)
     grants = grants_for(log, task_id)
-    return {"task": doc, "timeline": timeline, "reports": reports, "children": children_tree(db, task_id),
+    live = latest_events(db, task_id, LIVE_SHOWN)
+    return {"task": doc, "timeline": timeline, "instructions": told if allowed(check_reader, reader, doc) else [],
+            "instructions_given": len(told), "reports": reports, "children": children_tree(db, task_id),
             "gate": gate_verdicts(db, task_id), "grants": readable_grants(log, reader, grants),
-            "grants_held": len(grants),
-            "usage": task_usage(db, task_id), "runs": page_runs(db, task_id=task_id, limit=20).rows}
+            "grants_held": len(grants), "usage": task_usage(db, task_id),
+            "runs": page_runs(db, task_id=task_id, limit=20).rows,
+            "live": live, "live_cursor": live_cursor(live[-1]["run_id"], live[-1]["n"]) if live else None}
+
+
+def allowed(check: Callable[[Principal, dict[str, Any]], None], who: Principal | None, doc: dict[str, Any]) -> bool:
+    """Whether ``check`` (kernel/instructions.py: who may instruct the task, who may list what it was told) lets
+    ``who`` through; nobody signed in never passes."""
+    if who is None:
+        return False
+    try:
+        check(who, doc)
+    except KernelError:
+        return False
+    return True
+
+
+def live_cursor(run_id: str, n: int) -> str:
+    """Where a read of a task's live output goes on from: ``RUN_ID:N``, the last event it returned."""
+    return f"{run_id}:{n}"
+
+
+def parse_live_cursor(cursor: str) -> tuple[str, int] | None:
+    """``(run_id, n)`` of a ``live_cursor``; None: not one."""
+    run_id, _, n = cursor.rpartition(":")
+    return (run_id, int(n)) if run_id and n.isdigit() else None
+
+
+def live_output(db: Database, task_id: str, after: tuple[str, int] | None, limit: int) -> dict[str, Any] | None:
+    """The task's runs' live events, oldest first: those stored after ``after`` (at most ``limit``; ``more``: ask
+    again from ``cursor``), or without it the newest ``limit``. None: no such task."""
+    if task_document(db, task_id) is None:
+        return None
+    if after is None:
+        events, more = latest_events(db, task_id, limit), False
+    else:
+        events = read_events(db, task_id=task_id, after=after, limit=limit)
+        more = len(events) >= limit
+    last = (events[-1]["run_id"], events[-1]["n"]) if events else after
+    return {"status": "ok", "task_id": task_id, "events": events, "cursor": live_cursor(*last) if last else None,
+            "more": more}
 
 
 def patch_text(ws: Workspace, diff: dict[str, Any]) -> dict[str, Any]:

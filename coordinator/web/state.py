@@ -1,4 +1,5 @@
-"""What one board server holds: the database, the workspace, the kernel, the sign-ins, the event hub, the actions."""
+"""What one board server holds: the database, the workspace, the kernel, the sign-ins, the event hub, the actions,
+what people tell a task's agent."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
+from taskkernel.coordinator.runners.inputs import RunInputs, role_specs
 from taskkernel.coordinator.web.actions import Actions
 from taskkernel.coordinator.web.auth import Gatekeeper, SignIns
 from taskkernel.coordinator.web.events import EventHub
@@ -31,7 +33,9 @@ class Board:
         # the session log as coordinator/compose.py gives it to the kernel: the workspace's grant sessions
         self.session_log = (SessionLog(self.db, self.grant_sessions) if self.grant_sessions is not None
                             else SessionLog(self.db))
-        self.actions = Actions(self.kernel, self.session_log)
+        # as `taskkernel task say` builds it (coordinator/cli/steer.py): the team's runners name the run sessions
+        self.inputs = RunInputs(self.db, self.session_log, role_specs(self.ws.config) if self.ws is not None else {})
+        self.actions = Actions(self.kernel, self.session_log, self.inputs)
 
 
 def board_of(request: Request) -> Board:

@@ -14,8 +14,9 @@
   // A region marked data-live is re-rendered from the server when an event concerns it: the page is fetched again
   // and the region swapped in place (no reload). A region whose text field has the focus waits until it leaves;
   // text typed into a field that has lost the focus is carried over into the fresh region.
+  // A choice made in a list (the message box's mode) is carried over like text.
   const TEXT = "input:not([type]), input[type=text], input[type=search], input[type=password], input[type=number], " +
-    "textarea";
+    "textarea, select";
   const busy = (region) => region.contains(document.activeElement) && document.activeElement.matches(TEXT);
 
   function typed(region) {  // what was typed and not sent yet (a form being sent is cleared when it is accepted)
@@ -76,9 +77,63 @@
     if (timer === null) timer = setTimeout(refresh, 150);
   }
 
+  // The task page's live output (#live-events): the feed, opened with live=TASK, says when the task's agents
+  // printed more (and once as it opens); the pane then fetches what follows the last event it shows and appends each
+  // as text, never as HTML, keeping the newest data-keep. A read cut at its limit means the pane is far behind: it
+  // starts again from the newest.
+  const pane = document.getElementById("live-events");
+  let following = false;
+  let followAgain = false;
+
+  function liveItem(e) {  // the page's own <template id="live-event">, filled in
+    const item = document.getElementById("live-event").content.firstElementChild.cloneNode(true);
+    item.classList.add(`k-${e.kind}`);
+    item.title = `${e.run_id} #${e.n}, attempt ${e.attempt}`;
+    item.querySelector("time").textContent = e.at.slice(11, 19);
+    item.querySelector(".kind").textContent = e.kind;
+    item.querySelector(".tool").textContent = e.kind === "tool_result" ? e.tool || "" : "";
+    item.querySelector(".text").textContent = e.text;
+    return item;
+  }
+
+  async function liveRead(after) {
+    const query = new URLSearchParams({ limit: pane.dataset.keep });
+    if (after) query.set("after", after);
+    const response = await fetch(`/api/tasks/${encodeURIComponent(pane.dataset.taskId)}/live?${query}`,
+      { credentials: "same-origin" });
+    return response.ok ? response.json() : null;
+  }
+
+  async function followLive() {
+    if (following) { followAgain = true; return; }
+    following = true;
+    try {
+      let doc = await liveRead(pane.dataset.cursor);
+      if (doc && doc.more) {
+        doc = await liveRead(null);
+        if (doc) pane.replaceChildren();
+      }
+      if (!doc) return;
+      const atEnd = pane.scrollTop + pane.clientHeight >= pane.scrollHeight - 8;
+      doc.events.forEach((e) => pane.append(liveItem(e)));
+      while (pane.children.length > Number(pane.dataset.keep)) pane.firstElementChild.remove();
+      if (doc.cursor) pane.dataset.cursor = doc.cursor;
+      document.getElementById("live-empty").hidden = pane.children.length > 0;
+      if (atEnd) pane.scrollTop = pane.scrollHeight;
+    } catch (err) {
+      // the next notice (or the stream's reopening) reads again from the same cursor: nothing is lost
+    } finally {
+      following = false;
+      if (followAgain) { followAgain = false; followLive(); }
+    }
+  }
+
   function connect() {
     if (!window.EventSource || !document.querySelector("[data-live]") || source) return;
-    source = new EventSource("/api/events" + (lastSeen !== null ? `?after=${lastSeen}` : ""));
+    const query = new URLSearchParams();
+    if (lastSeen !== null) query.set("after", lastSeen);
+    if (pane) query.set("live", pane.dataset.taskId);
+    source = new EventSource("/api/events" + (query.toString() ? `?${query}` : ""));
     // Once open, the page is read again: a table outside the event log may have changed before the stream
     // opened (state_changed has no position to replay from).
     source.onopen = () => { status.textContent = "● live"; status.className = "live on"; schedule({ type: "open" }); };
@@ -92,6 +147,7 @@
     source.onmessage = (m) => { if (m.lastEventId) lastSeen = m.lastEventId; schedule(JSON.parse(m.data)); };
     source.addEventListener("reset", (m) => { lastSeen = m.lastEventId || lastSeen; schedule({ type: "reset" }); });
     source.addEventListener("state_changed", (m) => schedule(JSON.parse(m.data)));
+    source.addEventListener("live", followLive);
   }
 
   // A hidden tab gives its connection back (a browser opens at most six to one server over HTTP/1.1); shown again,
@@ -166,5 +222,6 @@
     setTimeout(() => { if (document.querySelector("[data-live][data-stale]")) schedule({ type: "focus" }); }, 0);
   });
   bindActions(document);
+  if (pane) pane.scrollTop = pane.scrollHeight;  // the newest output in view
   if (!document.hidden) connect();  // a tab opened in the background connects when it is first shown
 })();
