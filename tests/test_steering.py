@@ -114,7 +114,7 @@ def obeyed(loop: Loop, task_id: str) -> list[str]:
 
 
 def test_follow_ups_reach_the_running_agent_at_its_next_tool_call_in_acceptance_order_once(loop: Loop) -> None:
-    task_id = loop.task("calls 1\npause 0.2\nhold")
+    task_id = loop.task("calls 1\npause 0.2\nprint-token\nhold")
     loop.start()
     until("the agent at work", lambda: loop.record(task_id, "prompt-1") or (loop.records / f"{task_id}.prompt-1")
           .exists(), loop)
@@ -135,6 +135,12 @@ def test_follow_ups_reach_the_running_agent_at_its_next_tool_call_in_acceptance_
     until("the task in review", lambda: loop.state(task_id) == "review", loop)
     assert obeyed(loop, task_id) == lines  # consumed once: never delivered again
     assert len(loop.runs(task_id)) == 1
+    watched = loop.cli("task", "watch", task_id, "--timeout", "1")  # in review: it prints, then times out
+    live = [json.loads(line) for line in watched.stdout.splitlines() if '"run_id"' in line]
+    assert watched.returncode == 1 and live, watched.stdout
+    assert [e["n"] for e in live] == list(range(1, len(live) + 1))  # each once, in the order printed
+    assert any(e["text"] == "my token is [redacted]" for e in live)  # the run's token never kept
+    assert not any("tk_" in e["text"] for e in live)
 
 
 def test_a_queued_instruction_keeps_the_task_in_work_until_a_resumed_run_delivers_exactly_it(loop: Loop) -> None:

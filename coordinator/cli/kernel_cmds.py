@@ -414,7 +414,7 @@ def _quiet_stop() -> Iterator[_Stop]:
 
 
 def _follow(db: Any, after: int, stream: str | None, stop: _Stop, on_event: Callable[[RecordedEvent], bool],
-            deadline: float | None = None) -> bool:
+            deadline: float | None = None, each_poll: Callable[[], None] | None = None) -> bool:
     """Poll the event store every POLL_SECONDS for the events past global position ``after`` (only ``stream``'s
     when given) and hand each to ``on_event`` in commit order. True as soon as ``on_event`` says False (enough);
     False at ``deadline``; a stop request ends the command (exit 0). Each poll reads the log's end first, then
@@ -434,6 +434,8 @@ def _follow(db: Any, after: int, stream: str | None, stop: _Stop, on_event: Call
                     if (stream is None or ev.stream_id == stream) and not on_event(ev):
                         return True
                 after = end
+        if each_poll is not None:
+            each_poll()
         if deadline is not None and time.monotonic() >= deadline:
             return False
         time.sleep(POLL_SECONDS)
@@ -456,16 +458,43 @@ def task_watch(ctx: typer.Context, task_id: str,
     if task_document(db, task_id) is None:
         reject("task_not_found", f"{task_id} does not exist (see `taskkernel task list`)")
     watched = _Watched()
+    live = _LiveOutput(db, task_id)
     with _quiet_stop() as stop:
         for ev in task_history(db, task_id):
             if not watched.show(ev):
                 say(f"{task_id} is {watched.state}")
                 return
-        if _follow(db, watched.at, task_stream(task_id), stop, watched.show, deadline):
+        live.show_new()
+        if _follow(db, watched.at, task_stream(task_id), stop, watched.show, deadline, each_poll=live.show_new):
+            live.show_new()
             say(f"{task_id} is {watched.state}")
             return
     fail(Exit.INTERNAL, f"{task_id} is still {watched.state} after {timeout:g} s (--timeout): not done or archived",
          error="timeout", task_id=task_id, state=watched.state)
+
+
+class _LiveOutput:
+    """A watched task's agents' live output: its run events not shown yet, printed as `runs follow` prints them."""
+
+    def __init__(self, db: Any, task_id: str) -> None:
+        import sqlalchemy as sa
+
+        from taskkernel.coordinator.tables import run_events
+
+        self.db, self.task_id, self.after = db, task_id, None
+        with db.read() as conn:  # a database from before migration 0008 has no live output to show
+            self.kept = sa.inspect(conn).has_table(run_events.name)
+
+    def show_new(self) -> None:
+        from taskkernel.coordinator.cli.runs import print_run_event
+        from taskkernel.coordinator.runners.live import read_events
+
+        if not self.kept:
+            return
+        for event in read_events(self.db, task_id=self.task_id, after=self.after, limit=1000):
+            print_run_event(event)
+            self.after = (event["run_id"], event["n"])
+        sys.stdout.flush()
 
 
 class _Watched:

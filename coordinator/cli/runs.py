@@ -190,7 +190,7 @@ def runs_follow(ctx: typer.Context,
             state = run_state(db, run_id) or state  # before the events: a run seen ended had stored them all
             events = read_events(db, run_id=run_id, after=after, limit=MAX_READ)
             for event in events:
-                _print_run_event(event)
+                print_run_event(event)
                 after = event["n"]
             if len(events) == MAX_READ:
                 continue  # more are there already
@@ -204,7 +204,7 @@ def runs_follow(ctx: typer.Context,
          run_id=run_id, state=state)
 
 
-def _print_run_event(event: dict[str, Any]) -> None:
+def print_run_event(event: dict[str, Any]) -> None:
     """One event: a JSON line for scripts, a readable line on a terminal (time, kind, tool, text on one line)."""
     if not human_mode():
         write_json(event)
