@@ -16,6 +16,7 @@ from taskkernel.coordinator.fcop.detect import Generation, detect_generation, fi
 from taskkernel.coordinator.fcop.numbering import sequences_in_use
 from taskkernel.coordinator.folders.projection import PROJECT_RULE
 from taskkernel.coordinator.runners.dispatcher import WAKE_RULE
+from taskkernel.coordinator.runners.inputs import role_specs, run_session_of
 from taskkernel.coordinator.runners.retrycheck import retry_check
 from taskkernel.coordinator.runners.tools import PERFORM_RULE
 from taskkernel.coordinator.workspace import Workspace
@@ -53,9 +54,10 @@ def build_kernel(db: Database, workspace: Workspace | None) -> TaskCommandKernel
     # Last: a done report's diff (prepared before the transaction) is recorded once every other check let it through.
     evidence = [DiffEvidence(Worktrees(db, workspace.root, workspace.config.worktrees.patterns()))
                 ] if workspace is not None else []
+    pending = PendingInputsGuard(db, run_session_of(role_specs(workspace.config) if workspace else {}))
     retry = [RetryGuard(retry_check(workspace.config, workspace.root, roles))] if workspace is not None else []
     return TaskCommandKernel(db, roles, effect_rules=STANDARD_EFFECTS, store=store,
-                             guards=[HumanGrantGuard(log), gate, *retry, PendingInputsGuard(db), *evidence],
+                             guards=[HumanGrantGuard(log), gate, *retry, pending, *evidence],
                              preparers=[e.prepare for e in evidence],
                              numbers_in_use=_task_numbers_on_disk(workspace.root) if folders and workspace else None,
                              fcop4_ids=folders and workspace is not None and _is_g4(workspace.root))

@@ -16,6 +16,7 @@ before it read what it was told has not finished its work.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
@@ -97,15 +98,17 @@ def pending_for_task(db: Database, doc: dict[str, Any]) -> int:
 
 class PendingInputsGuard:
     """A submit (by anyone but ADMIN) waits while the driver's run session holds instructions not yet consumed:
-    ``inputs_pending``, whose message says how the agent reads them."""
+    ``inputs_pending``, whose message says how the agent reads them. ``session_of`` names a task's run session
+    (the coordinator knows its driver's agent name), so the check reads one session by its key."""
 
-    def __init__(self, db: Any) -> None:
+    def __init__(self, db: Database, session_of: Callable[[dict[str, Any]], str]) -> None:
         install(db)
+        self.session_of = session_of
 
     def __call__(self, uow: UnitOfWork, cmd: Command, doc: dict[str, Any] | None, principal: Principal) -> None:
         if cmd.type is not CommandType.SUBMIT or doc is None or principal.is_admin:
             return
-        pending = pending_count(uow.conn, driver_sessions(doc["task_id"], doc["authority"]["driver"]))
+        pending = pending_count(uow.conn, session_counter.c.session_id == self.session_of(doc))
         if pending:
             raise KernelError(ReasonCode.INPUTS_PENDING, f"{doc['task_id']} has {pending} instruction(s) its agent "
                               "has not read yet: read them (MCP `read_inputs`, or `taskkernel task inputs "

@@ -481,7 +481,8 @@ class _LiveOutput:
 
         from taskkernel.coordinator.tables import run_events
 
-        self.db, self.task_id, self.after = db, task_id, None
+        self.db, self.task_id = db, task_id
+        self.after: tuple[str, int] | None = None  # the last event shown
         with db.read() as conn:  # a database from before migration 0008 has no live output to show
             self.kept = sa.inspect(conn).has_table(run_events.name)
 

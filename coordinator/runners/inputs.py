@@ -71,6 +71,14 @@ def agent_name(specs: Mapping[str, RunnerSpec], role: str) -> str:
     return spec.agent if spec is not None and spec.agent else f"{role.lower()}-agent"
 
 
+def run_session_of(specs: Mapping[str, RunnerSpec]) -> Callable[[Mapping[str, Any]], str]:
+    """The run session of a task's driver, by the agent name its runner gives it."""
+    def session_of(doc: Mapping[str, Any]) -> str:
+        driver = doc["authority"]["driver"]
+        return run_session(driver, agent_name(specs, driver), doc["task_id"])
+    return session_of
+
+
 @dataclass(frozen=True)
 class Pending:
     """An instruction accepted and not yet consumed."""
@@ -92,8 +100,7 @@ class RunInputs:
         db.create_schema(loop_metadata)
 
     def session_of(self, doc: Mapping[str, Any]) -> str:
-        driver = doc["authority"]["driver"]
-        return run_session(driver, agent_name(self.specs, driver), doc["task_id"])
+        return run_session_of(self.specs)(doc)
 
     def _owner(self, doc: Mapping[str, Any]) -> Principal:
         driver = doc["authority"]["driver"]
