@@ -57,6 +57,7 @@ bench: setup
 	$(BIN)/python bench/team.py
 	$(BIN)/python bench/worktrees.py
 	$(BIN)/python bench/serve.py
+	$(BIN)/python bench/resume.py
 
 lint: setup
 	$(BIN)/ruff check kernel roles scheduler coordinator taskkernel tests bench examples

@@ -150,7 +150,7 @@ class OnApprove(StrEnum):
 
 _SPAWN_ONLY = ("argv", "cwd", "env", "pass_env", "run_as", "kill_grace", "heartbeat_timeout",
                "non_retryable_exit_codes", "isolation", "base_branch", "on_approve", "prompt", "mcp", "args")
-_PRESET_ONLY = ("model", "allowed_tools", "args", "variant")
+_PRESET_ONLY = ("model", "allowed_tools", "args", "variant", "resume_conversation")
 
 
 class RunnerSpec(Table):
@@ -178,6 +178,8 @@ class RunnerSpec(Table):
     variant: str | None = Field(default=None, min_length=1)  # one of the profile's named variants
     args: list[str] = Field(default_factory=list)  # appended to the preset's command line
     allowed_tools: list[str] = Field(default_factory=list)  # the CLI's own tool names, on top of the kernel's
+    # A re-run of the task continues the CLI's own conversation where its profile can (docs/people-in-the-loop.md)
+    resume_conversation: bool = True
     # None: a worktree per task for a preset when the workspace is in a git repository, else shared
     isolation: Isolation | None = Field(default=None, strict=False)
     base_branch: str | None = Field(default=None, min_length=1)  # default: the branch checked out at the workspace

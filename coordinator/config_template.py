@@ -126,6 +126,7 @@ ROLE_KEYS = """\
 # args = {args}
 # allowed_tools = {allowed_tools}
 # mcp = true                                # false: no MCP server; the prompt teaches the CLI verbs instead
+# resume_conversation = true                # a re-run of a task continues the CLI's own conversation
 # prompt = "{{subject}}\\n\\n{{body}}\\n\\n{{how_to_report}}"   # default: built from the task (docs/agents.md)
 # isolation = "worktree"                    # one git worktree and branch per task (the default in a git repository)
 # base_branch = "main"                      # worktrees are cut from it and merged into it (default: checked out)

@@ -156,3 +156,16 @@ run_interrupts = sa.Table(
     sa.Column("message_seq", sa.Integer),  # the instruction accepted with it, if any
     sa.Column("handled_at", sa.Text),
 )
+
+# The agent CLI's own conversation of a task's runs by a role (its session id, as the CLI printed it): the next run
+# of that role on the task resumes it (Claude Code `--resume`, …) instead of starting cold (runners/inputs.py).
+agent_sessions = sa.Table(
+    "agent_sessions",
+    loop_metadata,
+    sa.Column("task_id", sa.Text, primary_key=True),
+    sa.Column("role", sa.Text, primary_key=True),
+    sa.Column("runner", sa.Text, nullable=False),  # the profile that printed it: another CLI cannot resume it
+    sa.Column("session_id", sa.Text, nullable=False),
+    sa.Column("run_id", sa.Text, nullable=False),
+    sa.Column("recorded_at", sa.Text, nullable=False),
+)

@@ -400,3 +400,30 @@ def test_a_missing_cli_skips_with_how_to_install_it_and_fails_when_ci_requires_t
     with pytest.raises(pytest.fail.Exception) as failed:
         require_cli("no-such-agent-cli")
     assert REQUIRE in str(failed.value) and INSTALL in str(failed.value)
+
+
+
+def test_a_retry_of_claude_code_continues_its_own_conversation_instead_of_starting_cold(
+        serve: Callable[[str], ModelServer], tmp_path: Path) -> None:
+    """The first attempt answers in text and ends without a report (`no_report`); the retry runs the real Claude Code
+    with `--resume` and the session id the first attempt printed: the model's first request of the retry carries
+    the first attempt's conversation, and the retry's prompt is the short continuation, not the task again."""
+    model = serve("claude-code")
+    team = team_of(tmp_path, "claude-code", model, DEV={"max_attempts": 2})
+    task_id = team.task("DEV", "Count the words", "Count the words of README.md.\n\n" + "Context. " * 400)
+    model.load([{"text": "I will count them next time."},
+                {"tool": "kernel:report", "args": {"task_id": task_id, "status": "done", "body": "12 words"}},
+                {"tool": "kernel:submit_task", "args": {"task_id": task_id}},
+                {"text": "Reported."}])
+    team.up()
+    clean(model)
+    assert team.show(task_id)["state"] == "review"
+    [run] = team.runs(task_id)
+    assert [a["exit_code"] for a in run["attempts"]] == [0, 0], run["attempts"]
+    turns = model.turns()
+    fresh, resumed = (json.dumps(t.body["messages"]) for t in turns[:2])
+    assert "I will count them next time." not in fresh and "I will count them next time." in resumed, \
+        "the retry's model saw the first attempt's conversation"
+    retry_prompt = (Path(run["log_dir"]) / "attempt-2" / "prompt.md").read_text()
+    assert "continuing task" in retry_prompt and "Context. Context." not in retry_prompt, retry_prompt[:400]
+    assert resumed.count("Context. Context.") == fresh.count("Context. Context."), "the task once, not twice"

@@ -81,6 +81,7 @@ class Outcome:
     summary: str = ""
     fenced: bool = False  # our lease was lost while the agent ran: the run is someone else's now
     code: ErrorCode | None = None  # why it failed (None when ok)
+    session: str | None = None  # the CLI's own conversation id, where its output named one
 
     @property
     def retryable(self) -> bool:
@@ -172,17 +173,19 @@ def run_command(spec: RunnerSpec, launch: Launch, log_dir: Path, supervision: Su
     said = read_safely(launch.preset, stdout, stderr, _tail(launch.usage_file) if launch.usage_file else "")
     if stopped is not None:  # what the CLI was struggling with when it was stopped (a provider's 429) is the why
         why = stopped.error + (f"; the CLI said: {said.error}" if said.error else "")
-        return Outcome(False, None, _ms(started), why, said.usage, fenced=stopped.fenced, code=stopped.code)
+        return Outcome(False, None, _ms(started), why, said.usage, fenced=stopped.fenced, code=stopped.code,
+                       session=said.session)
     if code != 0:
         kind = ErrorCode.NON_RETRYABLE_EXIT if code in spec.non_retryable_exit_codes else ErrorCode.EXIT_CODE
         last_words = next((line.strip() for line in reversed(stderr.splitlines()) if line.strip()), "")
         why = f"exit code {code}" + (f" ({said.error})" if said.error else f": {last_words[:300]}" if last_words
                                      else "")
-        return Outcome(False, code, _ms(started), why, said.usage, code=kind)
+        return Outcome(False, code, _ms(started), why, said.usage, code=kind, session=said.session)
     if said.error:
-        return Outcome(False, 0, _ms(started), said.error, said.usage, code=ErrorCode.AGENT_ERROR)
+        return Outcome(False, 0, _ms(started), said.error, said.usage, code=ErrorCode.AGENT_ERROR,
+                       session=said.session)
     last = stdout.strip().splitlines()[-1][:200] if stdout.strip() else ""
-    return Outcome(True, 0, _ms(started), None, said.usage, last)
+    return Outcome(True, 0, _ms(started), None, said.usage, last, session=said.session)
 
 
 def _tail(path: Path, limit: int = 1 << 16) -> str:

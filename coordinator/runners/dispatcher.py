@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from taskkernel.coordinator.runners.live import RunOutput
 
 from taskkernel.coordinator.config import NOT_TEAM, Isolation
 from taskkernel.coordinator.runners.agent import AgentContext
@@ -38,6 +37,7 @@ from taskkernel.coordinator.runners.config import RunnerKind, RunnerSpec
 from taskkernel.coordinator.runners.inputs import RunInputs
 from taskkernel.coordinator.runners.launch import Launch, LaunchProblem, prepare
 from taskkernel.coordinator.runners.ledger import ClaimedRun, Orphan, Purpose, RunLedger
+from taskkernel.coordinator.runners.live import RunOutput
 from taskkernel.coordinator.runners.outcomes import (
     blocked_body,
     file_blocked,
@@ -49,8 +49,8 @@ from taskkernel.coordinator.runners.outcomes import (
     worktree_base,
 )
 from taskkernel.coordinator.runners.pool import Running, RunPool
-from taskkernel.coordinator.runners.presets import ProfileRunner
-from taskkernel.coordinator.runners.prompt import build_prompt, prompt_fields, resume_section
+from taskkernel.coordinator.runners.presets import ProfileRunner, preset_of
+from taskkernel.coordinator.runners.prompt import CONTINUE_TEMPLATE, build_prompt, prompt_fields, resume_section
 from taskkernel.coordinator.runners.scripted import ScriptedAgent, agent_for
 from taskkernel.coordinator.worktrees.effects import WORKTREE_EFFECT, WorktreeEffects
 from taskkernel.coordinator.worktrees.git import GitError
@@ -74,6 +74,7 @@ WAKE_RULE = EffectRule(WAKE_EFFECT, frozenset({
     "task_claimed", "task_submitted", "task_rejected", "task_reopened", "task_approved", "task_archived",
     "task_force_archived", "task_retried"}))
 ORPHAN_GRACE_S = 5.0  # between SIGTERM and SIGKILL for an agent a crashed coordinator left running
+PERSON_OR_SHUTDOWN = frozenset({ErrorCode.STOPPED_BY_PERSON, ErrorCode.INTERRUPTED})  # says nothing of the CLI
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|AUTH|CREDENTIAL", re.IGNORECASE)
 
 
@@ -353,13 +354,25 @@ class Dispatcher:
                 beat=lambda: self.ledger.beat(run), last_beat=lambda: self.ledger.last_beat(run), stop=stop,
                 output=output.feed, interrupted=lambda: self.inputs.interrupted_by(run.run_id))
             try:
-                return run_command(spec, launch, log_dir, supervision)
+                outcome = run_command(spec, launch, log_dir, supervision)
             finally:
                 output.close()
+            self._keep_conversation(spec, run, launch, outcome)
+            return outcome
         finally:
             if launch is not None:
                 launch.cleanup()
             revoke_token(self.db, token)  # the credential lives exactly as long as the run
+
+    def _keep_conversation(self, spec: RunnerSpec, run: ClaimedRun, launch: Launch, outcome: Outcome) -> None:
+        """Keep the conversation the CLI printed for the task's next run by this role; a resumed attempt that
+        failed forgets it (its conversation may be what fails), so the retry starts cold."""
+        if not launch.preset.resumes() or outcome.fenced:
+            return
+        if outcome.session is not None:
+            self.inputs.keep_cli_session(run.task_id, run.role, spec.runner, outcome.session, run.run_id)
+        elif launch.resume_session is not None and not outcome.ok and outcome.code not in PERSON_OR_SHUTDOWN:
+            self.inputs.keep_cli_session(run.task_id, run.role, spec.runner, None, run.run_id)
 
     def _live_output(self, run: ClaimedRun, launch: Launch, token: str) -> RunOutput:
         """The run's stdout read into typed events as it grows, with every secret the agent was handed (its token,
@@ -384,10 +397,15 @@ class Dispatcher:
         fields = prompt_fields(doc, run.purpose, run.role, task=self.kernel.task,
                                history=((e.type, e.data) for e in self.kernel.history(run.task_id)), mcp=spec.mcp,
                                workdir=str(workdir))
+        template, conversation = spec.prompt, None
         if run.role == doc["authority"]["driver"]:  # what the driver was told, and where it got to (seed 002)
-            resumption = self.inputs.resumption(doc, run.run_id, run.attempt,
-                                                first=not self.ledger.ran_before(run))
+            ran_before = self.ledger.ran_before(run)
+            resumption = self.inputs.resumption(doc, run.run_id, run.attempt, first=not ran_before)
             fields["resume"] = resume_section(resumption) if resumption is not None else ""
+            # the CLI's own conversation goes on where it was
+            if ran_before and spec.resume_conversation and preset_of(spec).resumes():
+                conversation = self.inputs.cli_session(run.task_id, run.role, spec.runner)
+                template = CONTINUE_TEMPLATE if conversation else template
         placeholders = {"task_file": str(task_file), "task_id": run.task_id, "round": str(run.round),
                         "workspace": str(self.workspace), "role": run.role, "purpose": run.purpose.value}
         # No database URL: the agent's `taskkernel` and its MCP server find the workspace by name.
@@ -395,7 +413,8 @@ class Dispatcher:
                     "TASKKERNEL_TASK_FILE": str(task_file), "TASKKERNEL_WORKSPACE": str(self.workspace),
                     "TASKKERNEL_ROLE": run.role, "TASKKERNEL_PURPOSE": run.purpose.value}
         return prepare(spec, run_dir=log_dir, workdir=workdir, workspace=self.workspace, token=token,
-                       prompt=build_prompt(spec.prompt, fields), placeholders=placeholders, run_vars=run_vars)
+                       prompt=build_prompt(template, fields), placeholders=placeholders, run_vars=run_vars,
+                       resume_session=conversation)
 
     def _give_up(self, run: ClaimedRun, reason: str, code: ErrorCode, summary: str = "") -> None:
         """The run failed for good: recorded so in the ledger, and (ADR-0002's report gate: the session is over

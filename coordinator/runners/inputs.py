@@ -32,7 +32,7 @@ from taskkernel.coordinator.config import TaskkernelConfig
 from taskkernel.coordinator.runners.config import RunnerSpec
 from taskkernel.coordinator.runners.ledger import Purpose, RunLedger, RunState
 from taskkernel.coordinator.runners.prompt import Resumption, Told
-from taskkernel.coordinator.tables import input_deliveries, loop_metadata, run_interrupts, runs
+from taskkernel.coordinator.tables import agent_sessions, input_deliveries, loop_metadata, run_interrupts, runs
 from taskkernel.kernel.canonical import utc_now_iso
 from taskkernel.kernel.instructions import (
     INSTRUCTION_KIND_NAMES,
@@ -246,6 +246,23 @@ class RunInputs:
             return Resumption(None, None, 0, why.replace("_", " "), new, after, [], undeliverable)
         return Resumption(answer.anchor.text, answer.anchor.seq, answer.anchor.completed_tool_calls, None, new,
                           after, history, undeliverable)
+
+    def cli_session(self, task_id: str, role: str, runner: str) -> str | None:
+        """The CLI conversation the task's last run by ``role`` left, when the same runner printed it."""
+        with self.db.read() as conn:
+            row = conn.execute(sa.select(agent_sessions.c.session_id, agent_sessions.c.runner).where(
+                agent_sessions.c.task_id == task_id, agent_sessions.c.role == role)).first()
+        return row.session_id if row is not None and row.runner == runner else None
+
+    def keep_cli_session(self, task_id: str, role: str, runner: str, session_id: str | None, run_id: str) -> None:
+        """Record the conversation a run's CLI printed (None: forget it, so the next run starts cold)."""
+        with self.db.write() as uow:
+            uow.conn.execute(agent_sessions.delete().where(agent_sessions.c.task_id == task_id,
+                                                           agent_sessions.c.role == role))
+            if session_id is not None:
+                uow.conn.execute(agent_sessions.insert().values(task_id=task_id, role=role, runner=runner,
+                                                                session_id=session_id, run_id=run_id,
+                                                                recorded_at=utc_now_iso()))
 
     def pending_in(self, session: str) -> int:
         """How many instructions wait in ``session`` for a tool call to read them (the notice every MCP result of

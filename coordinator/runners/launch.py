@@ -47,6 +47,7 @@ class Launch:
     preset: Preset
     token_file: Path
     usage_file: Path | None = None
+    resume_session: str | None = None  # the CLI's own conversation it continues
 
     def cleanup(self) -> None:
         with contextlib.suppress(OSError):
@@ -63,8 +64,9 @@ def mcp_server(workspace: Path, token_file: Path) -> McpServer:
 
 
 def prepare(spec: RunnerSpec, *, run_dir: Path, workdir: Path, workspace: Path, token: str, prompt: str,
-            placeholders: dict[str, str], run_vars: dict[str, str]) -> Launch:
-    """Write the run's files into ``run_dir`` and build its command line and environment."""
+            placeholders: dict[str, str], run_vars: dict[str, str], resume_session: str | None = None) -> Launch:
+    """Write the run's files into ``run_dir`` and build its command line and environment (``resume_session``: the
+    CLI's own conversation to continue, for a profile that can)."""
     preset = preset_of(spec)
     source = {**os.environ, **spec.env}  # a role's own value selects a provider or a cloud as the coordinator's would
     agent = agent_env(spec, {**run_vars, "TASKKERNEL_WORKDIR": str(workdir)}, source,
@@ -79,7 +81,7 @@ def prepare(spec: RunnerSpec, *, run_dir: Path, workdir: Path, workspace: Path, 
             if server else None
         usage_file = run_dir / USAGE_FILE
         usage_file.unlink(missing_ok=True)  # an earlier attempt's figures are not this one's
-        files = RunFiles(workdir, prompt_file, mcp_config, server, home, usage_file)
+        files = RunFiles(workdir, prompt_file, mcp_config, server, home, usage_file, resume_session)
         fill = {**placeholders, "prompt_file": str(prompt_file), "mcp_config": str(mcp_config or ""),
                 "workdir": str(workdir)}
         if spec.argv:
@@ -98,7 +100,7 @@ def prepare(spec: RunnerSpec, *, run_dir: Path, workdir: Path, workspace: Path, 
         raise
     env = {**preset.defaults(), **agent, **preset.env(files)}  # the role's env wins over the profile's defaults
     stdin = prompt_file if preset.prompt_on_stdin else None
-    return Launch(argv, workdir, env, stdin, preset, token_file, usage_file)
+    return Launch(argv, workdir, env, stdin, preset, token_file, usage_file, resume_session)
 
 
 def _config_path(run_dir: Path, home: Path | None, preset: Preset) -> Path:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +58,7 @@ class RunFiles:
     server: McpServer | None
     config_home: Path | None = None
     usage_file: Path | None = None  # where a CLI that writes its token counts to a file is told to write them
+    resume_session: str | None = None  # the CLI's own conversation this run continues (its profile's resume_argv)
 
 
 @dataclass
@@ -66,6 +68,7 @@ class AgentResult:
 
     usage: dict[str, float] = field(default_factory=dict)
     error: str | None = None
+    session: str | None = None  # the CLI's own conversation id, where it printed one (a follow-up resumes it)
 
 
 class Preset:
@@ -105,15 +108,39 @@ class Preset:
         """Usage and a reported failure from the agent's stdout, the end of its stderr and its usage file."""
         return _usage_json(stdout, stderr, usage_text)
 
+    def resumes(self) -> bool:
+        """Whether a run can continue the CLI's own conversation (an owner's command cannot be told how)."""
+        return False
+
 
 def read_safely(preset: Preset, stdout: str, stderr: str, usage_text: str) -> AgentResult:
     """``preset.read``, never raising: output no parser foresaw is read as saying nothing (and logged), so a run is
     judged by its exit code and its task, never failed by its own output."""
     try:
-        return preset.read(stdout, stderr, usage_text)
+        said = preset.read(stdout, stderr, usage_text)
+        said.session = said.session or cli_session(stdout)
+        return said
     except Exception:  # noqa: BLE001 - a parser defect must not turn a finished run into internal_error
         log.exception("agent_output_unreadable", runner=preset.name)
         return AgentResult()
+
+
+_SESSION_KEYS = ("session_id", "sessionId", "sessionID", "thread_id")
+_SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{7,127}")  # what is ever put back on a command line
+
+
+def cli_session(stdout: str) -> str | None:
+    """The conversation id the CLI printed (Claude Code, Qwen Code, Gemini CLI, Droid: ``session_id``; Codex's
+    ``thread.started``: ``thread_id``; Copilot: ``sessionId``), the last one it named; None when it named none or
+    one that is no plain id (it goes on a later run's command line)."""
+    for obj in reversed(_json_lines(stdout)):
+        holders = [obj, *(v for v in obj.values() if isinstance(v, dict))]
+        for holder in holders:
+            for key in _SESSION_KEYS:
+                value = holder.get(key)
+                if isinstance(value, str) and _SESSION_ID.fullmatch(value):
+                    return value
+    return None
 
 
 class ProfileRunner(Preset):
@@ -161,7 +188,14 @@ class ProfileRunner(Preset):
         for name, args in p.when_set.items():
             if value := source.get(name):
                 argv += _filled(args, value=value, value_json=json.dumps(value))
+        if files.resume_session and p.resume_argv:
+            argv += _filled(p.resume_argv, session_id=files.resume_session)
         return [*argv, *variant.args, *spec.args]
+
+    def resumes(self) -> bool:
+        """Whether a run can continue this CLI's own conversation: it names how (``resume_argv``) and keeps its
+        conversations in the agent's home, not in a per-run configuration home that the next run does not get."""
+        return bool(self.profile.resume_argv) and self.config_home is None
 
     def variant(self, spec: RunnerSpec) -> Variant:
         return self.profile.variants[spec.variant] if spec.variant else Variant()

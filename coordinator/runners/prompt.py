@@ -43,6 +43,18 @@ You are the {role} agent of a taskkernel team, working on task {task_id} (round 
 {how_to_report}
 """
 
+# A run that continues the CLI's own conversation: the task, its criteria and the earlier work are in it already.
+CONTINUE_TEMPLATE = """\
+You are the {role} agent of a taskkernel team, continuing task {task_id} (round {round}) in this same conversation.
+{purpose}
+{rework}{review}{resume}
+## Working folder
+{workdir}
+
+## How to report
+{how_to_report}
+"""
+
 PURPOSES = {
     Purpose.EXECUTE: "Do the work the task asks for.",
     Purpose.REVIEW: "Review the work submitted for this task: approve it, or reject it with a reason.",

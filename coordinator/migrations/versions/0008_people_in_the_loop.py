@@ -1,11 +1,13 @@
-"""A running agent's typed output, and what people tell it: `run_events`, `input_deliveries`, `run_interrupts`.
+"""A running agent's typed output, what people tell it, and its CLI's conversation: `run_events`,
+`input_deliveries`, `run_interrupts`, `agent_sessions`.
 
 Revision ID: 0008_people_in_the_loop
 Revises: 0007_task_aliases
 
 `runs follow`, `task watch` and the board read an agent's streamed output as typed events; `task say` instructions
 are accepted into the task's run session and this records which run each was delivered to; `task interrupt`
-requests are read by the coordinator holding the run (docs/people-in-the-loop.md). New tables only.
+requests are read by the coordinator holding the run; a follow-up run resumes the CLI's own conversation recorded
+in `agent_sessions` (docs/people-in-the-loop.md). New tables only.
 """
 
 from __future__ import annotations
@@ -51,9 +53,19 @@ def upgrade() -> None:
         sa.Column("message_seq", sa.Integer),
         sa.Column("handled_at", sa.Text),
     )
+    op.create_table(
+        "agent_sessions",
+        sa.Column("task_id", sa.Text, primary_key=True),
+        sa.Column("role", sa.Text, primary_key=True),
+        sa.Column("runner", sa.Text, nullable=False),
+        sa.Column("session_id", sa.Text, nullable=False),
+        sa.Column("run_id", sa.Text, nullable=False),
+        sa.Column("recorded_at", sa.Text, nullable=False),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("agent_sessions")
     op.drop_table("run_interrupts")
     op.drop_table("input_deliveries")
     op.drop_index("ix_run_events_task", table_name="run_events")
