@@ -356,7 +356,7 @@ def test_a_task_blocked_before_the_upgrade_is_listed_blocked_after_it(tmp_path: 
         conn.exec_driver_sql(f"UPDATE {version.VERSION_TABLE} SET version_num = '0003_run_outcomes'")
         conn.exec_driver_sql("DROP TABLE worktrees")  # 0005's table: release 0003 had none
         conn.exec_driver_sql("DROP TABLE task_aliases")  # 0007's
-        for table in ("run_events", "input_deliveries", "run_interrupts"):  # 0008's
+        for table in ("run_events", "input_deliveries", "run_interrupts", "agent_sessions"):  # 0008's
             conn.exec_driver_sql(f"DROP TABLE {table}")
         for column in ("failed_at", "retried_by", "retried_at"):  # 0006's columns
             conn.exec_driver_sql(f"ALTER TABLE outbox DROP COLUMN {column}")
