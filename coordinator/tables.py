@@ -127,7 +127,7 @@ run_events = sa.Table(
     sa.Column("kind", sa.Text, nullable=False),
     sa.Column("tool", sa.Text),
     sa.Column("text", sa.Text, nullable=False),
-    sa.Index("ix_run_events_task", "task_id", "run_id", "n"),
+    sa.Index("ix_run_events_task", "task_id", "at", "run_id", "n"),  # a task's events in the order they were read
 )
 
 # Which run an instruction a person (or a leader) gave a task's agent was delivered to, and how (its prompt, or a
@@ -151,6 +151,7 @@ run_interrupts = sa.Table(
     loop_metadata,
     sa.Column("task_id", sa.Text, primary_key=True),
     sa.Column("run_id", sa.Text, primary_key=True),
+    sa.Column("attempt", sa.Integer, primary_key=True),  # the attempt running when it was asked: only that one stops
     sa.Column("requested_by", sa.Text, nullable=False),
     sa.Column("requested_at", sa.Text, nullable=False),
     sa.Column("message_seq", sa.Integer),  # the instruction accepted with it, if any

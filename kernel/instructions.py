@@ -26,7 +26,7 @@ from taskkernel.kernel.model.commands import Command, CommandType
 from taskkernel.kernel.model.principal import RUN_PREFIX, Principal
 from taskkernel.kernel.model.task import TaskState
 from taskkernel.kernel.reasons import KernelError, ReasonCode
-from taskkernel.kernel.sessionlog.models import INSTRUCTION_KINDS
+from taskkernel.kernel.sessionlog.models import INSTRUCTION_KINDS, InputKind
 from taskkernel.kernel.sessionlog.tables import install, session_counter, session_input
 from taskkernel.kernel.store.db import Database, UnitOfWork
 
@@ -74,10 +74,10 @@ def check_in_work(doc: dict[str, Any]) -> None:
 
 
 def driver_sessions(task_id: str, driver: str) -> sa.ColumnElement[bool]:
-    """Every run session of the task's driver, whatever its agent's name (``RUN:DRIVER:*@TASK``)."""
-    sid = session_counter.c.session_id
-    return sa.and_(sid.startswith(f"{RUN_PREFIX}{driver}:", autoescape=True),
-                   sid.endswith(f"@{task_id}", autoescape=True))
+    """Every run session of the task's driver, whatever its agent's name (``RUN:DRIVER:*@TASK``): a range of the
+    session key (``RUN:DRIVER:`` up to ``RUN:DRIVER;``, read through its index), then the task."""
+    sid, prefix = session_counter.c.session_id, f"{RUN_PREFIX}{driver}:"
+    return sa.and_(sid >= prefix, sid < prefix[:-1] + chr(ord(":") + 1), sid.endswith(f"@{task_id}", autoescape=True))
 
 
 def pending_count(conn: Connection, sessions: sa.ColumnElement[bool]) -> int:
@@ -108,8 +108,17 @@ class PendingInputsGuard:
     def __call__(self, uow: UnitOfWork, cmd: Command, doc: dict[str, Any] | None, principal: Principal) -> None:
         if cmd.type is not CommandType.SUBMIT or doc is None or principal.is_admin:
             return
-        pending = pending_count(uow.conn, session_counter.c.session_id == self.session_of(doc))
-        if pending:
-            raise KernelError(ReasonCode.INPUTS_PENDING, f"{doc['task_id']} has {pending} instruction(s) its agent "
-                              "has not read yet: read them (MCP `read_inputs`, or `taskkernel task inputs "
-                              f"{doc['task_id']} --consume`), act on them, then submit")
+        c, i = session_counter.c, session_input.c
+        kinds = uow.conn.execute(
+            sa.select(i.kind).select_from(session_input.join(session_counter, c.session_id == i.session_id))
+            .where(c.session_id == self.session_of(doc), i.accepted.is_(True), i.seq > c.last_consumed_seq,
+                   i.kind.in_(INSTRUCTION_KIND_NAMES)).order_by(i.seq)).scalars().all()
+        if not kinds:
+            return
+        if kinds[0] == InputKind.QUEUED.value:  # held for the next run: reading now returns nothing
+            raise KernelError(ReasonCode.INPUTS_PENDING, f"{doc['task_id']} has {len(kinds)} instruction(s) held "
+                              "for its next run: end this run with your done report; the run that follows "
+                              "delivers them")
+        raise KernelError(ReasonCode.INPUTS_PENDING, f"{doc['task_id']} has {len(kinds)} instruction(s) its agent "
+                          "has not read yet: read them (MCP `read_inputs`, or `taskkernel task inputs "
+                          f"{doc['task_id']} --consume`), act on them, then submit")

@@ -39,6 +39,7 @@ class ReasonCode(StrEnum):
     MAY_NOT_INSTRUCT = "may_not_instruct"  # `task say`/`interrupt` by someone who may not instruct the task
     TASK_NOT_IN_WORK = "task_not_in_work"  # `task say` to a task no agent is (or will be) at work on
     NO_RUNNING_RUN = "no_running_run"  # `task interrupt` while no run of the task is running
+    NO_AGENT_TO_TELL = "no_agent_to_tell"  # `task say` to a task whose driver's agent reads no instructions
     # The database's schema against this code's (kernel/store/version.py, docs/migrations.md)
     SCHEMA_BEHIND = "schema_behind"  # an older revision (or none yet): `taskkernel db upgrade` first
     SCHEMA_AHEAD = "schema_ahead"  # a revision this code does not know: a newer release upgraded the database

@@ -30,7 +30,7 @@ from taskkernel.coordinator.mcp.results import (
     size,
     squeeze,
 )
-from taskkernel.coordinator.runners.inputs import NO_RUN, RunInputs, role_specs
+from taskkernel.coordinator.runners.inputs import NO_RUN, Pending, RunInputs, role_specs
 from taskkernel.coordinator.runners.live import latest_events
 from taskkernel.coordinator.workspace import Workspace
 from taskkernel.kernel.commands import TaskCommandKernel
@@ -56,6 +56,8 @@ HISTORY_REASON_CHARS = 300  # characters of a reject/archive reason in get_task'
 MAX_INSTRUCTION_TEXT = 4_000  # characters of one resumed instruction (the anchor's own cut)
 PLANNED_ACTION = "planned-action"  # the action id check_action judges
 LIVE_TEXT = 300  # characters of one live event in get_task
+READ_INPUTS_MAX = 50  # instructions one read_inputs answers at most
+NOTICE_ROOM = 300  # bytes kept free in an answer for the pending-inputs notice
 __all__ = ["TOOLS", "TOOL_NAMES", "TaskTools", "Tool", "own_session"]
 
 
@@ -228,13 +230,23 @@ class TaskTools:
         if p.task_id is None:
             return refusal(INVALID_ARGUMENTS, "read_inputs reads a run's instructions: your credential is no run's")
         running = self.inputs.running_run(p.task_id)
-        room = self.budget - 400  # the document around the inputs, and the notice
-        taken = self.inputs.deliver(session, *(running or (NO_RUN, 0)), "tool",
-                                    fits=lambda texts: _fitting(texts, room))
-        remaining = self.inputs.pending_in(session)
-        inputs = [{"accept_seq": t.seq, "kind": t.kind, "text": t.text[:room], "text_truncated": len(t.text) > room,
-                   "question_id": t.question_id, "by": t.by} for t in taken]
-        return Outcome(_out(S.ReadInputsOut, status="ok", session=session, inputs=inputs, remaining=remaining))
+        room = self.budget - NOTICE_ROOM  # a pending-inputs notice may still be added to the answer
+        answers: dict[int, dict[str, Any]] = {}  # what is answered is decided before anything is consumed
+
+        def fitting(pending: list[Pending]) -> int:
+            for n in range(min(len(pending), READ_INPUTS_MAX), 0, -1):
+                doc = _inputs_doc(session, pending[:n], len(pending) - n)
+                if size(doc) <= room or n == 1:
+                    answers[n] = doc if size(doc) <= room else _cut_to(doc, room)
+                    return n
+            return 0
+
+        taken = self.inputs.deliver(session, *(running or (NO_RUN, 0)), "tool", fits=fitting)
+        if not taken:
+            return Outcome(_inputs_doc(session, [], self.inputs.pending_in(session)))
+        doc = answers[len(taken)]
+        doc["remaining"] = self.inputs.pending_in(session)
+        return Outcome(doc)
 
     def say_to_task(self, p: Principal, a: S.SayArgs) -> Outcome:
         return Outcome(_out(S.SayOut, **self.inputs.say(p, a.task_id, a.text, a.mode, question_id=a.question_id,
@@ -490,11 +502,21 @@ def fill(frame: dict[str, Any], texts: dict[str, Any], squeezed: bool) -> dict[s
     return out
 
 
-def _fitting(texts: list[str], room: int) -> int:
-    """How many instructions (at least one) fit one answer of ``room`` bytes."""
-    used = 0
-    for n, text in enumerate(texts):
-        used += len(text.encode()) + 120
-        if used > room:
-            return max(n, 1)
-    return len(texts)
+def _inputs_doc(session: str, taken: list[Pending], remaining: int) -> dict[str, Any]:
+    return _out(S.ReadInputsOut, status="ok", session=session, remaining=remaining, inputs=[
+        {"accept_seq": t.seq, "kind": t.kind, "text": t.text, "text_truncated": False, "question_id": t.question_id,
+         "by": t.by} for t in taken])
+
+
+def _cut_to(doc: dict[str, Any], room: int) -> dict[str, Any]:
+    """``doc`` of one instruction too long for an answer, its text cut (in characters, as written) to fit ``room``;
+    `taskkernel task inputs` shows the whole of it."""
+    item = doc["inputs"][0]
+    text, low, high = item["text"], 0, len(item["text"])  # the longest prefix that fits lies in [low, high)
+    item["text_truncated"] = True
+    while high - low > 1:
+        mid = (low + high) // 2
+        item["text"] = text[:mid]
+        low, high = (mid, high) if size(doc) <= room else (low, mid)
+    item["text"] = text[:low]
+    return doc

@@ -40,6 +40,8 @@ _PR_SET_PDEATHSIG = 1
 OUTPUT_READ_LIMIT = 8 << 20  # bytes of the end of an agent's stdout its usage and failure are read from
 HEARTBEAT_LINE = "taskkernel:heartbeat"  # a line an agent prints on stdout to say it is alive
 TICK_S = 0.1  # how often a running agent is looked at (exit, deadlines, a shutdown's stop)
+READ_CHUNK = 1 << 20  # bytes of the agent's stdout read at one look
+DRAIN_LIMIT = 64 << 20  # bytes read after it ended, at most
 EXTERNAL_BEAT_EVERY_S = 1.0  # how often heartbeats recorded by other processes (CLI, MCP) are read
 
 
@@ -210,16 +212,26 @@ class _StdoutTail:
 
     def __init__(self, path: Path, output: Callable[[bytes], None] | None) -> None:
         self.path, self.offset, self.partial, self.output = path, 0, b"", output
+        self.last_read = 0
+
+    def drain(self) -> None:
+        """The agent ended: what it printed last, up to DRAIN_LIMIT past where the last look stopped (its final
+        result and last words are at the end of a chatty run)."""
+        for _ in range(DRAIN_LIMIT // READ_CHUNK):
+            self.seen()
+            if self.last_read < READ_CHUNK:
+                return
 
     def seen(self) -> bool:
-        """Read what is new; True when it holds a heartbeat line."""
+        """Read what is new (at most READ_CHUNK); True when it holds a heartbeat line."""
         try:
             with open(self.path, "rb") as f:
                 f.seek(self.offset)
-                chunk = f.read(1 << 20)
+                chunk = f.read(READ_CHUNK)
         except OSError:
             return False
         self.offset += len(chunk)
+        self.last_read = len(chunk)
         if chunk and self.output is not None:
             self.output(chunk)
         lines = (self.partial + chunk).split(b"\n")
@@ -274,7 +286,7 @@ def _supervise(proc: subprocess.Popen[bytes], spec: RunnerSpec, supervision: Sup
                         raise _Stopped("lease lost: the run was taken over", ErrorCode.LEASE_LOST, fenced=True)
     finally:
         if tail is not None:  # what it printed last (its final result, its last words when stopped)
-            tail.seen()
+            tail.drain()
     return code
 
 

@@ -74,6 +74,7 @@ WAKE_RULE = EffectRule(WAKE_EFFECT, frozenset({
     "task_claimed", "task_submitted", "task_rejected", "task_reopened", "task_approved", "task_archived",
     "task_force_archived", "task_retried"}))
 ORPHAN_GRACE_S = 5.0  # between SIGTERM and SIGKILL for an agent a crashed coordinator left running
+NEVER_STARTED = frozenset({ErrorCode.BINARY_MISSING, ErrorCode.SPAWN_FAILED, ErrorCode.CONFIG_INVALID})  # no agent
 PERSON_OR_SHUTDOWN = frozenset({ErrorCode.STOPPED_BY_PERSON, ErrorCode.INTERRUPTED})  # says nothing of the CLI
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|AUTH|CREDENTIAL", re.IGNORECASE)
 
@@ -272,10 +273,11 @@ class Dispatcher:
             self.ledger.interrupt(run, outcome.error or "interrupted")
             log.warning("run_interrupted", run_id=run.run_id, task_id=run.task_id, role=run.role)
             return  # due again at the next start; the attempt is not the agent's
+        _, message = self.inputs.interrupt_handled(run.run_id, run.attempt)  # asked or not, this attempt is over
         if outcome.code is ErrorCode.STOPPED_BY_PERSON:
             self.ledger.stopped(run, outcome.error or "stopped")
-            self.inputs.interrupt_handled(run.run_id)
-            resumed = self.inputs.follow_up(run.task_id)  # with the interrupt's message, if it had one
+            # resumed with the interrupt's message; without one the agent stays stopped until told or retried
+            resumed = self.inputs.follow_up(run.task_id) if message is not None else None
             log.warning("run_stopped_by_person", run_id=run.run_id, task_id=run.task_id, role=run.role,
                         error=outcome.error, resumed_by=resumed)
             return
@@ -344,6 +346,7 @@ class Dispatcher:
             try:
                 launch = self._launch(spec, run, doc, token, task_file, log_dir)
             except LaunchProblem as exc:
+                self.inputs.undeliver(run.run_id, run.attempt)  # no agent read the prompt that held them
                 code = (ErrorCode.PLACEHOLDER_UNKNOWN if exc.placeholder else
                         ErrorCode.SPAWN_FAILED if exc.retryable else ErrorCode.CONFIG_INVALID)
                 return Outcome(False, None, 0, str(exc), code=code)
@@ -352,11 +355,13 @@ class Dispatcher:
                 on_start=lambda pgid, start: self.ledger.attach_agent(run, self.host, pgid, start),
                 heartbeat=lambda: self.ledger.renew(run), every_s=max(0.2, spec.lease_seconds / 3),
                 beat=lambda: self.ledger.beat(run), last_beat=lambda: self.ledger.last_beat(run), stop=stop,
-                output=output.feed, interrupted=lambda: self.inputs.interrupted_by(run.run_id))
+                output=output.feed, interrupted=lambda: self.inputs.interrupted_by(run.run_id, run.attempt))
             try:
                 outcome = run_command(spec, launch, log_dir, supervision)
             finally:
                 output.close()
+            if outcome.code in NEVER_STARTED:
+                self.inputs.undeliver(run.run_id, run.attempt)
             self._keep_conversation(spec, run, launch, outcome)
             return outcome
         finally:

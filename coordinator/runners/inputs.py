@@ -29,7 +29,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from taskkernel.coordinator.config import TaskkernelConfig
-from taskkernel.coordinator.runners.config import RunnerSpec
+from taskkernel.coordinator.runners.config import RunnerKind, RunnerSpec
 from taskkernel.coordinator.runners.ledger import Purpose, RunLedger, RunState
 from taskkernel.coordinator.runners.prompt import Resumption, Told
 from taskkernel.coordinator.tables import agent_sessions, input_deliveries, loop_metadata, run_interrupts, runs
@@ -51,6 +51,7 @@ from taskkernel.kernel.sessionlog.models import SessionReason
 from taskkernel.kernel.sessionlog.replay import replay
 from taskkernel.kernel.sessionlog.tables import session_counter, session_input
 from taskkernel.kernel.store.db import Database
+from taskkernel.kernel.store.schema import tasks
 
 MAX_TEXT = 16 << 10  # characters of one instruction: a person's message, not a file
 KINDS = {"message": "message", "steer": "steer", "queue": "queued", "answer": "answer"}  # CLI mode -> input kind
@@ -100,11 +101,20 @@ class RunInputs:
         db.create_schema(loop_metadata)
 
     def session_of(self, doc: Mapping[str, Any]) -> str:
+        """The task's run session: named by its driver's runner here; a process that does not know that runner
+        (`--db` without the workspace) takes the session the task's runs already have, if they have one."""
+        if doc["authority"]["driver"] not in self.specs:
+            with self.db.read() as conn:
+                known = conn.execute(sa.select(session_counter.c.session_id).where(
+                    driver_sessions(doc["task_id"], doc["authority"]["driver"]))).scalars().all()
+            if len(known) == 1:
+                return str(known[0])
         return run_session_of(self.specs)(doc)
 
-    def _owner(self, doc: Mapping[str, Any]) -> Principal:
-        driver = doc["authority"]["driver"]
-        return Principal(driver, agent_name(self.specs, driver), doc["task_id"])
+    def _owner(self, session: str, doc: Mapping[str, Any]) -> Principal:
+        """The run principal whose session ``session`` is (``RUN:ROLE:agent@TASK``)."""
+        role, _, agent = session.removeprefix("RUN:").rsplit("@", 1)[0].partition(":")
+        return Principal(role, agent, doc["task_id"])
 
     # -- giving ------------------------------------------------------------------------------------------------------
     def say(self, principal: Principal, task_id: str, text: str, mode: str = "message", *,
@@ -114,12 +124,17 @@ class RunInputs:
         doc = self.task(task_id)
         check_instructor(principal, doc)
         check_in_work(doc)
+        self._check_listens(doc)
         payload = _payload(text, mode, question_id)
         session = self.session_of(doc)
         with self.db.write() as uow:
+            now = uow.conn.execute(sa.select(tasks.c.state, tasks.c.round).where(
+                tasks.c.task_id == doc["task_id"])).one()  # where it is in this transaction, not a moment ago
+            doc = {**doc, "state": now.state, "round": now.round}
+            check_in_work(doc)
             res = self.log.accept_for(uow.conn, session, {"input_id": input_id or f"say-{uuid.uuid4().hex}",
                                                           "kind": KINDS[mode], "payload": payload},
-                                      owner=self._owner(doc), by=principal)
+                                      owner=self._owner(session, doc), by=principal)
             run_id = self._wake(uow.conn, doc, res.accept_seq) if res.status == "accepted" else None
         return {"status": res.status, "task_id": doc["task_id"], "session": session, "input_id": res.input_id,
                 "accept_seq": res.accept_seq, "kind": KINDS[mode], "queued_run": run_id}
@@ -132,15 +147,16 @@ class RunInputs:
         payload = _payload(message, "queue", None) if message is not None else None
         session = self.session_of(doc)
         with self.db.write() as uow:
-            running = uow.conn.execute(sa.select(runs.c.run_id).where(
+            found = uow.conn.execute(sa.select(runs.c.run_id, runs.c.attempt).where(
                 runs.c.task_id == doc["task_id"], runs.c.role == doc["authority"]["driver"],
                 runs.c.state == RunState.RUNNING.value)
-                .order_by(runs.c.created_at)).scalars().first()
+                .order_by(runs.c.created_at)).first()
+            running, attempt = (found.run_id, found.attempt) if found is not None else (None, 0)
             if running is None:
                 raise KernelError(ReasonCode.NO_RUNNING_RUN, f"no run of {doc['task_id']} is running: "
                                   f"`taskkernel task say {doc['task_id']} …` tells its agent at its next run")
             asked = uow.conn.execute(sa.select(run_interrupts.c.requested_by, run_interrupts.c.message_seq).where(
-                run_interrupts.c.run_id == running, run_interrupts.c.handled_at.is_(None))).first()
+                run_interrupts.c.run_id == running, run_interrupts.c.attempt == attempt)).first()
             if asked is not None:  # one stop per run: a second request changes nothing
                 return {"status": "replayed", "task_id": doc["task_id"], "run_id": running,
                         "requested_by": asked.requested_by, "message_seq": asked.message_seq}
@@ -149,25 +165,35 @@ class RunInputs:
                 # queued: the agent being stopped must not read it first; the resumed run's prompt delivers it
                 seq = self.log.accept_for(uow.conn, session, {"input_id": f"interrupt-{uuid.uuid4().hex}",
                                                               "kind": QUEUED, "payload": payload},
-                                          owner=self._owner(doc), by=principal).accept_seq
+                                          owner=self._owner(session, doc), by=principal).accept_seq
             uow.conn.execute(run_interrupts.insert().values(
-                task_id=doc["task_id"], run_id=running, requested_by=principal.id, requested_at=utc_now_iso(),
-                message_seq=seq))
+                task_id=doc["task_id"], run_id=running, attempt=attempt, requested_by=principal.id,
+                requested_at=utc_now_iso(), message_seq=seq))
         return {"status": "requested", "task_id": doc["task_id"], "run_id": running, "requested_by": principal.id,
                 "message_seq": seq}
 
     # -- the coordinator's side --------------------------------------------------------------------------------
-    def interrupted_by(self, run_id: str) -> str | None:
-        """Who asked to stop ``run_id`` (None: nobody)."""
+    def interrupted_by(self, run_id: str, attempt: int) -> str | None:
+        """Who asked to stop this attempt of ``run_id`` (None: nobody). A request for an earlier attempt (its
+        coordinator died before it was handled) never stops a later one."""
         with self.db.read() as conn:
             return conn.execute(sa.select(run_interrupts.c.requested_by).where(
-                run_interrupts.c.run_id == run_id, run_interrupts.c.handled_at.is_(None))).scalars().first()
+                run_interrupts.c.run_id == run_id, run_interrupts.c.attempt == attempt,
+                run_interrupts.c.handled_at.is_(None))).scalars().first()
 
-    def interrupt_handled(self, run_id: str) -> None:
+    def interrupt_handled(self, run_id: str, attempt: int) -> tuple[bool, int | None]:
+        """The attempt ended: its stop request (if any) is handled. Returns whether there was one, and the
+        sequence of its message (None: it had none)."""
         with self.db.write() as uow:
+            row = uow.conn.execute(sa.select(run_interrupts.c.message_seq).where(
+                run_interrupts.c.run_id == run_id, run_interrupts.c.attempt == attempt,
+                run_interrupts.c.handled_at.is_(None))).first()
+            if row is None:
+                return False, None
             uow.conn.execute(run_interrupts.update().where(
-                run_interrupts.c.run_id == run_id, run_interrupts.c.handled_at.is_(None)).values(
+                run_interrupts.c.run_id == run_id, run_interrupts.c.attempt == attempt).values(
                 handled_at=utc_now_iso()))
+        return True, row.message_seq
 
     def follow_up(self, task_id: str) -> str | None:
         """After a run of the task ended: queue the run that delivers what it left unconsumed (None: nothing
@@ -183,10 +209,11 @@ class RunInputs:
             return self._wake(uow.conn, doc, head)
 
     def deliver(self, session: str, run_id: str, attempt: int, via: str,
-                fits: Callable[[list[str]], int] | None = None) -> list[Pending]:
+                fits: Callable[[list[Pending]], int] | None = None) -> list[Pending]:
         """The session's pending instructions, in acceptance order, marked delivered to the run and consumed
-        (one transaction); ``fits`` says how many of them (by their texts) one answer can hold, the rest stay
-        pending. A session that does not replay (a gap, a duplicate) delivers nothing: ``unknown``."""
+        (one transaction); ``fits`` says how many of them one answer holds (decided before anything is
+        consumed), the rest stay pending. A session that does not replay (a gap, a duplicate) delivers nothing:
+        ``unknown``."""
         with self.db.write() as uow:
             records = self.log.records(session, uow.conn)
             if not records:
@@ -204,7 +231,7 @@ class RunInputs:
             if via != PROMPT:  # a queued instruction waits for the next run, and nothing after it goes first
                 pending = pending[:next((n for n, p in enumerate(pending) if p.kind == QUEUED), len(pending))]
             if fits is not None and pending:
-                pending = pending[:fits([p.text for p in pending])]
+                pending = pending[:fits(pending)]
             if not pending:
                 return []
             now = utc_now_iso()
@@ -241,9 +268,9 @@ class RunInputs:
                    if r.accepted and r.seq is not None and r.kind in INSTRUCTION_KIND_NAMES
                    and r.seq not in told_after]
         history.sort(key=lambda t: t.seq or 0)
-        if answer.anchor is None:
+        if answer.anchor is None:  # nothing says how far the earlier runs got: what they were told is history
             why = (answer.cause.value if answer.cause else "none") if undeliverable is None else "the log is damaged"
-            return Resumption(None, None, 0, why.replace("_", " "), new, after, [], undeliverable)
+            return Resumption(None, None, 0, why.replace("_", " "), new, [], after, undeliverable)
         return Resumption(answer.anchor.text, answer.anchor.seq, answer.anchor.completed_tool_calls, None, new,
                           after, history, undeliverable)
 
@@ -263,6 +290,22 @@ class RunInputs:
                 uow.conn.execute(agent_sessions.insert().values(task_id=task_id, role=role, runner=runner,
                                                                 session_id=session_id, run_id=run_id,
                                                                 recorded_at=utc_now_iso()))
+
+    def undeliver(self, run_id: str, attempt: int) -> None:
+        """The attempt's agent never started: what its prompt delivered is pending again (its deliveries removed,
+        the consumed mark set back), for the next attempt to deliver."""
+        d = input_deliveries.c
+        with self.db.write() as uow:
+            rows = uow.conn.execute(sa.select(d.session_id, d.seq).where(
+                d.run_id == run_id, d.attempt == attempt, d.via == PROMPT)).all()
+            if not rows:
+                return
+            session, first, last = rows[0].session_id, min(r.seq for r in rows), max(r.seq for r in rows)
+            uow.conn.execute(input_deliveries.delete().where(d.run_id == run_id, d.attempt == attempt,
+                                                             d.via == PROMPT))
+            uow.conn.execute(session_counter.update().where(  # only while nothing was consumed since
+                session_counter.c.session_id == session, session_counter.c.last_consumed_seq == last).values(
+                last_consumed_seq=first - 1))
 
     def pending_in(self, session: str) -> int:
         """How many instructions wait in ``session`` for a tool call to read them (the notice every MCP result of
@@ -310,6 +353,14 @@ class RunInputs:
         return out
 
     # -- internals -----------------------------------------------------------------------------------------------
+    def _check_listens(self, doc: Mapping[str, Any]) -> None:
+        """Refuse ``no_agent_to_tell`` when the driver's agent is the built-in scripted one, which reads nothing."""
+        spec = self.specs.get(doc["authority"]["driver"])
+        if spec is not None and spec.runner == RunnerKind.SCRIPTED:
+            raise KernelError(ReasonCode.NO_AGENT_TO_TELL, f"{doc['task_id']}'s driver {doc['authority']['driver']} "
+                              "runs the built-in scripted agent, which reads no instructions: give it to a role "
+                              "with an agent CLI, or work it by hand")
+
     def task(self, task_id: str) -> dict[str, Any]:
         doc = task_document(self.db, task_id)
         if doc is None:
@@ -327,8 +378,9 @@ class RunInputs:
                                                        runs.c.state.in_(LIVE))).first() is not None:
             return None
         run_id = f"{doc['task_id']}:r{doc['round']}:{Purpose.EXECUTE.value}:{FOLLOW_UP}{seq}"
-        RunLedger.insert(conn, run_id, doc["task_id"], doc["round"], driver, Purpose.EXECUTE, spec.max_attempts)
-        return run_id
+        queued = RunLedger.insert(conn, run_id, doc["task_id"], doc["round"], driver, Purpose.EXECUTE,
+                                  spec.max_attempts)
+        return run_id if queued else None
 
 
 def _payload(text: str | None, mode: str, question_id: str | None) -> dict[str, Any]:

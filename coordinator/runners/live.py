@@ -41,6 +41,10 @@ MAX_EVENTS_PER_RUN = 2000
 HEAD_EVENTS = 1000  # kept for good: what the agent set out to do
 TAIL_EVENTS = MAX_EVENTS_PER_RUN - HEAD_EVENTS - 1  # the latest; one row between them counts what was dropped
 MAX_READ = 1000  # the most events one read returns
+MAX_RAW_BYTES = 8 << 20  # printed and not parsed yet: beyond this (the flushes fell behind) it is dropped, counted
+# The kernel's tools whose arguments and results carry instructions people gave a task: their text is never kept
+# (`task inputs` shows it to those who may read it; a live event is read by anyone who may read the task).
+INSTRUCTION_TOOLS = ("read_inputs", "say_to_task", "interrupt_task")
 ACTIVE_STATES = frozenset({"queued", "running", "retrying"})  # a run in one of these may print more
 
 
@@ -53,11 +57,13 @@ class RunOutput:
         self.db, self.run_id, self.task_id, self.attempt = db, run_id, task_id, attempt
         self.secrets = tuple(secrets)
         self.parser = LineParser(output_kind)
+        self._raw = bytearray()  # what the agent printed since the last flush, not parsed yet
+        self._raw_dropped = 0  # bytes not kept because the flushes fell MAX_RAW_BYTES behind
         self._partial = bytearray()
         self._dropping = False  # the current line passed MAX_LINE_BYTES: skip to its end
         self._pending: list[tuple[str, RunEvent]] = []  # (when read, event)
         self._skipped = 0  # events dropped from the middle of pending ones, counted in the run's numbers
-        self._lock = threading.Lock()  # the line buffer and pending events (the supervisor's thread, a timer's)
+        self._lock = threading.Lock()  # the raw bytes and the timer (the supervisor's thread, a timer's)
         self._writing = threading.Lock()  # one write at a time, in the order the events were read
         self._timer: threading.Timer | None = None
         self._flushed_at = float("-inf")
@@ -70,14 +76,17 @@ class RunOutput:
             self._closed = True
 
     def feed(self, chunk: bytes) -> None:
-        """New bytes of the agent's stdout, cut anywhere: parsed now, stored within FLUSH_EVERY_S by a timer
-        thread (the supervisor's own thread never waits for the database). Never raises."""
+        """New bytes of the agent's stdout, cut anywhere: kept as they are, parsed and stored within FLUSH_EVERY_S
+        by a timer thread (the supervisor's own thread never parses nor waits for the database: it watches the
+        agent's deadlines and heartbeats). Never raises."""
         try:
             with self._lock:
                 if self._closed:
                     return
-                self._take(chunk)
-                if self._pending and self._timer is None:
+                room = MAX_RAW_BYTES - len(self._raw)
+                self._raw += chunk[:room]
+                self._raw_dropped += max(0, len(chunk) - room)
+                if self._timer is None:
                     wait = max(0.0, self._flushed_at + FLUSH_EVERY_S - time.monotonic())
                     self._timer = threading.Timer(wait, self._flush_later)
                     self._timer.daemon = True
@@ -95,11 +104,7 @@ class RunOutput:
                 self._closed = True
                 if self._timer is not None:
                     self._timer.cancel()
-                if self._partial and not self._dropping:
-                    self._line(bytes(self._partial))
-                self._partial.clear()
-                self._add(self.parser.finish())
-            self._flush()
+            self._flush(final=True)
         except Exception:  # noqa: BLE001 - live output must never break a run
             self._failed("run_output_failed")
         if self._failures > 1:
@@ -128,7 +133,7 @@ class RunOutput:
 
     def _add(self, events: list[RunEvent]) -> None:
         at = utc_now_iso()
-        self._pending += [(at, finished(event, self.secrets)) for event in events]
+        self._pending += [(at, finished(_unquoted(event), self.secrets)) for event in events]
         if (over := len(self._pending) - MAX_EVENTS_PER_RUN) > 0:  # the database is behind: memory stays bounded
             del self._pending[HEAD_EVENTS:HEAD_EVENTS + over]  # by dropping now what the trim would drop
             self._skipped += over
@@ -141,14 +146,27 @@ class RunOutput:
         except Exception:  # noqa: BLE001 - a timer thread has nobody to raise to
             self._failed("run_output_failed")
 
-    def _flush(self) -> None:
-        """Write what is pending in one transaction, numbered after the run's last event (read under the writer
-        lock: two holders of one run never collide), then trim the run to its bound. On failure it is lost."""
+    def _flush(self, final: bool = False) -> None:
+        """Parse what the agent printed since the last flush (``final``: and its unfinished last line), then write
+        the events in one transaction, numbered after the run's last event (read under the writer lock: two holders
+        of one run never collide), and trim the run to its bound. On failure they are lost."""
         with self._writing:
             with self._lock:
-                pending, self._pending = self._pending, []
-                skipped, self._skipped = self._skipped, 0
+                raw, dropped = bytes(self._raw), self._raw_dropped
+                self._raw.clear()
+                self._raw_dropped = 0
                 self._flushed_at = time.monotonic()
+            self._take(raw)
+            if dropped:
+                self._pending.append((utc_now_iso(), RunEvent("output", f"… {dropped:,} bytes of output not read "
+                                                                        "(the agent printed faster than it is kept)")))
+            if final:
+                if self._partial and not self._dropping:
+                    self._line(bytes(self._partial))
+                self._partial.clear()
+                self._add(self.parser.finish())
+            pending, self._pending = self._pending, []
+            skipped, self._skipped = self._skipped, 0
             if not pending:
                 return
             with self.db.write() as uow:
@@ -250,3 +268,12 @@ def run_state(db: Database, run_id: str) -> str | None:
         row = conn.execute(sa.select(runs.c.state, runs.c.attempt, runs.c.error_code)
                            .where(runs.c.run_id == run_id)).first()
     return None if row is None else view_state(row.state, row.attempt, row.error_code)
+
+
+def _unquoted(event: RunEvent) -> RunEvent:
+    """An event of a kernel tool that carries instructions, without their text (INSTRUCTION_TOOLS)."""
+    if event.tool is None or not event.tool.endswith(INSTRUCTION_TOOLS):
+        return event
+    what = "read the instructions given to it" if event.tool.endswith("read_inputs") else "instructed a task"
+    return RunEvent(event.kind, f"(the agent {what}: their text is not kept here; `taskkernel task inputs` shows "
+                                "it to those who may read it)", event.tool)

@@ -239,7 +239,8 @@ def resume_section(r: Resumption) -> str:
                   "working folder before repeating any of it)", *(f"- {_told(t)}" for t in r.after_anchor)]
     if r.history:
         shown = r.history[-HISTORY_SHOWN:]
-        parts += ["", "## History (handled before the checkpoint: never act on these again)",
+        given = "handled before the checkpoint" if r.anchor_text is not None else "given to earlier runs"
+        parts += ["", f"## History ({given}: never act on these again)",
                   *(f"> #{t.seq} {t.kind}: {_excerpt(t.text)[:_QUOTED]}" for t in shown)]
         if len(r.history) > len(shown):
             parts.append(f"> … and {len(r.history) - len(shown)} older")

@@ -14,9 +14,10 @@ import re
 from collections.abc import Collection
 
 from taskkernel.kernel.model.principal import ADMIN, RUN_PREFIX, Principal
-from taskkernel.kernel.sessionlog.models import InputKind, SessionLogError, SessionReason
+from taskkernel.kernel.sessionlog.models import INSTRUCTION_KINDS, InputKind, SessionLogError, SessionReason
 
 GRANT_KINDS = frozenset({InputKind.ALLOW.value, InputKind.REVOKE.value})
+INSTRUCTION_KIND_NAMES = frozenset(k.value for k in INSTRUCTION_KINDS)
 DEFAULT_ADMIN_SESSIONS = frozenset({"admin"})
 OPERATOR = "OPERATOR"
 EVIDENCE_KIND = InputKind.OBSERVATION.value
@@ -43,6 +44,14 @@ def check_write(session: str, owner: str | None, principal: Principal, kind: str
     consume or complete-turn) to ``session``, whose current owner is ``owner`` (None: no session yet)."""
     if principal.is_admin:
         return
+    if session.startswith(RUN_PREFIX) and (kind is None or kind in INSTRUCTION_KIND_NAMES):
+        # A task's run session: instructions are given by those who may instruct the task (`task say`), and
+        # consumed by their delivery; a run writing or consuming them itself would give itself orders, or
+        # silently drop a person's (kernel/instructions.py)
+        raise SessionLogError(SessionReason.NOT_AUTHORIZED, f"{principal.provenance} may not "
+                              f"{'consume inputs of' if kind is None else f'accept {kind!r} inputs into'} the run "
+                              f"session {session!r}: instructions go through `taskkernel task say`, and are consumed "
+                              "when they are delivered")
     if kind in GRANT_KINDS:
         raise SessionLogError(SessionReason.NOT_AUTHORIZED,
                               f"only ADMIN may accept {kind!r} inputs (caller: {principal.id})")

@@ -124,7 +124,13 @@ class SessionLog:
         session: the caller checked that ``by`` may instruct that task, kernel/instructions.py). The session is
         claimed for its owner as the owner's own write would; the giver is recorded as ``accepted_by``."""
         si = coerce_input(inp)
-        self._authorize(conn, session, owner, si.kind.value)
+        current = self.owner(session, conn)
+        if current is None:
+            conn.execute(sa.insert(session_owner).values(session_id=session, owner=owner.provenance,
+                                                         claimed_at=utc_now_iso()))
+        elif current != owner.provenance:
+            raise SessionLogError(SessionReason.NOT_AUTHORIZED, f"session {session!r} belongs to {current}, not "
+                                  f"to {owner.provenance}")
         return self.accept_in(conn, session, si, accepted_by=by.provenance)
 
     def checkpoint(self, session: str, payload: Mapping[str, Any], *, writer: Principal) -> AcceptResult:

@@ -33,7 +33,7 @@ def upgrade() -> None:
         sa.Column("tool", sa.Text),
         sa.Column("text", sa.Text, nullable=False),
     )
-    op.create_index("ix_run_events_task", "run_events", ["task_id", "run_id", "n"])
+    op.create_index("ix_run_events_task", "run_events", ["task_id", "at", "run_id", "n"])
     op.create_table(
         "input_deliveries",
         sa.Column("session_id", sa.Text, primary_key=True),
@@ -48,6 +48,7 @@ def upgrade() -> None:
         "run_interrupts",
         sa.Column("task_id", sa.Text, primary_key=True),
         sa.Column("run_id", sa.Text, primary_key=True),
+        sa.Column("attempt", sa.Integer, primary_key=True),
         sa.Column("requested_by", sa.Text, nullable=False),
         sa.Column("requested_at", sa.Text, nullable=False),
         sa.Column("message_seq", sa.Integer),
