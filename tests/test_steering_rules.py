@@ -159,3 +159,21 @@ def test_a_submit_held_by_a_queued_instruction_says_to_end_the_run_not_to_read(t
     held = call(tools, "submit_task", run, task_id=task_id)
     assert held["reason"] == "inputs_pending" and "held for its next run" in held["message"], held
     assert call(tools, "read_inputs", run)["inputs"] == []  # nothing for this run to read
+
+
+def test_an_inline_comment_is_an_instruction_anchored_to_its_line(tools: TaskTools) -> None:
+    task_id, run = active_task(tools)
+    said = call(tools, "say_to_task", LOCAL_OWNER, task_id=task_id, text="this overflows past 2**31", mode="steer",
+                anchor="src/count.py:42")
+    assert said["status"] == "accepted"
+    assert call(tools, "say_to_task", LOCAL_OWNER, task_id=task_id, text="x", anchor="no line")["reason"] == \
+        "invalid_input"
+    [read] = call(tools, "read_inputs", run)["inputs"]
+    assert (read["anchor"], read["text"]) == ("src/count.py:42", "this overflows past 2**31")
+    assert [i["anchor"] for i in tools.inputs.timeline(task_id)] == ["src/count.py:42"]
+    call(tools, "say_to_task", LOCAL_OWNER, task_id=task_id, text="and here", anchor="src/count.py:7")
+    doc = tools.kernel.task(task_id)
+    assert doc is not None
+    resumption = tools.inputs.resumption(doc, "R", 2, first=False)
+    assert resumption is not None
+    assert "(message #" in resume_section(resumption) and "On src/count.py:7: and here" in resume_section(resumption)

@@ -21,17 +21,22 @@ import pytest
 from taskkernel.coordinator.runners.ledger import Purpose, RunLedger, RunState
 from taskkernel.coordinator.runners.live import RunOutput
 from taskkernel.coordinator.tables import runs
+from taskkernel.coordinator.web.patchlines import patch_lines
 from taskkernel.coordinator.workspace import Workspace
+from taskkernel.kernel.queries import task_history
 from taskkernel.kernel.store.db import Database
 from tests.cli_support import new_workspace, run
 from tests.test_steering import Loop, until
 from tests.web_support import (
     board,
+    change,
     chromium,
     create,
     issue,
     owner_token,
     policy_violations,
+    report_done,
+    repository_workspace,
     sign_in,
     task_json,
     to_review,
@@ -39,6 +44,9 @@ from tests.web_support import (
 
 WAIT_MS = 15_000
 Served = tuple[Path, str, dict[str, str]]
+Diffed = tuple[Path, str, dict[str, str], dict[str, str]]  # + the tasks: "active" and "review", each with a diff
+APP = "def greet():\n    return 'hello'\n\n\ndef shout():\n    return 'HELLO'\n"
+CHANGED = "def greet(name):\n    return f'hello {name}'\n\n\ndef shout():\n    return 'HELLO'\n"
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +55,20 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     tokens = {"admin": owner_token(ws), "dev": issue(ws, "DEV", "dev-web"), "qa": issue(ws, "QA", "qa-web")}
     with board(ws) as url:
         yield ws, url, tokens
+
+
+@pytest.fixture(scope="module")
+def diffed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Diffed]:
+    """A git repository's workspace served, with two tasks whose done report records a diff of app.py: one still
+    active (reported, not submitted), one in review."""
+    ws = repository_workspace(tmp_path_factory.mktemp("web-comments"), {"app.py": APP})
+    tokens = {"admin": owner_token(ws), "dev": issue(ws, "DEV", "dev-diff"), "qa": issue(ws, "QA", "qa-diff")}
+    tasks = {"active": create(ws, "greet by name"), "review": create(ws, "greet by name, reviewed")}
+    for state, task in tasks.items():
+        change(ws, task, {"app.py": CHANGED})
+        report_done(ws, task, tokens["dev"], *([("submit", task)] if state == "review" else []))
+    with board(ws) as url:
+        yield ws, url, tokens, tasks
 
 
 def bearer(token: str) -> dict[str, str]:
@@ -287,3 +309,150 @@ def test_a_running_agent_streams_into_the_open_task_page_and_reads_the_box(tmp_p
             assert page.evaluate("window.notReloaded") is True and violations == []
     finally:
         loop.stop()
+
+
+PATCH = """diff --git a/app.py b/app.py
+index 1111111..2222222 100644
+--- a/app.py
++++ b/app.py
+@@ -1,4 +1,5 @@
+ import os
+-import sys
++import re
++import json
+ VERSION = 1
+ def main():
+@@ -20,4 +21,2 @@ def main():
+     a = 1
+---- a dashed line removed, not a header
+-    b = 2
+     return a
+diff --git a/my notes.md b/my notes.md
+--- a/my notes.md\t
++++ b/my notes.md\t
+@@ -3,3 +3,2 @@
+ keep
+ this
+-the last line
+diff --git "a/caf\\303\\251.py" "b/caf\\303\\251.py"
+new file mode 100644
+--- /dev/null
++++ "b/caf\\303\\251.py"
+@@ -0,0 +1 @@
++print('hi')
+\\ No newline at end of file
+diff --git a/gone.py b/gone.py
+deleted file mode 100644
+--- a/gone.py
++++ /dev/null
+@@ -1 +0,0 @@
+-bye
+"""
+
+
+def test_each_line_of_a_patch_is_anchored_to_the_line_of_the_new_file_it_stands_for() -> None:
+    """Context and added lines are their new line; a removed line anchors to the new line that takes its place (the
+    next of its hunk, else the one before it); headers, and the lines of a deleted file, are not commentable."""
+    rows = [(line["kind"], line["anchor"]) for line in patch_lines(PATCH)]
+    assert [line["text"] for line in patch_lines(PATCH)] == PATCH.splitlines()
+    assert rows == [
+        ("note", None), ("note", None), ("file", None), ("file", None),
+        ("hunk", None), ("context", "app.py:1"), ("del", "app.py:2"), ("add", "app.py:2"), ("add", "app.py:3"),
+        ("context", "app.py:4"), ("context", "app.py:5"),
+        ("hunk", None), ("context", "app.py:21"), ("del", "app.py:22"), ("del", "app.py:22"),
+        ("context", "app.py:22"),
+        ("note", None), ("file", None), ("file", None),
+        ("hunk", None), ("context", "my notes.md:3"), ("context", "my notes.md:4"), ("del", "my notes.md:4"),
+        ("note", None), ("note", None), ("file", None), ("file", None),
+        ("hunk", None), ("add", "caf\u00e9.py:1"), ("note", None),
+        ("note", None), ("note", None), ("file", None), ("file", None), ("hunk", None), ("del", None)]
+    crlf = patch_lines("--- a/w.txt\r\n+++ b/w.txt\r\n@@ -1 +1 @@\r\n-old\r\n+new\fpage\r\n")
+    assert [(line["text"], line["anchor"]) for line in crlf[3:]] == [("-old", "w.txt:1"), ("+new\fpage", "w.txt:1")]
+    cut = patch_lines("+++ b/x.py\n@@ -1,3 +1,3 @@\n a\n")  # a patch cut at the page's limit
+    assert [line["anchor"] for line in cut] == [None, None, "x.py:1"]
+
+
+def test_say_takes_the_line_it_is_about_and_the_timeline_shows_it(served: Served) -> None:
+    ws, url, tokens = served
+    task = create(ws, "comment on my lines")
+    path = url + f"api/tasks/{task}/say"
+    said = httpx2.post(path, json={"text": "use an f-string", "mode": "steer", "anchor": "src/app.py:12"},
+                       headers=bearer(tokens["admin"]))
+    assert said.status_code == 200 and said.json()["kind"] == "steer", said.text
+    for anchor in ("src/app.py", "src/app.py:0", ":3", "a b.py:x", "two\nlines.py:1", ""):
+        refused = httpx2.post(path, json={"text": "x", "anchor": anchor}, headers=bearer(tokens["admin"]))
+        assert (refused.status_code, refused.json()["reason"]) == (409, "invalid_input"), anchor
+    typed = httpx2.post(path, json={"text": "x", "anchor": 12}, headers=bearer(tokens["admin"]))
+    assert (typed.status_code, typed.json()["reason"]) == (409, "invalid_command")
+    told = httpx2.get(url + f"api/tasks/{task}/page", headers=bearer(tokens["admin"])).json()["instructions"]
+    assert [(i["text"], i["kind"], i["anchor"]) for i in told] == [("use an f-string", "steer", "src/app.py:12")]
+    assert told == run("task", "inputs", task, "--json", cwd=ws).json["inputs"]
+    html = httpx2.get(url + f"tasks/{task}", headers=bearer(tokens["admin"])).text
+    assert f'id="instruction-{said.json()["accept_seq"]}"' in html and \
+        '(steer) on <code class="anchor">src/app.py:12</code>' in html
+    schema = httpx2.get(url + "api/openapi.json").json()["paths"]["/api/tasks/{task_id}/say"]["post"]
+    assert "anchor" in schema["requestBody"]["content"]["application/json"]["schema"]["properties"]
+
+
+def test_the_lines_of_the_newest_diff_take_comments_from_who_may_instruct_or_decide(diffed: Diffed) -> None:
+    ws, url, tokens, tasks = diffed
+    report = httpx2.get(url + f"api/tasks/{tasks['active']}/page").json()["reports"][-1]
+    lines = [(line["kind"], line["anchor"], line["text"]) for line in report["patch"]["lines"]]
+    assert ("add", "app.py:2", "+    return f'hello {name}'") in lines and ("del", "app.py:1", "-def greet():") in lines
+    client, _ = sign_in(url, tokens["admin"])
+    with contextlib.closing(client):
+        active, review = (client.get(f"/tasks/{tasks[state]}").text for state in ("active", "review"))
+    for html, mode in ((active, "send"), (review, "collect")):
+        assert html.count('class="comment-at"') == len([a for _, a, _ in lines if a]) and \
+            '<span class="add" data-anchor="app.py:2"><button type="button" class="comment-at"' in html
+        assert f'data-mode="{mode}"' in html and ('id="reject-comments"' in html) == (mode == "collect")
+    for who in ("dev", "qa"):  # signed in, neither instructing the task nor deciding it
+        client, _ = sign_in(url, tokens[who])
+        with contextlib.closing(client):
+            html = client.get(f"/tasks/{tasks['active']}").text
+        assert 'data-anchor="app.py:2"' in html and "comment-at" not in html and 'id="line-comment"' not in html
+    assert "comment-at" not in httpx2.get(url + f"tasks/{tasks['review']}").text  # nobody signed in
+
+
+def test_comments_on_diff_lines_steer_an_active_task_and_make_a_rejection(diffed: Diffed) -> None:
+    """In Chromium, under the board's policy: a comment on a line of an active task's diff is sent at once as a
+    steer anchored to the line, and shows in the timeline; on a task in review, comments gather into the Reject
+    form, one line each, and the rejection sends them as its reason."""
+    ws, url, tokens, tasks = diffed
+    with chromium() as chrome:
+        expect = pytest.importorskip("playwright.sync_api").expect
+        page = chrome.new_page(viewport={"width": 1300, "height": 1000})
+        violations = policy_violations(page)
+        page.goto(url + f"login?next=/tasks/{tasks['active']}")
+        page.fill("#token", tokens["admin"])
+        page.click("#sign-in-button")
+        page.wait_for_selector("#live-status.on", timeout=WAIT_MS)
+        assert "\n+    return f'hello {name}'\n" in page.inner_text("pre.patch")  # the buttons add no text
+        page.click('.add[data-anchor="app.py:2"] .comment-at')
+        assert page.inner_text("form.line-comment .where") == "app.py:2"
+        page.fill("form.line-comment input[name=text]", "use str.format: this must run on 3.5")
+        page.press("form.line-comment input[name=text]", "Enter")
+        expect(page.locator("#action-result .outcome")).to_contain_text("accepted", timeout=WAIT_MS)
+        told = page.locator("tr.instruction")
+        expect(told).to_contain_text("(steer) on app.py:2", timeout=WAIT_MS)
+        assert "use str.format" in told.inner_text() and page.locator("form.line-comment").count() == 0
+        inputs = run("task", "inputs", tasks["active"], "--json", cwd=ws).json["inputs"]
+        assert [(i["kind"], i["anchor"], i["text"]) for i in inputs] == [
+            ("steer", "app.py:2", "use str.format: this must run on 3.5")]
+
+        page.goto(url + f"tasks/{tasks['review']}")
+        for anchor, text in (("app.py:1", "keep greet() working without a name"), ("app.py:2", "escape name")):
+            page.click(f'.add[data-anchor="{anchor}"] .comment-at')
+            page.fill("form.line-comment input[name=text]", text)
+            page.click("form.line-comment button:not(.cancel)")
+        page.click('.context[data-anchor="app.py:5"] .comment-at')
+        page.click("form.line-comment .cancel")
+        assert page.locator("form.line-comment").count() == 0
+        comments = "app.py:1: keep greet() working without a name\napp.py:2: escape name"
+        assert page.input_value("#reject-comments") == comments
+        page.fill("input[name=reason]", "two lines need work")
+        page.click("#reject")
+        expect(page.locator("#task-state")).to_have_text("active", timeout=WAIT_MS)
+        rejected = [e.data["reason"] for e in task_history(database(ws), tasks["review"])
+                    if e.type == "task_rejected"]
+        assert rejected == [f"two lines need work\n{comments}"] and violations == []

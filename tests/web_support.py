@@ -16,6 +16,11 @@ from typing import Any
 import httpx2
 import pytest
 
+from taskkernel.coordinator import schema
+from taskkernel.coordinator.workspace import Workspace
+from taskkernel.coordinator.worktrees.manager import Worktrees
+from taskkernel.kernel.store.db import Database
+from tests.agents_support import git
 from tests.cli_support import CLI, cli_env, run, stop_server
 
 
@@ -89,12 +94,39 @@ def create(ws: Path, subject: str, *options: str) -> str:
     return str(done.json["task_id"])
 
 
-def to_review(ws: Path, task_id: str, token: str) -> None:
-    """DEV claims the task, reports done and submits it (the CLI as the agent)."""
-    for args in (("claim", task_id), ("report", task_id, "--status", "done", "--body", "the work is done"),
-                 ("submit", task_id)):
+def report_done(ws: Path, task_id: str, token: str, *then: tuple[str, ...]) -> None:
+    """DEV claims the task and reports it done (the CLI as the agent), then acts ``then`` (the task stays active
+    until it is submitted)."""
+    for args in (("claim", task_id), ("report", task_id, "--status", "done", "--body", "the work is done"), *then):
         done = run("--token", token, "task", *args, "--json", cwd=ws)
         assert done.code == 0, (args, done.out, done.err)
+
+
+def to_review(ws: Path, task_id: str, token: str) -> None:
+    """DEV claims the task, reports done and submits it (the CLI as the agent)."""
+    report_done(ws, task_id, token, ("submit", task_id))
+
+
+def repository_workspace(where: Path, files: dict[str, str]) -> Path:
+    """A git repository holding ``files``, with a taskkernel workspace at its root (`taskkernel init`), committed."""
+    root = where / "repo"
+    root.mkdir()
+    git(root, "init", "-q", "-b", "main")
+    for name, text in files.items():
+        (root / name).write_text(text)
+    assert run("init", str(root), cwd=where).code == 0
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "start")
+    return root
+
+
+def change(ws: Path, task_id: str, files: dict[str, str]) -> None:
+    """``files`` written in the task's own worktree: the done report its agent gives next records the diff."""
+    db = Database(Workspace.load(ws).database_url, "process")
+    schema.ensure(db)
+    tree = Worktrees(db, ws).ensure(task_id, None)
+    for name, text in files.items():
+        (tree.path / name).write_text(text)
 
 
 def sign_in(url: str, token: str) -> tuple[httpx2.Client, str]:

@@ -61,7 +61,9 @@ def say_cmd(ctx: typer.Context, task_id: str, text: str = typer.Argument(..., he
             queue: bool = typer.Option(False, "--queue", help="Hold it for the agent's next run."),
             answer: str | None = typer.Option(None, "--answer", metavar="Q", help="Answer the agent's question Q."),
             input_id: str | None = typer.Option(None, "--input-id", help="Idempotency id: the same id and text "
-                                                "replay (default: a new one per call).")) -> None:
+                                                "replay (default: a new one per call)."),
+            at: str | None = typer.Option(None, "--at", metavar="PATH:LINE", help="The line of the task's change "
+                                          "it is about (an inline comment on its diff).")) -> None:
     """Tell a task's agent something: accepted into the task's run session in acceptance order, delivered at its
     next tool call (or its next run), listed by `task inputs` (ADMIN, the task's done authority or sender)."""
     chosen = [name for name, on in (("--steer", steer), ("--queue", queue), ("--answer", answer is not None)) if on]
@@ -70,7 +72,8 @@ def say_cmd(ctx: typer.Context, task_id: str, text: str = typer.Argument(..., he
     mode = "steer" if steer else "queue" if queue else "answer" if answer is not None else "message"
     service, principal = _inputs(ctx)
     try:
-        out = service.say(principal, _resolved(ctx, task_id), text, mode, question_id=answer, input_id=input_id)
+        out = service.say(principal, _resolved(ctx, task_id), text, mode, question_id=answer, input_id=input_id,
+                          anchor=at)
     except Exception as exc:  # noqa: BLE001 - _refused re-raises what is no refusal
         _refused(exc)
     emit(out, generic=False)
@@ -130,4 +133,5 @@ def _consume(service: RunInputs, principal: Principal, task_id: str) -> dict[str
     taken = service.deliver(principal.provenance, *(running or (NO_RUN, 0)), "cli")
     return {"status": "ok", "task_id": task_id, "session": principal.provenance,
             "inputs": [{"accept_seq": t.seq, "kind": t.kind, "text": t.text, "question_id": t.question_id,
+                        "anchor": t.anchor,
                         "by": t.by} for t in taken]}

@@ -130,6 +130,8 @@ class SayArgs(Args):
         "message/steer: delivered at its next tool call; queue: at its next run; answer: answers question_id."))
     question_id: str | None = Field(None, min_length=1, max_length=200, description="With mode answer: the "
                                     "question answered.")
+    anchor: str | None = Field(None, min_length=3, max_length=310, description=(
+        "PATH:LINE of the task's change the instruction is about (an inline comment on its diff)."))
     input_id: InputId | None = Field(None, description="Idempotency id (default: a new one per call).")
 
 
@@ -357,6 +359,7 @@ class InputOut(Out):
     text: str
     text_truncated: bool
     question_id: str | None
+    anchor: str | None = Field(description="PATH:LINE of the change it is about, or null.")
     by: str | None
 
 

@@ -250,6 +250,7 @@ class TaskTools:
 
     def say_to_task(self, p: Principal, a: S.SayArgs) -> Outcome:
         return Outcome(_out(S.SayOut, **self.inputs.say(p, a.task_id, a.text, a.mode, question_id=a.question_id,
+                                                        anchor=a.anchor,
                                                         input_id=a.input_id)))
 
     def interrupt_task(self, p: Principal, a: S.InterruptArgs) -> Outcome:
@@ -505,7 +506,7 @@ def fill(frame: dict[str, Any], texts: dict[str, Any], squeezed: bool) -> dict[s
 def _inputs_doc(session: str, taken: list[Pending], remaining: int) -> dict[str, Any]:
     return _out(S.ReadInputsOut, status="ok", session=session, remaining=remaining, inputs=[
         {"accept_seq": t.seq, "kind": t.kind, "text": t.text, "text_truncated": False, "question_id": t.question_id,
-         "by": t.by} for t in taken])
+         "anchor": t.anchor, "by": t.by} for t in taken])
 
 
 def _cut_to(doc: dict[str, Any], room: int) -> dict[str, Any]:

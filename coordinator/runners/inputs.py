@@ -20,6 +20,7 @@ follows resumes with the interrupt's message as its newest instruction.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -90,6 +91,7 @@ class Pending:
     text: str
     question_id: str | None
     by: str | None
+    anchor: str | None = None  # `path:line` of the change it is about (an inline comment on the diff)
 
 
 class RunInputs:
@@ -118,14 +120,15 @@ class RunInputs:
 
     # -- giving ------------------------------------------------------------------------------------------------------
     def say(self, principal: Principal, task_id: str, text: str, mode: str = "message", *,
-            question_id: str | None = None, input_id: str | None = None) -> dict[str, Any]:
+            question_id: str | None = None, input_id: str | None = None, anchor: str | None = None
+            ) -> dict[str, Any]:
         """Accept ``text`` for the task's agent (``mode``: message, steer, queue, answer) and, when nothing runs
         the task, queue the run that delivers it. Raises KernelError/SessionLogError with the reason."""
         doc = self.task(task_id)
         check_instructor(principal, doc)
         check_in_work(doc)
         self._check_listens(doc)
-        payload = _payload(text, mode, question_id)
+        payload = _payload(text, mode, question_id, anchor)
         session = self.session_of(doc)
         with self.db.write() as uow:
             now = uow.conn.execute(sa.select(tasks.c.state, tasks.c.round).where(
@@ -225,7 +228,7 @@ class RunInputs:
             consumed = uow.conn.execute(sa.select(session_counter.c.last_consumed_seq).where(
                 session_counter.c.session_id == session)).scalar_one()
             pending = sorted((Pending(r.seq, r.input_id, r.kind, r.payload["text"], r.payload.get("question_id"),
-                                      r.accepted_by)
+                                      r.accepted_by, anchor_text(r.payload))
                               for r in records if r.accepted and r.seq is not None and r.seq > consumed
                               and r.kind in INSTRUCTION_KIND_NAMES), key=lambda p: p.seq)
             if via != PROMPT:  # a queued instruction waits for the next run, and nothing after it goes first
@@ -254,7 +257,7 @@ class RunInputs:
             return None if first else Resumption(None, None, 0, "no progress was recorded", [], [], [])
         undeliverable = None
         try:
-            new = [Told(p.seq, p.kind, p.text, p.by, p.question_id)
+            new = [Told(p.seq, p.kind, p.text, p.by, p.question_id, p.anchor)
                    for p in self.deliver(session, run_id, attempt, PROMPT)]
         except SessionLogError as exc:
             new, undeliverable = [], exc.message
@@ -346,7 +349,8 @@ class RunInputs:
             payload = json.loads(r.payload)
             state = "consumed" if r.seq <= r.last_consumed_seq else "delivered" if r.run_id else "accepted"
             out.append({"session": r.session_id, "accept_seq": r.seq, "input_id": r.input_id, "kind": r.kind,
-                        "text": payload.get("text"), "question_id": payload.get("question_id"), "by": r.accepted_by,
+                        "text": payload.get("text"), "question_id": payload.get("question_id"),
+                        "anchor": anchor_text(payload), "by": r.accepted_by,
                         "received_at": r.received_at, "state": state,
                         "delivered": {"run_id": r.run_id, "attempt": r.attempt, "via": r.via, "at": r.delivered_at}
                         if r.run_id else None})
@@ -383,7 +387,16 @@ class RunInputs:
         return run_id if queued else None
 
 
-def _payload(text: str | None, mode: str, question_id: str | None) -> dict[str, Any]:
+ANCHOR = re.compile(r"(?P<path>[^\s:][^\n\r]{0,299}):(?P<line>[1-9][0-9]{0,8})")
+
+
+def anchor_text(payload: Mapping[str, Any]) -> str | None:
+    """An instruction's anchor as `path:line` (None: it is about no line)."""
+    anchor = payload.get("anchor")
+    return f"{anchor['path']}:{anchor['line']}" if isinstance(anchor, dict) else None
+
+
+def _payload(text: str | None, mode: str, question_id: str | None, anchor: str | None = None) -> dict[str, Any]:
     if mode not in KINDS:
         raise SessionLogError(SessionReason.INVALID_INPUT, f"mode {mode!r} is not one of {', '.join(KINDS)}")
     if text is None or not text.strip():
@@ -394,4 +407,10 @@ def _payload(text: str | None, mode: str, question_id: str | None) -> dict[str, 
     if (mode == "answer") != (question_id is not None):
         raise SessionLogError(SessionReason.INVALID_INPUT, "--answer Q names the question an answer answers, and "
                               "only an answer names one")
-    return {"text": text, **({"question_id": question_id} if question_id is not None else {})}
+    out: dict[str, Any] = {"text": text, **({"question_id": question_id} if question_id is not None else {})}
+    if anchor is not None:
+        if (found := ANCHOR.fullmatch(anchor)) is None:
+            raise SessionLogError(SessionReason.INVALID_INPUT, f"--at {anchor!r} is not PATH:LINE (a file of the "
+                                  "change and a line number from 1)")
+        out["anchor"] = {"path": found["path"], "line": int(found["line"])}
+    return out

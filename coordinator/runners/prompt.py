@@ -195,6 +195,7 @@ class Told:
     text: str
     by: str | None = None
     question_id: str | None = None
+    anchor: str | None = None  # `path:line` it is about
 
 
 @dataclass(frozen=True)
@@ -249,7 +250,8 @@ def resume_section(r: Resumption) -> str:
 
 def _told(t: Told) -> str:
     about = f"answer to {t.question_id}" if t.question_id else t.kind
-    return f"({about} #{t.seq}{f', from {t.by}' if t.by else ''}) {t.text}"
+    where = f"On {t.anchor}: " if t.anchor else ""
+    return f"({about} #{t.seq}{f', from {t.by}' if t.by else ''}) {where}{t.text}"
 
 
 def _excerpt(text: str) -> str:

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from taskkernel.coordinator.runners.inputs import RunInputs
+from taskkernel.coordinator.web.models import SayBody
 from taskkernel.kernel.commands import TaskCommandKernel
 from taskkernel.kernel.goals import GoalService, goal_refusal
 from taskkernel.kernel.model.commands import CommandType
@@ -34,7 +35,7 @@ CONTROL_FIELDS = ("expect_rev", "round", "key")  # a verb's body fields that ste
 NOT_FOUND = {ReasonCode.TASK_NOT_FOUND.value, ScheduleError.SCHEDULE_NOT_FOUND.value, "unknown_goal"}
 GRANTABLE = tuple(c.value for c in (CommandType.APPROVE, CommandType.REOPEN, CommandType.FORCE_ARCHIVE))
 SCHEDULE_VERBS = {"pause": "paused", "resume": "resumed"}
-SAY_FIELDS = ("text", "mode", "question_id", "input_id")  # `task say`'s argument and options
+SAY_FIELDS = tuple(SayBody.model_fields)  # `task say`'s argument and options
 Answer = tuple[int, dict[str, Any]]
 
 
@@ -137,15 +138,17 @@ class Actions:
                      "detail": {"goal_id": goal_id, "state": "cancelled"}}
 
     def say(self, principal: Principal, task_id: str, body: dict[str, Any]) -> Answer:
-        """``POST /api/tasks/{id}/say``: ``{text, mode, question_id, input_id}`` as `taskkernel task say`'s
-        argument and options (``mode`` message, steer, queue or answer; default message), its document back."""
+        """``POST /api/tasks/{id}/say``: ``{text, mode, question_id, input_id, anchor}`` as `taskkernel task say`'s
+        argument and options (``mode`` message, steer, queue or answer; default message; ``anchor`` ``PATH:LINE``
+        as ``--at``), its document back."""
         fields = {name: body.get(name) for name in SAY_FIELDS}
         if (unknown := set(body) - set(SAY_FIELDS)) or any(
                 value is not None and not isinstance(value, str) for value in fields.values()):
             return refused(ReasonCode.INVALID_COMMAND.value, f"say takes the strings {', '.join(SAY_FIELDS)}"
                            + (f" (not {', '.join(sorted(unknown))})" if unknown else ""))
         return judged(lambda: self.inputs.say(principal, task_id, fields["text"] or "", fields["mode"] or "message",
-                                              question_id=fields["question_id"], input_id=fields["input_id"]))
+                                              question_id=fields["question_id"], input_id=fields["input_id"],
+                                              anchor=fields["anchor"]))
 
     def interrupt(self, principal: Principal, task_id: str, body: dict[str, Any]) -> Answer:
         """``POST /api/tasks/{id}/interrupt``: ``{message}`` (optional) as `taskkernel task interrupt --message`."""

@@ -35,6 +35,7 @@ from taskkernel.coordinator.web.models import (
     LiveOutput,
     NeedsYou,
     RunRow,
+    SayBody,
     ScheduleView,
     SessionInput,
     SessionSummary,
@@ -179,10 +180,12 @@ async def grant(request: Request, task_id: str) -> Any:
     return answer(status, doc)
 
 
-@router.post("/tasks/{task_id}/say", response_model=InstructionOutcome, responses=ACTED, openapi_extra=JSON_BODY)
+@router.post("/tasks/{task_id}/say", response_model=InstructionOutcome, responses=ACTED, openapi_extra={
+    "requestBody": {"required": True, "content": {"application/json": {"schema": SayBody.model_json_schema()}}}})
 async def say(request: Request, task_id: str) -> Any:
-    """Tell the task's agent something (``{"text", "mode", "question_id", "input_id"}``), as `taskkernel task say`:
-    ADMIN, the task's done authority or its sender, while it is in the inbox or active."""
+    """Tell the task's agent something (``{"text", "mode", "question_id", "input_id", "anchor"}``; ``anchor``
+    ``PATH:LINE``, a line of its change: an inline comment on its diff), as `taskkernel task say`: ADMIN, the task's
+    done authority or its sender, while it is in the inbox or active."""
     board, caller, body = await acting(request)
     status, doc = await anyio.to_thread.run_sync(board.actions.say, caller.principal, task_id, body)
     return answer(status, doc)

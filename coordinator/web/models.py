@@ -106,6 +106,17 @@ class ActionOutcome(SQLModel):
     detail: dict[str, Any] | None = None
 
 
+class SayBody(SQLModel):
+    """The body of ``POST /api/tasks/{id}/say``: `taskkernel task say`'s argument and options (no other field)."""
+
+    text: str = Field(description="what its agent is told, at most 16,384 characters")
+    mode: str = Field(default="message", description="message, steer, queue or answer")
+    question_id: str | None = Field(default=None, description="the question an answer answers (an answer only)")
+    input_id: str | None = Field(default=None, description="an idempotency id, as --input-id")
+    anchor: str | None = Field(default=None, description="PATH:LINE, the line of the task's change it is about "
+                               "(an inline comment on its diff), as --at")
+
+
 class InstructionOutcome(SQLModel):
     """`taskkernel task say`'s document: the instruction accepted into the task's run session (or ``replayed``),
     and the run queued to deliver it when nothing runs the task."""

@@ -4,8 +4,10 @@ buttons), sign-in and sign-out.
 A page shows the buttons its viewer's role may use (the kernel still judges every click): approve, reject and
 reopen for the task's done_authority (and retry, on an active or in-review task), archive for its
 archive_authority, a grant for ADMIN where an approval needs one, pause and resume on schedules, cancel on a root
-task's active goal; to whoever may instruct a task in work, a message box for its agent and, while its agent runs,
-an interrupt button. Every form carries the sign-in's CSRF token.
+task's active goal; to whoever may instruct a task in work, a message box for its agent, comments on the lines of
+its newest diff (sent at once, anchored to the line) and, while its agent runs, an interrupt button; to the
+authority deciding a review, comments on the lines of the diff gathered into the rejection's reason. Every form
+carries the sign-in's CSRF token.
 """
 
 from __future__ import annotations
@@ -132,8 +134,18 @@ async def task_page(request: Request, task_id: str) -> Response:
         "interrupt": instructs and driver_running,
     }
     return await page(request, "task.html", caller, page=found, task=doc, goal=goal, can=can,
+                      comment_on=commented_report(found["reports"]) if can["say"] or can["decide"] else None,
                       timeline=timeline_rows(found), live_shown=reads.LIVE_SHOWN,
                       grant_command=grant_hint(CommandType.APPROVE, task_id))
+
+
+def commented_report(reports: list[dict[str, Any]]) -> str | None:
+    """The report whose diff lines take comments: the newest with a patch that has a line to anchor one to (an
+    older round's lines may no longer be where its diff says)."""
+    for r in reversed(reports):
+        if any(line["anchor"] for line in (r.get("patch") or {}).get("lines", ())):
+            return str(r["report_id"])
+    return None
 
 
 def timeline_rows(found: dict[str, Any]) -> list[dict[str, Any]]:

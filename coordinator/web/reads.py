@@ -19,6 +19,7 @@ from taskkernel.coordinator.runners.history import page_runs, run_detail
 from taskkernel.coordinator.runners.inputs import RunInputs
 from taskkernel.coordinator.runners.live import latest_events, read_events
 from taskkernel.coordinator.showing import task_show
+from taskkernel.coordinator.web.patchlines import patch_lines
 from taskkernel.coordinator.workspace import Workspace
 from taskkernel.kernel.history import history_note
 from taskkernel.kernel.instructions import check_reader
@@ -184,11 +185,12 @@ def live_output(db: Database, task_id: str, after: tuple[str, int] | None, limit
 
 def patch_text(ws: Workspace, diff: dict[str, Any]) -> dict[str, Any]:
     """The patch a done report's diff names, proven as `task diff` proves it (kernel/queries.py ``read_patch``):
-    ``{text, truncated}`` or ``{error}``."""
+    ``{text, truncated, lines}`` (``lines``: each with its kind and anchor, web/patchlines.py) or ``{error}``."""
     data = read_patch(ws.root, ws.state_dir / "evidence", diff)
     if isinstance(data, PatchRefused):
         return {"error": data.message}
-    return {"text": data[:PATCH_SHOWN].decode("utf-8", errors="replace"), "truncated": len(data) > PATCH_SHOWN}
+    text = data[:PATCH_SHOWN].decode("utf-8", errors="replace")
+    return {"text": text, "truncated": len(data) > PATCH_SHOWN, "lines": patch_lines(text)}
 
 
 def children_tree(db: Database, task_id: str, depth: int = TREE_DEPTH) -> list[dict[str, Any]]:

@@ -14,7 +14,9 @@
   // A region marked data-live is re-rendered from the server when an event concerns it: the page is fetched again
   // and the region swapped in place (no reload). A region whose text field has the focus waits until it leaves;
   // text typed into a field that has lost the focus is carried over into the fresh region.
-  // A choice made in a list (the message box's mode) is carried over like text.
+  // A choice made in a list (the message box's mode) is carried over like text. A field is known by its id, else
+  // its name (the Reject form has two fields named reason). An open comment on a diff line moves into the fresh
+  // region, under the same line.
   const TEXT = "input:not([type]), input[type=text], input[type=search], input[type=password], input[type=number], " +
     "textarea, select";
   const busy = (region) => region.contains(document.activeElement) && document.activeElement.matches(TEXT);
@@ -23,14 +25,15 @@
     const values = new Map();
     region.querySelectorAll("form.action:not([data-pending])").forEach((form) =>
       form.querySelectorAll(TEXT).forEach((field) => {
-        if (field.name && field.value !== field.defaultValue) values.set(`${form.dataset.action}|${field.name}`, field.value);
+        const key = field.id || field.name;
+        if (key && field.value !== field.defaultValue) values.set(`${form.dataset.action}|${key}`, field.value);
       }));
     return values;
   }
 
   function restore(region, values) {
     region.querySelectorAll("form.action").forEach((form) => form.querySelectorAll(TEXT).forEach((field) => {
-      const value = values.get(`${form.dataset.action}|${field.name}`);
+      const value = values.get(`${form.dataset.action}|${field.id || field.name}`);
       if (value !== undefined) field.value = value;
     }));
   }
@@ -50,8 +53,10 @@
         if (!next) return;
         if (busy(region)) { region.dataset.stale = "1"; return; }
         const values = typed(region);
+        const open = region.querySelector("form.line-comment");
         region.innerHTML = next.innerHTML;
         restore(region, values);
+        if (open) commentUnder(region, open);
         delete region.dataset.stale;
         bindActions(region);
       });
@@ -183,20 +188,26 @@
     }
   }
 
+  async function post(action, body) {  // the outcome is shown; whether it was done is returned
+    const response = await fetch(action, {
+      method: "POST", credentials: "same-origin",
+      headers: { "Content-Type": "application/json", "X-CSRF-Token": csrf() }, body: JSON.stringify(body) });
+    show(await response.json());
+    return response.ok;
+  }
+
   async function act(form, event) {
     event.preventDefault();
-    const body = {};
-    new FormData(form).forEach((value, key) => { if (key !== "csrf_token" && value !== "") body[key] = value; });
+    const body = {};  // fields of one name (a rejection's reason and its comments on lines) are sent as lines
+    new FormData(form).forEach((value, key) => {
+      if (key !== "csrf_token" && value !== "") body[key] = key in body ? `${body[key]}\n${value}` : value;
+    });
     const button = form.querySelector("button");
     if (button) button.disabled = true;
     form.dataset.pending = "1";
     try {
-      const response = await fetch(form.dataset.action, {
-        method: "POST", credentials: "same-origin",
-        headers: { "Content-Type": "application/json", "X-CSRF-Token": csrf() }, body: JSON.stringify(body) });
-      const doc = await response.json();
-      show(doc);
-      if (response.ok) {  // clear the form, and its fresh copy if a refresh replaced it meanwhile
+      if (await post(form.dataset.action, body)) {
+        // clear the form, and its fresh copy if a refresh replaced it meanwhile
         document.querySelectorAll("form.action").forEach((f) => { if (f.dataset.action === form.dataset.action) f.reset(); });
         form.reset();
         if (document.activeElement) document.activeElement.blur();
@@ -217,6 +228,57 @@
       form.addEventListener("submit", (e) => act(form, e));
     });
   }
+
+  // Comments on lines of the diff: the + beside a line opens the page's <template id="line-comment"> under it,
+  // one at a time. While the task is in work a comment is sent at once, a steer anchored to the line (PATH:LINE);
+  // on a task in review it is added to the Reject form's comments, one line each "PATH:LINE: text", which the
+  // rejection sends as its reason.
+  function commentUnder(root, form) {  // under its line in root, or gone with the line
+    const line = [...root.querySelectorAll("pre.commented [data-anchor]")].find((l) => l.dataset.anchor === form.dataset.anchor);
+    if (line) line.after(form); else form.remove();
+  }
+
+  function openComment(button) {
+    document.querySelectorAll("form.line-comment").forEach((f) => f.remove());
+    const form = document.getElementById("line-comment").content.firstElementChild.cloneNode(true);
+    const line = button.closest("[data-anchor]");
+    form.dataset.anchor = line.dataset.anchor;
+    form.querySelector(".where").textContent = line.dataset.anchor;
+    line.after(form);
+    form.querySelector("input[name=text]").focus();
+  }
+
+  async function comment(form, event) {
+    event.preventDefault();
+    const text = form.elements.text.value.trim();
+    const line = `${form.dataset.anchor}: ${text}`;
+    if (form.dataset.mode === "collect") {
+      const box = document.getElementById("reject-comments");
+      box.value = box.value.trim() ? `${box.value.trimEnd()}\n${line}` : line;
+      form.remove();
+      show({ status: "added", message: `to the rejection's reason: ${line}` });
+      return;
+    }
+    const button = form.querySelector("button");
+    button.disabled = true;
+    try {
+      if (await post(form.dataset.action, { text, mode: "steer", anchor: form.dataset.anchor })) {
+        form.remove();
+        schedule({});
+      }
+    } catch (err) {
+      show({ status: "error", message: String(err) });
+    } finally {
+      button.disabled = false;
+    }
+  }
+
+  document.addEventListener("click", (e) => {
+    const target = e.target.closest("button.comment-at, form.line-comment button.cancel");
+    if (!target) return;
+    if (target.matches(".cancel")) target.closest("form").remove(); else openComment(target);
+  });
+  document.addEventListener("submit", (e) => { if (e.target.matches("form.line-comment")) comment(e.target, e); });
 
   document.addEventListener("focusout", () => {
     setTimeout(() => { if (document.querySelector("[data-live][data-stale]")) schedule({ type: "focus" }); }, 0);
