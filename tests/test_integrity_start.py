@@ -26,7 +26,7 @@ def fingerprint(root: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def damaged(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
     root = tmp_path_factory.mktemp("integrity") / "ws"
-    ids = workspace_with_tasks(root, 20)
+    ids = workspace_with_tasks(root, 60)  # large enough that the middle page holds rows, not the schema
     db_file = root / ".taskkernel" / "kernel.db"
     size = db_file.stat().st_size
     with open(db_file, "r+b") as fh:

@@ -91,6 +91,11 @@ async def test_every_tool_answers_its_document_as_its_text(tmp_path: Path) -> No
         assert (await dev.call("claim_task", task_id=tid))["status"] == "accepted"
         assert (await dev.call("add_progress", text="parser half done"))["status"] == "accepted"
         assert (await dev.call("resume"))["status"] == "resume"
+        other = (await owner.call("create_task", recipient="DEV", subject="later"))["task_id"]
+        told = await owner.call("say_to_task", task_id=other, text="also handle nested lists", mode="queue")
+        assert told["status"] == "accepted" and told["kind"] == "queued"  # for its first run, still to come
+        assert (await owner.call("interrupt_task", task_id=other))["reason"] == "no_running_run"
+        assert (await dev.call("read_inputs"))["reason"] == "invalid_arguments"  # a person's token is no run's
         check = await dev.call("check_action", task_id=tid, operation="write", entity="file:src/parser.py",
                                tool="write_file")
         assert check["allowed"] is False

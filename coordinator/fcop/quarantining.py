@@ -137,7 +137,8 @@ def quarantine(ws: FcopWorkspace, path: Path, reason: FcopReason, message: str) 
     try:
         return _quarantine(ws, Path(path), reason, message)
     except FcopError as exc:
-        safeio.report(exc, "quarantine", file=str(path))
+        if exc.reason is not FcopReason.SOURCE_MISSING:  # gone meanwhile (moved on by an agent or another
+            safeio.report(exc, "quarantine", file=str(path))  # coordinator): nothing was refused
         raise
 
 

@@ -197,6 +197,14 @@ def output(cli: str, outcome: str, argv: list[str]) -> None:
             "files": {"totalLinesAdded": 1, "totalLinesRemoved": 0}}}, indent=2))
 
 
+def resumed_session(cli: str, argv: list[str]) -> str | None:
+    """The conversation this start continues, as each CLI is told (Claude Code and Gemini `--resume ID`, Codex
+    `exec … resume ID`)."""
+    if cli == "codex":
+        return argv[argv.index("resume") + 1] if "resume" in argv else None
+    return value_after(argv, "--resume")
+
+
 def main() -> None:
     cli, argv = sys.argv[1], sys.argv[2:]
     records = Path(os.environ.pop("STANDIN_RECORDS"))
@@ -217,6 +225,10 @@ def main() -> None:
     if server is None:
         fail("no taskkernel MCP server was configured")
     body = prompt.split("\n## Where this task sits", 1)[0]  # the task's body as the prompt gives it
+    if resumed_session(cli, argv) is not None:  # the conversation holds the first prompt: its body still counts
+        first = min((json.loads(p.read_text()) for p in records.glob(f"{task_id}-*.json")),
+                    key=lambda r: r["started"])
+        body = first["prompt"].split("\n## Where this task sits", 1)[0]
     if os.environ.get("TASKKERNEL_PURPOSE") != "review" and answered_in_text(body, records, task_id):
         output(cli, "text", argv)
         name.with_suffix(".end").write_text(str(time.time()))
