@@ -26,11 +26,10 @@ from taskkernel.kernel.model.commands import Command, CommandType
 from taskkernel.kernel.model.principal import RUN_PREFIX, Principal
 from taskkernel.kernel.model.task import TaskState
 from taskkernel.kernel.reasons import KernelError, ReasonCode
-from taskkernel.kernel.sessionlog.models import INSTRUCTION_KINDS, InputKind
+from taskkernel.kernel.sessionlog.models import INSTRUCTION_KIND_NAMES, InputKind
 from taskkernel.kernel.sessionlog.tables import install, session_counter, session_input
 from taskkernel.kernel.store.db import Database, UnitOfWork
 
-INSTRUCTION_KIND_NAMES = tuple(sorted(k.value for k in INSTRUCTION_KINDS))
 IN_WORK = frozenset({TaskState.INBOX.value, TaskState.ACTIVE.value})  # a driver has work to be told about
 
 
@@ -88,6 +87,16 @@ def pending_count(conn: Connection, sessions: sa.ColumnElement[bool]) -> int:
     return int(conn.execute(q).scalar_one())
 
 
+def pending_kinds(conn: Connection, session: str) -> list[str]:
+    """The kinds of the instructions waiting in ``session``, in acceptance order (a queued one holds back what
+    follows it)."""
+    c, i = session_counter.c, session_input.c
+    return list(conn.execute(
+        sa.select(i.kind).select_from(session_input.join(session_counter, c.session_id == i.session_id))
+        .where(c.session_id == session, i.accepted.is_(True), i.seq > c.last_consumed_seq,
+               i.kind.in_(INSTRUCTION_KIND_NAMES)).order_by(i.seq)).scalars())
+
+
 def pending_for_task(db: Database, doc: dict[str, Any]) -> int:
     """Instructions the task's driver has not consumed (0 on a database without the session log's tables)."""
     with db.read() as conn:
@@ -108,11 +117,7 @@ class PendingInputsGuard:
     def __call__(self, uow: UnitOfWork, cmd: Command, doc: dict[str, Any] | None, principal: Principal) -> None:
         if cmd.type is not CommandType.SUBMIT or doc is None or principal.is_admin:
             return
-        c, i = session_counter.c, session_input.c
-        kinds = uow.conn.execute(
-            sa.select(i.kind).select_from(session_input.join(session_counter, c.session_id == i.session_id))
-            .where(c.session_id == self.session_of(doc), i.accepted.is_(True), i.seq > c.last_consumed_seq,
-                   i.kind.in_(INSTRUCTION_KIND_NAMES)).order_by(i.seq)).scalars().all()
+        kinds = pending_kinds(uow.conn, self.session_of(doc))
         if not kinds:
             return
         if kinds[0] == InputKind.QUEUED.value:  # held for the next run: reading now returns nothing

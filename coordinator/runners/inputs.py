@@ -41,6 +41,7 @@ from taskkernel.kernel.instructions import (
     check_instructor,
     driver_sessions,
     pending_count,
+    pending_kinds,
     run_session,
 )
 from taskkernel.kernel.model.principal import Principal
@@ -313,12 +314,8 @@ class RunInputs:
     def pending_in(self, session: str) -> int:
         """How many instructions wait in ``session`` for a tool call to read them (the notice every MCP result of
         a run carries): those before the first queued one, which waits for the next run."""
-        i, c = session_input.c, session_counter.c
         with self.db.read() as conn:
-            kinds = conn.execute(
-                sa.select(i.kind).select_from(session_input.join(session_counter, c.session_id == i.session_id))
-                .where(i.session_id == session, i.accepted.is_(True), i.seq > c.last_consumed_seq,
-                       i.kind.in_(INSTRUCTION_KIND_NAMES)).order_by(i.seq)).scalars().all()
+            kinds = pending_kinds(conn, session)
         return next((n for n, kind in enumerate(kinds) if kind == QUEUED), len(kinds))
 
     def running_run(self, task_id: str) -> tuple[str, int] | None:

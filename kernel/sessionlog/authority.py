@@ -14,10 +14,9 @@ import re
 from collections.abc import Collection
 
 from taskkernel.kernel.model.principal import ADMIN, RUN_PREFIX, Principal
-from taskkernel.kernel.sessionlog.models import INSTRUCTION_KINDS, InputKind, SessionLogError, SessionReason
+from taskkernel.kernel.sessionlog.models import INSTRUCTION_KIND_NAMES, InputKind, SessionLogError, SessionReason
 
 GRANT_KINDS = frozenset({InputKind.ALLOW.value, InputKind.REVOKE.value})
-INSTRUCTION_KIND_NAMES = frozenset(k.value for k in INSTRUCTION_KINDS)
 DEFAULT_ADMIN_SESSIONS = frozenset({"admin"})
 OPERATOR = "OPERATOR"
 EVIDENCE_KIND = InputKind.OBSERVATION.value

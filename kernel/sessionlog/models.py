@@ -29,6 +29,7 @@ class InputKind(StrEnum):
 
 # Kinds whose text is something to *do*; everything else is bookkeeping.
 INSTRUCTION_KINDS = frozenset({InputKind.MESSAGE, InputKind.STEER, InputKind.QUEUED, InputKind.ANSWER})
+INSTRUCTION_KIND_NAMES = tuple(sorted(k.value for k in INSTRUCTION_KINDS))  # as stored (a column's values)
 
 
 class SessionReason(StrEnum):
