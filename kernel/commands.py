@@ -57,6 +57,7 @@ from taskkernel.kernel.model.task import (
 from taskkernel.kernel.model.upcasters import task_upcasters
 from taskkernel.kernel.queries import task_document
 from taskkernel.kernel.reasons import KernelError, ReasonCode
+from taskkernel.kernel.store.chain import HEAD_SQL
 from taskkernel.kernel.store.db import Database, UnitOfWork
 from taskkernel.kernel.store.events import EventStore, NewEvent, RecordedEvent
 from taskkernel.kernel.store.schema import receipts, tasks
@@ -94,7 +95,10 @@ EVIDENCE_KEY = "guard_evidence"
 NUMBERS_KEY = "task_numbers_on_disk"  # (UTC day, numbers taken by files), listed before the transaction
 
 # Hot-path statements run on the driver cursor (UnitOfWork.sql); the tables are defined in store/schema.py.
-_GET_RECEIPT = "SELECT semantic_digest, result FROM receipts WHERE idempotency_key = ?"
+# A command's first read is one statement: its receipt, its task's document and the chain head (which the append
+# needs: read here, it costs no statement of its own).
+_READ_COMMAND_STATE = ("SELECT r.semantic_digest, r.result, (SELECT doc FROM tasks WHERE task_id = ?), (" + HEAD_SQL
+                       + ") FROM (SELECT 1) AS one LEFT JOIN receipts r ON r.idempotency_key = ?")
 _GET_TASK = "SELECT doc FROM tasks WHERE task_id = ?"
 _TASK_EXISTS = "SELECT 1 FROM tasks WHERE task_id = ?"
 _CHILDREN = "SELECT task_id, state FROM tasks WHERE parent = ?"
@@ -104,6 +108,9 @@ _INSERT_TASK = ("INSERT INTO tasks (task_id, state, revision, round, parent, roo
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
 _UPDATE_TASK = ("UPDATE tasks SET state = ?, revision = ?, round = ?, recipient = ?, doc = ?, last_pos = ?"
                 " WHERE task_id = ?")
+# When the state stays: naming ``state`` in the SET rewrites its index entry anyway (one more page per commit).
+_UPDATE_TASK_IN_PLACE = ("UPDATE tasks SET revision = ?, round = ?, recipient = ?, doc = ?, last_pos = ?"
+                         " WHERE task_id = ?")
 _INSERT_OUTBOX = ("INSERT INTO outbox (effect_key, effect, payload, source_pos, status, attempts)"
                   " VALUES (?, ?, ?, ?, ?, 0)")
 _BUMP_COUNTER = "UPDATE counters SET value = value + 1 WHERE name = ? RETURNING value"
@@ -233,17 +240,21 @@ class TaskCommandKernel:
         payload = cmd.validated_payload()
         principal = self._check_principal(cmd, payload, principal)
         semantic = digest(cmd.semantic_view(principal.id))
-        stored = self._check_receipt(uow, cmd, principal, semantic)
+        key = receipt_key(principal, cmd.idempotency_key)
+        receipt_digest, receipt_result, doc_text, uow.head_text = uow.sql(
+            _READ_COMMAND_STATE, (cmd.task_id, key)).fetchone()
+        uow.head_read = True
+        stored = self._check_receipt(cmd, receipt_digest, receipt_result, semantic)
         if stored is not None:
             return stored
-        doc = self._check_identity(uow, cmd, payload)
+        doc = self._check_identity(uow, cmd, payload, doc_text)
         self._check_terminal(cmd, doc)
         self._check_revision_and_round(cmd, doc)
         self._check_authority(cmd, payload, doc, principal)
-        self._check_lifecycle(uow, cmd, doc)
+        self._check_lifecycle(uow, cmd, payload, doc)
         for guard in self.guards:
             guard(uow, cmd, doc, principal)
-        return self._commit(uow, cmd, payload, doc, principal, semantic)
+        return self._commit(uow, cmd, payload, doc, principal, semantic, key)
 
     def _check_principal(self, cmd: Command, payload: BaseModel, principal: Principal | None) -> Principal:
         if principal is None:
@@ -258,21 +269,23 @@ class TaskCommandKernel:
                               f"sender {payload.sender} does not match the credential's role {principal.role}")
         return principal
 
-    def _check_receipt(self, uow: UnitOfWork, cmd: Command, principal: Principal, semantic: str
+    @staticmethod
+    def _check_receipt(cmd: Command, receipt_digest: str | None, receipt_result: str | None, semantic: str
                        ) -> CommandResult | None:
-        row = uow.sql(_GET_RECEIPT, (receipt_key(principal, cmd.idempotency_key),)).fetchone()
-        if row is None:
+        """A stored receipt (digest and result; None: none) makes the command a replay, or a conflict."""
+        if receipt_digest is None or receipt_result is None:
             return None
-        if row[0] != semantic:
+        if receipt_digest != semantic:
             raise KernelError(R.IDEMPOTENCY_CONFLICT,
                               f"idempotency key {cmd.idempotency_key!r} was used for a different command")
-        stored = orjson.loads(row[1])
+        stored = orjson.loads(receipt_result)
         return CommandResult(**{**stored, "status": "replayed", "events": []})
 
-    def _check_identity(self, uow: UnitOfWork, cmd: Command, payload: BaseModel) -> dict[str, Any] | None:
+    def _check_identity(self, uow: UnitOfWork, cmd: Command, payload: BaseModel, doc_text: str | None
+                        ) -> dict[str, Any] | None:  # doc_text: the stored document of cmd.task_id (None: none)
         if cmd.type in CREATING:
             assert isinstance(payload, CreateTaskPayload)
-            if cmd.task_id and uow.sql(_TASK_EXISTS, (cmd.task_id,)).fetchone():
+            if cmd.task_id and doc_text is not None:
                 raise KernelError(R.TASK_EXISTS, f"{cmd.task_id} already exists")
             if payload.parent is None:
                 return None
@@ -283,10 +296,9 @@ class TaskCommandKernel:
                 raise KernelError(R.TASK_IDENTITY_MISMATCH,
                                   f"root {cmd.root} differs from the parent's root {parent['root']}")
             return parent
-        assert cmd.task_id is not None
-        doc = self._load(uow, cmd.task_id)
-        if doc is None:
+        if doc_text is None:
             raise KernelError(R.TASK_NOT_FOUND, f"{cmd.task_id} does not exist")
+        doc: dict[str, Any] = orjson.loads(doc_text)
         thread = canonical_thread_key(cmd.thread_key) if cmd.thread_key is not None else doc["thread_key"]
         if thread != doc["thread_key"]:
             raise KernelError(R.THREAD_MISMATCH,
@@ -401,7 +413,7 @@ class TaskCommandKernel:
                     raise KernelError(R.POLICY_ESCALATION,
                                       f"budget {name}={wanted} exceeds the root's {limits[name]}")
 
-    def _check_lifecycle(self, uow: UnitOfWork, cmd: Command, doc: dict[str, Any] | None) -> None:
+    def _check_lifecycle(self, uow: UnitOfWork, cmd: Command, payload: BaseModel, doc: dict[str, Any] | None) -> None:
         if doc is None or cmd.type in CREATING:
             return
         state = doc["state"]
@@ -419,11 +431,9 @@ class TaskCommandKernel:
             open_child = self._first_open_descendant(uow, doc["task_id"])
             if open_child:
                 raise KernelError(R.CHILD_TASKS_OPEN, f"child task {open_child[0]} is still {open_child[1]}")
-        if cmd.type is CommandType.SUBMIT_REPORT:
-            report = cmd.validated_payload()
-            assert isinstance(report, ReportPayload)
-            if report.report_id and any(r["report_id"] == report.report_id for r in doc["reports"]):
-                raise KernelError(R.INVALID_COMMAND, f"report {report.report_id} is already recorded")
+        if isinstance(payload, ReportPayload) and payload.report_id and \
+                any(r["report_id"] == payload.report_id for r in doc["reports"]):
+            raise KernelError(R.INVALID_COMMAND, f"report {payload.report_id} is already recorded")
 
     def _first_open_descendant(self, uow: UnitOfWork, task_id: str) -> tuple[str, str] | None:
         frontier, seen = [task_id], {task_id}
@@ -439,7 +449,8 @@ class TaskCommandKernel:
 
     # -- writing -----------------------------------------------------------------------------
     def _commit(self, uow: UnitOfWork, cmd: Command, payload: BaseModel, doc: dict[str, Any] | None,
-                principal: Principal, semantic: str) -> CommandResult:
+                principal: Principal, semantic: str, key: str) -> CommandResult:
+        """Write the accepted command: its event, the read model, its receipt (under ``key``) and outbox rows."""
         now = utc_now_iso()
         if cmd.type in CREATING:
             assert isinstance(payload, CreateTaskPayload)
@@ -459,14 +470,14 @@ class TaskCommandKernel:
         recorded = self.store.append(uow, task_stream(task_id), expected, [NewEvent(event_type, data)], meta,
                                      verified_version=True)
         ev = recorded[-1]
+        was = doc["state"] if doc is not None else None  # apply moves the document itself
         new_doc = apply(doc, event_type, data, ev.stream_version, now)
-        self._save_projection(uow, new_doc, ev.global_pos, created=doc is None)
-        result = CommandResult.model_construct(  # built from trusted values: no validation on the hot path
-            reason=None, status="accepted", message=_accepted_message(cmd.type, new_doc), task_id=task_id,
+        self._save_projection(uow, new_doc, ev.global_pos, was=was)
+        result = CommandResult(  # pydantic-core's validation of these few values is quicker than model_construct
+            status="accepted", message=_accepted_message(cmd.type, new_doc), task_id=task_id,
             revision=new_doc["revision"], round=new_doc["round"], events=[e.global_pos for e in recorded])
-        uow.sql(_INSERT_RECEIPT, (receipt_key(principal, cmd.idempotency_key), cmd.type.value, semantic,
-                                  principal.id, task_id, canonical_json(result.wire()), recorded[0].global_pos,
-                                  ev.global_pos, now))
+        uow.sql(_INSERT_RECEIPT, (key, cmd.type.value, semantic, principal.id, task_id, canonical_json(result.wire()),
+                                  recorded[0].global_pos, ev.global_pos, now))
         self._write_outbox(uow, recorded, new_doc)
         return result
 
@@ -540,11 +551,14 @@ class TaskCommandKernel:
         return orjson.loads(row[0]) if row else None
 
     @staticmethod
-    def _save_projection(uow: UnitOfWork, doc: dict[str, Any], pos: int, *, created: bool) -> None:
+    def _save_projection(uow: UnitOfWork, doc: dict[str, Any], pos: int, *, was: str | None) -> None:
+        """``was``: the task's state before the event (None: the task is new)."""
         text = canonical_json(doc)
-        if created:
+        if was is None:
             uow.sql(_INSERT_TASK, (doc["task_id"], doc["state"], doc["revision"], doc["round"], doc["parent"],
                                    doc["root"], doc["recipient"], text, pos))
+        elif was == doc["state"]:
+            uow.sql(_UPDATE_TASK_IN_PLACE, (doc["revision"], doc["round"], doc["recipient"], text, pos, doc["task_id"]))
         else:
             uow.sql(_UPDATE_TASK, (doc["state"], doc["revision"], doc["round"], doc["recipient"], text, pos,
                                    doc["task_id"]))

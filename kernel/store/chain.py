@@ -39,6 +39,8 @@ _SEP = "\x1f"
 _RECORD = "chain"
 _HEAD = "head"
 _READ_SQL = "SELECT value FROM store_meta WHERE name = ?"
+# The head row, also read as a subquery of the command kernel's first statement (UnitOfWork.head_text).
+HEAD_SQL = "SELECT value FROM store_meta WHERE name = 'head'"
 _TAIL_SQL = "SELECT global_pos, hash FROM events ORDER BY global_pos DESC LIMIT 1"
 _UPDATE_HEAD_SQL = "UPDATE store_meta SET value = ? WHERE name = 'head'"
 _INSERT_HEAD_SQL = "INSERT INTO store_meta (name, value) VALUES ('head', ?)"
@@ -206,9 +208,17 @@ def _legacy_head(uow: UnitOfWork) -> tuple[int, str]:
     return _tail(uow)
 
 
+def _head_text(uow: UnitOfWork) -> str | None:
+    """The head row as this transaction sees it: the value a statement of it already read, else read now."""
+    if uow.head_read:
+        return uow.head_text
+    return _read(uow, _HEAD)
+
+
 def _write_head(uow: UnitOfWork, head: ChainHead) -> None:
     uow.sql("DELETE FROM store_meta WHERE name = ?", (_HEAD,))
     uow.sql(_INSERT_HEAD_SQL, (head.encode(),))
+    uow.head_read = False  # what was read before is not the row any more
 
 
 class Chain:
@@ -222,6 +232,9 @@ class Chain:
     def __init__(self, key: bytes | None) -> None:
         self.key = ChainKey(key) if key else None
         self._keyed: tuple[Link, Sealer] | None = None
+        # The head row this Database last wrote: a row equal to it carries a seal made here with this key, so it
+        # needs no second HMAC (any other text, a rewritten row included, is checked in full).
+        self._sealed_here: str | None = None
 
     @property
     def key_id(self) -> str | None:
@@ -231,14 +244,15 @@ class Chain:
         """The chain as ``uow`` (under the writer lock) will extend it. A store holding no events yet is keyed
         here when this Database has a key; a keyed store whose head is missing or altered refuses (hash_chain)."""
         link, sealer, must_have_head = self._links(uow)
-        head = ChainHead.decode(_read(uow, _HEAD))
+        text = _head_text(uow)
+        head = ChainHead.decode(text)
         if head is None:
             if must_have_head:
                 raise ChainKeyError("hash_chain", "the store's chain head record is missing, so where the log ends "
                                     "cannot be proven; nothing was written. Run `taskkernel verify`")
             pos, prev = _tail(uow)
             return Appending(link, sealer, pos, prev, stored=False)
-        if not head.sealed_by(sealer):
+        if text != self._sealed_here and not head.sealed_by(sealer):
             raise ChainKeyError("hash_chain", "the store's chain head record was altered (its seal does not match); "
                                 "nothing was written. Run `taskkernel verify`")
         return Appending(link, sealer, head.pos, head.hash, stored=True)
@@ -251,6 +265,7 @@ class Chain:
             uow.sql(_UPDATE_HEAD_SQL, (value,))
         else:
             uow.sql(_INSERT_HEAD_SQL, (value,))
+        self._sealed_here = value
 
     def _links(self, uow: UnitOfWork) -> tuple[Link, Sealer, bool]:
         """The link, the head seal, and whether the store must hold a head row already."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -33,6 +34,15 @@ WRITER_LOCK_KEY = 0x7A5C_4B3E
 MAX_IDLE_WRITERS = 4  # write connections kept open between transactions (writes are serialized anyway)
 
 
+class _Process:
+    """This process's id, kept current across ``os.fork``: ``os.getpid`` is a system call, two per write."""
+
+    pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=lambda: setattr(_Process, "pid", os.getpid()))
+
+
 class Durability(StrEnum):
     """How much an accepted write survives. Documented in docs/durability.md."""
 
@@ -50,6 +60,8 @@ class UnitOfWork:
 
     ``appending`` is the event chain as this transaction extends it (kernel/store/chain.py); when events were
     appended, ``Database.write`` seals the new chain head just before the commit: one statement per transaction.
+    ``head_text`` is the chain head row as a statement of this transaction read it (``head_read``), so the first
+    append does not read it again (the command kernel reads it with the command's receipt and task).
     """
 
     conn: Connection
@@ -57,6 +69,8 @@ class UnitOfWork:
     chain: Chain = field(default_factory=lambda: Chain(None))
     cache: dict[str, Any] = field(default_factory=dict)
     appending: Appending | None = None
+    head_read: bool = False
+    head_text: str | None = None
     _cursor: Any = None
 
     def sql(self, statement: str, params: Sequence[Any] = ()) -> Any:
@@ -109,7 +123,7 @@ class Database:
         # few that are ever in use at once (a connection per thread would pin one for each thread ever seen).
         self._idle: list[Connection] = []
         self._idle_lock = threading.Lock()
-        self._idle_pid = os.getpid()
+        self._idle_pid = _Process.pid
 
     @classmethod
     def sqlite_file(cls, path: str | os.PathLike[str],
@@ -127,11 +141,7 @@ class Database:
         conn = self._take_writer()  # never the one of a write in progress: a nested write gets another
         healthy = True
         try:
-            with conn.begin():
-                if self.is_postgres:
-                    conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({WRITER_LOCK_KEY})")
-                    if self.durability is Durability.PROCESS:
-                        conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
+            with self._pg_transaction(conn) if self.is_postgres else _sqlite_write_transaction(conn):
                 uow = UnitOfWork(conn, self.dialect, self.chain)
                 yield uow
                 if uow.appending is not None and uow.appending.moved:
@@ -142,11 +152,20 @@ class Database:
         finally:
             self._put_writer(conn, healthy)
 
+    @contextmanager
+    def _pg_transaction(self, conn: Connection) -> Iterator[None]:
+        """PostgreSQL: the writer lock is a transaction-level advisory lock, taken first."""
+        with conn.begin():
+            conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({WRITER_LOCK_KEY})")
+            if self.durability is Durability.PROCESS:
+                conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
+            yield
+
     def _take_writer(self) -> Connection:
         """An idle write connection, or a new one from the pool (none is shared by two writes at once)."""
         with self._idle_lock:
-            if self._idle_pid != os.getpid():  # a forked child never uses its parent's connections
-                self._idle, self._idle_pid = [], os.getpid()
+            if self._idle_pid != _Process.pid:  # a forked child never uses its parent's connections
+                self._idle, self._idle_pid = [], _Process.pid
             while self._idle:
                 conn = self._idle.pop()
                 if not (conn.closed or conn.invalidated):
@@ -157,7 +176,7 @@ class Database:
         """Back to the idle list (at most MAX_IDLE_WRITERS kept), or closed: back to the engine's pool."""
         if healthy and not (conn.closed or conn.invalidated):
             with self._idle_lock:
-                if self._idle_pid == os.getpid() and len(self._idle) < MAX_IDLE_WRITERS:
+                if self._idle_pid == _Process.pid and len(self._idle) < MAX_IDLE_WRITERS:
                     self._idle.append(conn)
                     return
         with contextlib.suppress(Exception):
@@ -319,12 +338,47 @@ def _sqlite_engine(url: str, durability: Durability) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
-        if conn.get_execution_options().get("taskkernel_write"):
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
-        else:
-            conn.exec_driver_sql("BEGIN")
+        driver: Any = conn.connection.driver_connection
+        if driver.in_transaction:  # a Database.write transaction, begun on the driver: SQLAlchemy's joins it
+            return
+        _on_driver(driver.execute, "BEGIN IMMEDIATE" if conn.get_execution_options().get("taskkernel_write")
+                   else "BEGIN")
 
     return engine
+
+
+@contextmanager
+def _sqlite_write_transaction(conn: Connection) -> Iterator[None]:
+    """BEGIN IMMEDIATE ... COMMIT on the driver connection: SQLAlchemy's transaction machinery (~10 µs) costs more
+    than a command's statements. A Core statement run meanwhile makes SQLAlchemy open its transaction object over
+    this one (the begin hook issues no second BEGIN); the end then goes through SQLAlchemy."""
+    driver: Any = conn.connection.driver_connection
+    _on_driver(driver.execute, "BEGIN IMMEDIATE")
+    try:
+        yield
+        if conn.in_transaction():
+            conn.commit()
+        else:
+            _on_driver(lambda _: driver.commit(), "COMMIT")
+    except BaseException:
+        try:
+            if conn.in_transaction():
+                conn.rollback()
+            elif driver.in_transaction:  # a failed COMMIT may leave it open
+                _on_driver(lambda _: driver.rollback(), "ROLLBACK")
+        except Exception:
+            conn.invalidate()  # one that cannot roll back is never handed to another write
+            raise
+        raise
+
+
+def _on_driver(call: Callable[[str], Any], statement: str) -> None:
+    """``call(statement)`` on the driver, its errors raised as SQLAlchemy raises them (e.g. OperationalError:
+    database is locked), so callers and the CLI's fault codes see one kind of database error."""
+    try:
+        call(statement)
+    except sqlite3.Error as exc:
+        raise sa.exc.DBAPIError.instance(statement, (), exc, sqlite3.Error) from exc
 
 
 _SAFE_SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
