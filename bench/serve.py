@@ -1,8 +1,8 @@
 """Web board benchmark: what a person (or a script) waits for from `taskkernel serve` on a store of 10,000 tasks,
 and how fast a committed event reaches every open board.
 
-    python bench/serve.py            # 10,000 tasks, 200 requests per route, 50 SSE clients x 50 events
-    python bench/serve.py --quick    # 2,000 tasks, 60 requests per route, 20 clients x 20 events
+    python bench/serve.py            # 10,000 tasks (and 1,000), 200 requests per route, 50 SSE clients x 50 events
+    python bench/serve.py --quick    # 2,000 tasks (and 200), 60 requests per route, 20 clients x 20 events
 
 A fresh workspace (`taskkernel init`, embedded SQLite, durability full) is filled through the kernel the CLI builds
 (``CliContext.kernel().submit_batch``: the real commands, many per write transaction): tasks spread over the five
@@ -23,6 +23,11 @@ the board asks the approval guard whether each needs a grant). Then the real ser
   each event, the time until every client has its ``data:`` line (and until the first has it; the difference is
   the fan-out). Both clocks are CLOCK_MONOTONIC (system-wide on Linux). Every client must get every event, once,
   in order. Goal: p99 <= 1 s (the hub polls the log every 100 ms). Missed: exit 1.
+- **the board at any size** (issue 29, goal 5): a second store a tenth the size (1,000 tasks, the same mix) with its
+  own server, and ``GET /`` on both, interleaved round by round: each p50, each server's CPU per request and the
+  ratio large/small. Goal: the ratio <= 1.1 (the page's counts come from the ``(state, task_id)`` index and every
+  list stops at a page) and the large store's p50 <= 15 ms. Reported in ``board_at_size`` and ``goals_met``;
+  timings on a shared machine are not an exit status.
 
 Prints a short summary, then one JSON line with every figure. The server is stopped with SIGTERM (it exits 0).
 """
@@ -60,7 +65,7 @@ import httpx2  # noqa: E402
 from taskkernel.coordinator.cli.common import CliContext  # noqa: E402
 from taskkernel.kernel.model.principal import LOCAL_OWNER, Principal  # noqa: E402
 
-GOALS = {"sse_p99_s": 1.0}
+GOALS = {"sse_p99_s": 1.0, "board_ratio_large_small": 1.1, "board_large_p50_ms": 15.0}
 ROLES = ("DEV", "QA", "OPS")
 # Per 20 tasks: the column each ends in (30 % inbox, 25 % active, 20 % review, 15 % done, 10 % archive).
 MIX = ["inbox"] * 6 + ["active"] * 5 + ["review"] * 4 + ["done"] * 3 + ["archive"] * 2
@@ -106,6 +111,15 @@ def taskkernel_exe() -> list[str]:
 
 
 # -- the store ---------------------------------------------------------------------------------------------------
+def init(ws: Path) -> Path:
+    """A fresh workspace at ``ws`` (`taskkernel init`)."""
+    done = subprocess.run([*taskkernel_exe(), "init", str(ws)], capture_output=True, text=True, env=CHILD_ENV,
+                          cwd=ws.parent)
+    if done.returncode != 0:
+        raise SystemExit(f"taskkernel init failed: {done.stderr.strip()[-500:]}")
+    return ws
+
+
 def build(ws: Path, n: int) -> dict[str, Any]:
     """``n`` tasks through the kernel, each taken to its column by the real commands, BATCH per transaction."""
     context = CliContext(workspace_path=str(ws))
@@ -311,6 +325,37 @@ def reads_over_http(url: str, ids: list[str], rounds: int, rng: random.Random, t
     return out
 
 
+def board_at_size(servers: dict[int, Server], rounds: int) -> dict[str, Any]:
+    """``GET /`` on each server (keyed by its store's size), interleaved round by round: p50/p99 per size, the ratio
+    of the largest store's p50 to the smallest's, and each server's CPU per request (from /proc: steadier than the
+    clock on a busy machine; it includes the event hub's polling meanwhile, alike on both)."""
+    times: dict[int, list[float]] = {size: [] for size in servers}
+    cpu: dict[int, float] = {}
+    clients = {size: httpx2.Client(base_url=server.url, timeout=30) for size, server in servers.items()}
+    try:
+        for k in range(5 + rounds):  # five warm rounds: template compilation, the page cache
+            if k == 5:
+                cpu = {size: server.cpu_s() or 0.0 for size, server in servers.items()}
+            for size, client in clients.items():
+                t0 = time.perf_counter()
+                r = client.get("/")
+                elapsed = time.perf_counter() - t0
+                if r.status_code != 200:
+                    raise SystemExit(f"GET / on the {size}-task store: {r.status_code} {r.text[:300]!r}")
+                if k >= 5:
+                    times[size].append(elapsed)
+        cpu = {size: (server.cpu_s() or 0.0) - cpu[size] for size, server in servers.items()}
+    finally:
+        for client in clients.values():
+            client.close()
+    small, large = min(servers), max(servers)
+    return {"small_tasks": small, "large_tasks": large, "rounds": rounds,
+            "small": {**stats_ms(times[small]), "cpu_ms_per_request": round(cpu[small] / rounds * 1000, 2)},
+            "large": {**stats_ms(times[large]), "cpu_ms_per_request": round(cpu[large] / rounds * 1000, 2)},
+            "ratio_p50": round(statistics.median(times[large]) / statistics.median(times[small]), 3),
+            "ratio_cpu": round(cpu[large] / cpu[small], 3) if cpu[small] else None}
+
+
 # -- the live feed -----------------------------------------------------------------------------------------------
 async def live_feed(url: str, ws: Path, clients: int, events: int, rng: random.Random) -> dict[str, Any]:
     arrivals: dict[int, list[float]] = {}  # position -> each client's arrival time
@@ -438,17 +483,19 @@ def main() -> int:
     ws = tmp / "ws"
     t_run = time.perf_counter()
     try:
-        init = subprocess.run([*taskkernel_exe(), "init", str(ws)], capture_output=True, text=True, env=CHILD_ENV,
-                              cwd=tmp)
-        if init.returncode != 0:
-            raise SystemExit(f"taskkernel init failed: {init.stderr.strip()[-500:]}")
-        store = build(ws, n)
+        store = build(init(ws), n)
         ids = store.pop("ids")
+        small_store = build(init(tmp / "ws-small"), n // 10)
         local = in_process(ws, ids, min(rounds, 50), rng)
         server = Server(ws, tmp / "serve.log")
         try:
             idle_cpu = server.idle_cpu_pct()
             http = reads_over_http(server.url, ids, rounds, rng, n)
+            small = Server(tmp / "ws-small", tmp / "serve-small.log")
+            try:
+                scale = board_at_size({n: server, n // 10: small}, rounds)
+            finally:
+                small.stop()
             feed = asyncio.run(live_feed(server.url, ws, clients, n_events, rng))
             server_rss = server.peak_rss_mb()
         finally:
@@ -461,12 +508,16 @@ def main() -> int:
 
     p99 = feed.get("to_every_client", {}).get("p99_s", math.inf)
     ok_feed = p99 <= GOALS["sse_p99_s"] and feed["missing_deliveries"] == 0 and feed["every_client_in_order_once"]
+    ok_board = {"board_ratio_large_small": scale["ratio_p50"] <= GOALS["board_ratio_large_small"],
+                "board_large_p50_ms": scale["large"]["p50_ms"] <= GOALS["board_large_p50_ms"]}
     checks = {**http.pop("checks"), "server_exit_0": server_exit == 0}
     report: dict[str, Any] = {
         "tasks": n, "cores": os.cpu_count(), "store": store, "server_startup_s": round(server.startup_s, 2),
         "server_idle_cpu_pct": idle_cpu, "server_peak_rss_mb": server_rss,
-        "requests_per_route": rounds, "http": http, "in_process": local, "live_feed": feed, "checks": checks,
-        "targets": GOALS, "goals_met": {"sse_p99_s": ok_feed}, "run_s": round(time.perf_counter() - t_run, 1)}
+        "requests_per_route": rounds, "http": http, "in_process": local, "live_feed": feed,
+        "board_at_size": {**scale, "small_store": small_store}, "checks": checks,
+        "targets": GOALS, "goals_met": {"sse_p99_s": ok_feed, **ok_board},
+        "run_s": round(time.perf_counter() - t_run, 1)}
 
     print(f"taskkernel serve, {n} tasks ({', '.join(f'{s} {c}' for s, c in store['columns'].items())}), "
           f"built in {store['build_s']} s; server up in {server.startup_s:.2f} s, idle {idle_cpu}% CPU, "
@@ -491,6 +542,13 @@ def main() -> int:
               f"{e['p50_s'] * 1000:.0f} ms, p99 {e['p99_s'] * 1000:.0f} ms, max {e['max_s'] * 1000:.0f} ms "
               f"(first client p50 {f['p50_s'] * 1000:.0f} ms; fan-out spread p50 {feed['fanout_spread_p50_ms']:.0f} "
               f"ms); missed {feed['missing_deliveries']}")
+    verdict = {goal: "PASS" if met else "FAIL" for goal, met in ok_board.items()}
+    print(f"GET / at {scale['small_tasks']} and {scale['large_tasks']} tasks, interleaved: p50 "
+          f"{scale['small']['p50_ms']:.1f} ms and {scale['large']['p50_ms']:.1f} ms, ratio {scale['ratio_p50']:.2f} "
+          f"(server CPU per request {scale['small']['cpu_ms_per_request']:.1f} and "
+          f"{scale['large']['cpu_ms_per_request']:.1f} ms) "
+          f"(goal <= {GOALS['board_ratio_large_small']:g}: {verdict['board_ratio_large_small']}; large p50 <= "
+          f"{GOALS['board_large_p50_ms']:g} ms: {verdict['board_large_p50_ms']})")
     print(f"goal p99 <= {GOALS['sse_p99_s']:g} s: {'PASS' if ok_feed else 'FAIL'}"
           + ("" if all(checks.values()) else f"; checks failed: {[k for k, v in checks.items() if not v]}"))
     print(json.dumps(report, separators=(",", ":")))

@@ -137,11 +137,17 @@ def alembic_config(connection: Connection | None = None) -> Config:
     return config
 
 
-def target_metadata() -> sa.MetaData:
+def target_metadata(dialect: str | None = None) -> sa.MetaData:
     """Every table of every component in one MetaData: what the migrations must build (autogenerate's target,
-    and what tests/test_migrations.py compares a migrated database with)."""
+    and what tests/test_migrations.py compares a migrated database with). For ``dialect``, without the indexes
+    only another backend builds (``ONE_DIALECT_INDEXES``)."""
+    from taskkernel.kernel.store.schema import ONE_DIALECT_INDEXES
+
     combined = sa.MetaData()
     for md in metadatas():
         for table in md.sorted_tables:
-            table.to_metadata(combined)
+            copy = table.to_metadata(combined)
+            for index in list(copy.indexes):
+                if dialect is not None and ONE_DIALECT_INDEXES.get(str(index.name), dialect) != dialect:
+                    copy.indexes.discard(index)
     return combined

@@ -20,6 +20,9 @@ was made with.
 blocked (``blocked`` set by the fold, kernel/model/task.py); ``active`` then means active and not blocked. Both read
 ``state = 'active'`` (the ``(state, task_id)`` index) and test ``blocked.report_id`` in the stored document, JSON in
 SQL as for the authority filters; a document stored before the field existed lacks it and counts as not blocked.
+The state and the path are constants in those statements (``blocked_now``), so a partial index on the blocked
+tasks can serve them. ``state_counts`` counts every lifecycle state in one statement from the ``(state, task_id)``
+index (the board's columns), reading no document.
 
 The listed fields of a task are TASK_LIST_FIELDS, taken from its stored document. ``task_document`` and
 ``task_history`` read one task for `task show` without building the command kernel (a read needs no roles,
@@ -32,12 +35,14 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import orjson
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 
 from taskkernel.kernel.canonical import canonical_json, sha256_hex
 from taskkernel.kernel.history import history_entry
@@ -45,16 +50,17 @@ from taskkernel.kernel.model.task import TaskState, task_stream
 from taskkernel.kernel.model.upcasters import task_upcasters
 from taskkernel.kernel.store.db import Database
 from taskkernel.kernel.store.events import EventStore, RecordedEvent
-from taskkernel.kernel.store.schema import tasks
+from taskkernel.kernel.store.schema import BLOCKED_INDEX, tasks
 
 TASK_LIST_FIELDS = ("task_id", "state", "revision", "round", "sender", "recipient", "subject", "priority",
                     "risk_level", "parent", "root", "thread_key", "blocked")
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 1000  # a page is held in memory; more than this is a stream (iter_tasks)
 BATCH = 1000  # rows per fetch when streaming
-STATES = frozenset(s.value for s in TaskState)
+STATE_ORDER = tuple(s.value for s in TaskState)  # inbox, active, review, done, archive
+STATES = frozenset(STATE_ORDER)
 BLOCKED = "blocked"  # a listing state, not a lifecycle one: active tasks whose latest report of the round is blocked
-LIST_STATES = (*(s.value for s in TaskState), BLOCKED)  # what ``state`` accepts, in the order errors name them
+LIST_STATES = (*STATE_ORDER, BLOCKED)  # what ``state`` accepts, in the order errors name them
 _CURSOR_VERSION = 1
 
 
@@ -239,18 +245,25 @@ def decode_cursor(cursor: str, state: str | None = None, role: str | None = None
 
 def doc_text(path: tuple[str, ...], postgres: bool) -> sa.ColumnElement[Any]:
     """A field (``<a>.<b>``) of a task's stored document, as text (NULL when absent or null):
-    ``doc::json #>> '{a,b}'`` on PostgreSQL, ``json_extract(doc, '$.a.b')`` on SQLite (where a CAST to JSON would
-    be numeric)."""
+    ``CAST(doc AS JSON) #>> '{a,b}'`` on PostgreSQL, ``json_extract(doc, '$.a.b')`` on SQLite (where a CAST to JSON
+    would be numeric). The path is written into the statement, not bound: an index on the expression (or one whose
+    WHERE names it) serves only a query that names it exactly, constant included."""
+    if not all(part.isidentifier() for part in path):
+        raise ValueError(f"not a document path: {path!r}")
     if postgres:
-        return sa.cast(tasks.c.doc, sa.JSON)[path].as_string()
-    return sa.func.json_extract(tasks.c.doc, "$." + ".".join(path))
+        field: sa.ColumnElement[str] = sa.literal_column(f"'{{{','.join(path)}}}'")
+        return sa.cast(tasks.c.doc, sa.JSON).op("#>>", return_type=sa.Text)(field)
+    return sa.func.json_extract(tasks.c.doc, sa.literal_column(f"'$.{'.'.join(path)}'"))
 
 
 def blocked_now(postgres: bool, blocked: bool = True) -> sa.ColumnElement[bool]:
     """The listing state ``blocked`` (active, its document's ``blocked`` set), or with ``blocked=False`` the
-    listing state ``active`` (active and not blocked)."""
+    listing state ``active`` (active and not blocked). The state is a constant in the statement, as the path is
+    (``doc_text``): a partial index on the blocked tasks (``state = 'active' AND <marker> IS NOT NULL``) then serves
+    the blocked listing without reading every active task's document."""
     marker = doc_text(("blocked", "report_id"), postgres)
-    return sa.and_(tasks.c.state == TaskState.ACTIVE.value, marker.is_not(None) if blocked else marker.is_(None))
+    active = tasks.c.state == sa.literal_column(f"'{TaskState.ACTIVE.value}'")
+    return sa.and_(active, marker.is_not(None) if blocked else marker.is_(None))
 
 
 def _authority(name: str, postgres: bool) -> sa.ColumnElement[Any]:
@@ -262,6 +275,8 @@ def _where(q: sa.Select[Any], filters: Mapping[str, str | None], postgres: bool)
     state = filters.get("state")
     if state in (BLOCKED, TaskState.ACTIVE.value):
         q = q.where(blocked_now(postgres, blocked=state == BLOCKED))
+        if state == BLOCKED:  # without statistics SQLite may tie the partial index with the state index: name it
+            q = q.with_hint(tasks, f"INDEXED BY {BLOCKED_INDEX}", "sqlite")
     elif state is not None:
         q = q.where(tasks.c.state == state)
     if filters.get("role") is not None:
@@ -295,22 +310,46 @@ def count_tasks(db: Database, *, state: str | None = None, role: str | None = No
                                        db.is_postgres)).scalar_one())
 
 
-def page_tasks(db: Database, *, state: str | None = None, role: str | None = None, limit: int = DEFAULT_LIMIT,
-               after: str | None = None, driver: str | None = None, done_authority: str | None = None,
-               root: str | None = None, parent: str | None = None, risk: str | None = None) -> TaskPage:
+def state_counts(db: Database, conn: Connection | None = None, /, *, role: str | None = None, root: str | None = None,
+                 risk: str | None = None) -> dict[str, int]:
+    """How many tasks each lifecycle state holds (``active`` with its blocked tasks), with these filters, in one
+    statement of one count per state: each a range of the ``(state, task_id)`` index, which alone answers it
+    without filters, so no count reads a task's document or the rest of the table."""
+    filters = _filters(None, role, {"root": root, "risk": risk})
+    per_state = [_where(sa.select(sa.func.count()).select_from(tasks).where(tasks.c.state == state), filters,
+                        db.is_postgres).scalar_subquery() for state in STATE_ORDER]
+    with _reading(db, conn) as c:
+        return dict(zip(STATE_ORDER, map(int, c.execute(sa.select(*per_state)).one()), strict=True))
+
+
+def page_tasks(db: Database, conn: Connection | None = None, /, *, state: str | None = None, role: str | None = None,
+               limit: int = DEFAULT_LIMIT, after: str | None = None, driver: str | None = None,
+               done_authority: str | None = None, root: str | None = None, parent: str | None = None,
+               risk: str | None = None) -> TaskPage:
     """One page of tasks in task id order: those in ``state``, addressed to ``role`` (the recipient), driven by
     ``driver``, decided by ``done_authority``, of the tree ``root``, children of ``parent`` and of risk level
     ``risk``, when given, after the cursor ``after`` (a ``next_cursor`` of the same listing). At most ``limit`` rows
-    (1 to MAX_LIMIT) and the cursor of the next page, or None when no task follows."""
+    (1 to MAX_LIMIT) and the cursor of the next page, or None when no task follows. Read in ``conn``'s transaction
+    when given (several reads, one snapshot), else in one of its own."""
     if not 1 <= limit <= MAX_LIMIT:
         raise TaskQueryError(f"a page holds 1 to {MAX_LIMIT} tasks, not {limit}; list them all as a stream instead")
     extra = {"driver": driver, "done_authority": done_authority, "root": root, "parent": parent, "risk": risk}
     filters, after_id = _start(state, role, after, extra)
-    with db.read() as conn:
-        found = conn.execute(_query(filters, after_id, db.is_postgres).limit(limit + 1)).all()
+    with _reading(db, conn) as c:
+        found = c.execute(_query(filters, after_id, db.is_postgres).limit(limit + 1)).all()
     rows = [task_row(doc) for _, doc in found[:limit]]
     more = len(found) > limit
     return TaskPage(rows, encode_cursor(found[limit - 1][0], state, role, **extra) if more else None)
+
+
+@contextmanager
+def _reading(db: Database, conn: Connection | None) -> Iterator[Connection]:
+    """The caller's connection (its transaction), or a read transaction of its own."""
+    if conn is not None:
+        yield conn
+        return
+    with db.read() as own:
+        yield own
 
 
 def iter_tasks(db: Database, state: str | None = None, role: str | None = None, *, after: str | None = None,

@@ -125,7 +125,7 @@ def test_the_migrations_build_exactly_what_the_table_modules_create(any_url: str
     assert (before.current, after.current, after.behind) == (None, HEAD, False)
     assert schema.ensure(created) == (HEAD, HEAD)
     with migrated.read() as conn:
-        assert compare_metadata(MigrationContext.configure(conn), schema.target_metadata()) == []
+        assert compare_metadata(MigrationContext.configure(conn), schema.target_metadata(conn.dialect.name)) == []
     migrated.dispose()
     created.dispose()
     assert shape(any_url) == shape(other_url)
@@ -333,7 +333,7 @@ def test_a_release_0_1_postgresql_database_upgrades_without_losing_an_event(tmp_
     assert run("db", "upgrade", cwd=root).json["upgraded"] is False
     db = Database(pg_url)
     with db.read() as conn:
-        assert compare_metadata(MigrationContext.configure(conn), schema.target_metadata()) == []
+        assert compare_metadata(MigrationContext.configure(conn), schema.target_metadata(conn.dialect.name)) == []
     db.dispose()
 
 
@@ -358,6 +358,7 @@ def test_a_task_blocked_before_the_upgrade_is_listed_blocked_after_it(tmp_path: 
         conn.exec_driver_sql("DROP TABLE task_aliases")  # 0007's
         for table in ("run_events", "input_deliveries", "run_interrupts", "agent_sessions"):  # 0008's
             conn.exec_driver_sql(f"DROP TABLE {table}")
+        conn.exec_driver_sql("DROP INDEX ix_tasks_blocked")  # 0009's
         for column in ("failed_at", "retried_by", "retried_at"):  # 0006's columns
             conn.exec_driver_sql(f"ALTER TABLE outbox DROP COLUMN {column}")
     assert run("db", "upgrade", cwd=ws).code == 0

@@ -15,7 +15,7 @@ if connection is None:
 
 context.configure(
     connection=connection,
-    target_metadata=target_metadata(),
+    target_metadata=target_metadata(connection.dialect.name),
     version_table=VERSION_TABLE,
     render_as_batch=True,  # autogenerate writes SQLite-safe ALTERs (copy-and-move) for the next revision
     compare_server_default=True,

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 
 from taskkernel.coordinator.config import RunnerSpec
 from taskkernel.coordinator.inbox import approval_refusals
@@ -29,11 +30,11 @@ from taskkernel.kernel.permissions import permission_scope
 from taskkernel.kernel.queries import (
     BLOCKED,
     PatchRefused,
-    count_tasks,
     doc_text,
     event_reader,
     page_tasks,
     read_patch,
+    state_counts,
     task_document,
     task_history,
 )
@@ -72,22 +73,26 @@ class Filters:
 
 def board(db: Database, grant_sessions: frozenset[str] | None, filters: Filters,
           per_column: int = CARDS_PER_COLUMN) -> dict[str, Any]:
-    """Each column's count and first cards. A review card says who decides it (``done_authority``: ``ADMIN`` is a
-    person) and whether its approval would be refused for want of a human's grant (``needs_grant``: the kernel's own
-    guard asked, as `taskkernel inbox` asks it)."""
+    """Each column's count and first cards, read in one transaction (the counts are those of the cards shown). A
+    review card says who decides it (``done_authority``: ``ADMIN`` is a person) and whether its approval would be
+    refused for want of a human's grant (``needs_grant``: the kernel's own guard asked, as `taskkernel inbox` asks
+    it). The counts come from the ``(state, task_id)`` index and every list stops at a page, so the page costs the
+    same at any size of the table (tests/test_web_board.py checks each statement's plan)."""
     columns: dict[str, Any] = {}
-    for state in COLUMNS:
-        if state == TaskState.ACTIVE.value:  # the listing's `active` leaves out the blocked: they lead this column
-            columns[state] = _active_column(db, filters, per_column)
-            continue
-        page = page_tasks(db, state=state, limit=per_column, **filters.query())
-        columns[state] = {"count": count_tasks(db, state=state, **filters.query()), "tasks": page.rows,
-                          "next_cursor": page.next_cursor, "next_state": state}
-    in_review = columns[TaskState.REVIEW.value]["tasks"]
-    if in_review:
-        deciders = done_authorities(db, [r["task_id"] for r in in_review])
-        for row in in_review:
-            row["done_authority"] = deciders.get(row["task_id"])
+    with db.read() as conn:
+        counts = state_counts(db, conn, **filters.query())
+        for state in COLUMNS:
+            if state == TaskState.ACTIVE.value:  # the listing's `active` leaves out the blocked: they lead this column
+                cards = _active_column(db, conn, filters, per_column)
+            else:
+                page = page_tasks(db, conn, state=state, limit=per_column, **filters.query())
+                cards = {"tasks": page.rows, "next_cursor": page.next_cursor, "next_state": state}
+            columns[state] = {"count": counts[state], **cards}
+        in_review = columns[TaskState.REVIEW.value]["tasks"]
+        if in_review:
+            deciders = done_authorities(conn, db.is_postgres, [r["task_id"] for r in in_review])
+            for row in in_review:
+                row["done_authority"] = deciders.get(row["task_id"])
     reviews = [r for r in in_review if r["risk_level"] in ("high", "irreversible")]
     if reviews:
         with approval_refusals(db, grant_sessions) as refusal:
@@ -96,24 +101,22 @@ def board(db: Database, grant_sessions: frozenset[str] | None, filters: Filters,
     return columns
 
 
-def _active_column(db: Database, filters: Filters, per_column: int) -> dict[str, Any]:
+def _active_column(db: Database, conn: Connection, filters: Filters, per_column: int) -> dict[str, Any]:
     """The active column: its blocked tasks first (what needs someone), then the others, both in task id order."""
-    blocked = page_tasks(db, state=BLOCKED, limit=per_column, **filters.query())
-    count = count_tasks(db, state=BLOCKED, **filters.query()) + count_tasks(db, state="active", **filters.query())
+    blocked = page_tasks(db, conn, state=BLOCKED, limit=per_column, **filters.query())
     room = per_column - len(blocked.rows)
     if blocked.next_cursor is not None:  # blocked tasks fill the column and more follow: their next page
-        return {"count": count, "tasks": blocked.rows, "next_cursor": blocked.next_cursor, "next_state": BLOCKED}
+        return {"tasks": blocked.rows, "next_cursor": blocked.next_cursor, "next_state": BLOCKED}
     if room == 0:  # exactly a column of blocked tasks: the others from their first page
-        return {"count": count, "tasks": blocked.rows, "next_cursor": None, "next_state": "active"}
-    rest = page_tasks(db, state="active", limit=room, **filters.query())
-    return {"count": count, "tasks": blocked.rows + rest.rows, "next_cursor": rest.next_cursor, "next_state": "active"}
+        return {"tasks": blocked.rows, "next_cursor": None, "next_state": "active"}
+    rest = page_tasks(db, conn, state="active", limit=room, **filters.query())
+    return {"tasks": blocked.rows + rest.rows, "next_cursor": rest.next_cursor, "next_state": "active"}
 
 
-def done_authorities(db: Database, task_ids: list[str]) -> dict[str, str | None]:
+def done_authorities(conn: Connection, postgres: bool, task_ids: list[str]) -> dict[str, str | None]:
     """Who decides each task (its ``authority.done_authority``), read in one query."""
-    decider = doc_text(("authority", "done_authority"), db.is_postgres)
-    with db.read() as conn:
-        return dict(conn.execute(sa.select(tasks.c.task_id, decider).where(tasks.c.task_id.in_(task_ids))).all())
+    decider = doc_text(("authority", "done_authority"), postgres)
+    return dict(conn.execute(sa.select(tasks.c.task_id, decider).where(tasks.c.task_id.in_(task_ids))).all())
 
 
 def task_page(db: Database, ws: Workspace | None, log: SessionLog, inputs: RunInputs, task_id: str,

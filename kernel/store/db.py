@@ -23,6 +23,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import event
+from sqlalchemy.dialects.sqlite.base import SQLiteCompiler
 from sqlalchemy.engine import Connection, Engine
 
 from taskkernel.kernel.private import FILE_MODE, narrow
@@ -320,9 +321,19 @@ def _private_sqlite_file(url: str) -> None:
             narrow(Path(path + suffix))
 
 
+class _SQLiteCompiler(SQLiteCompiler):
+    """SQLite's compiler, rendering a table hint (``Select.with_hint(table, "INDEXED BY ix", "sqlite")``) after the
+    table, which SQLAlchemy's leaves out: without statistics SQLite's planner may rank a partial index no better
+    than a full one, so a query names the index it is written for (and SQLite refuses it if it cannot serve)."""
+
+    def get_from_hint_text(self, table: Any, text: str | None) -> str | None:
+        return text
+
+
 def _sqlite_engine(url: str, durability: Durability) -> Engine:
     _private_sqlite_file(url)
     engine = sa.create_engine(url, connect_args={"timeout": 60, "check_same_thread": False})
+    engine.dialect.statement_compiler = _SQLiteCompiler
     synchronous = "FULL" if durability is Durability.FULL else "NORMAL"
 
     @event.listens_for(engine, "connect")

@@ -62,6 +62,28 @@ tasks = sa.Table(
     sa.Index("ix_tasks_state_task_id", "state", "task_id"),  # a state's tasks in id order: `task list` pages
 )
 
+# The active tasks that are blocked (on PostgreSQL also those that are not): the board's active column, `task list
+# --state blocked`, `inbox` and the live view find them without reading every active task's document. The
+# predicates are kernel/queries.py blocked_now's, constants included (a partial index serves only a query that names
+# its terms). PostgreSQL keeps no statistics on the JSON expression, so it is given both sides; on SQLite the
+# unblocked side would only cost every command on an active task two more JSON reads.
+_BLOCKED_MARKER = {"sqlite": "json_extract(doc, '$.blocked.report_id')",
+                   "postgresql": "(CAST(doc AS JSON) #>> '{blocked,report_id}')"}
+BLOCKED_INDEX = "ix_tasks_blocked"
+UNBLOCKED_INDEX = "ix_tasks_unblocked"
+ONE_DIALECT_INDEXES = {UNBLOCKED_INDEX: "postgresql"}  # index -> the one backend that builds it
+
+
+def blocked_predicate(dialect: str, blocked: bool = True) -> sa.TextClause:
+    """The partial indexes' WHERE: an active task whose document is (or with ``blocked=False`` is not) blocked."""
+    return sa.text(f"state = 'active' AND {_BLOCKED_MARKER[dialect]} IS {'NOT ' if blocked else ''}NULL")
+
+
+sa.Index(BLOCKED_INDEX, tasks.c.task_id,
+         sqlite_where=blocked_predicate("sqlite"), postgresql_where=blocked_predicate("postgresql"))
+sa.Index(UNBLOCKED_INDEX, tasks.c.task_id,
+         postgresql_where=blocked_predicate("postgresql", blocked=False)).ddl_if(dialect="postgresql")
+
 # Side effects that leave the database, written with the events and performed afterwards.
 outbox = sa.Table(
     "outbox",
