@@ -121,12 +121,13 @@ def build_templates(tmp: Path) -> dict[str, Template]:
     return out
 
 
-def build_store(path: Path, target_events: int, wave: int = 2000) -> dict[str, int]:
+def build_store(path: Path, target_events: int, wave: int = 2000,
+                chain_key: bytes | None = None) -> dict[str, int]:
     """Copy the templates under new ids until about ``target_events`` events are written. Tasks are written in
     waves of ``wave``: every task's first command, then every task's second one, …, so streams interleave."""
     with tempfile.TemporaryDirectory() as tmp:
         templates = build_templates(Path(tmp))
-    db = Database(f"sqlite:///{path}", "process")
+    db = Database(f"sqlite:///{path}", "process", chain_key=chain_key)
     db.create_schema(metadata)
     store = make_kernel(db).store
     mix = [templates[s] for s in MIX]

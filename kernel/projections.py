@@ -12,10 +12,12 @@ itself (an anti-join on the same index)."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
@@ -93,12 +95,26 @@ def fold_streams(store: EventStore, rows: Iterable[Any]) -> Iterator[RebuiltTask
         if problem is not None:
             continue
         try:
-            data = upcast(event_type, schema_v, json.loads(data_text))
+            data = upcast(event_type, schema_v, _loads(data_text))
             doc = apply(doc, event_type, data, version, recorded_at)
         except (AssertionError, LookupError, TypeError, ValueError, AttributeError) as exc:
             problem = f"its event at position {pos} ({event_type}, revision {version}) does not fold: {exc}"
     if current is not None:
         yield _rebuilt(current, doc, last_pos, problem)
+
+_WIDE_NUMBER = re.compile(r"\d{19}")  # orjson reads an integer wider than 64 bits as a float, json exactly
+
+
+def _loads(text: str) -> Any:
+    """json.loads at orjson's speed (folding is most of a rebuild's and verify's work); what orjson would read
+    differently (NaN, Infinity, integers wider than 64 bits, lone surrogates) json reads as before."""
+    if _WIDE_NUMBER.search(text) is None:
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(text)
+
 
 
 def _rebuilt(stream_id: str, doc: dict[str, Any] | None, last_pos: int, problem: str | None) -> RebuiltTask:

@@ -8,12 +8,15 @@ the read model.
 Every step streams, so a verify costs constant memory in the size of the store (plus the problems it reports): the
 chain is walked in bounded batches, receipts through a streaming cursor, and each task is rebuilt from its events,
 compared with its stored row and dropped (kernel/projections.py). On PostgreSQL the checks read one snapshot
-(REPEATABLE READ), as SQLite's read transaction does, so a command committed meanwhile is never half seen."""
+(REPEATABLE READ), as SQLite's read transaction does, so a command committed meanwhile is never half seen.
+
+A large SQLite store is first proven in parallel (kernel/verify_parallel.py: every check split by key range over one
+worker per CPU, the integrity check beside them); only a store that proof does not find sound goes through the
+sequential checks below, which find and word its problems."""
 
 from __future__ import annotations
 
 import bisect
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +28,8 @@ from taskkernel.kernel.store.chain import read_head, read_record
 from taskkernel.kernel.store.db import Database, DatabaseCorrupt, is_corruption
 from taskkernel.kernel.store.events import EventStore, log_end, verify_chain
 from taskkernel.kernel.store.schema import events, receipts
+from taskkernel.kernel.verify_parallel import default_workers, prove_in_parallel
+from taskkernel.kernel.verify_receipts import receipt_problem
 
 DATABASE_CORRUPT = "database_corrupt"
 HASH_CHAIN = "hash_chain"
@@ -93,8 +98,13 @@ def corrupt_report(detail: str) -> VerifyReport:
     return report
 
 
-def verify(db: Database, store: EventStore, *, repair: bool = False, batch: int = BATCH) -> VerifyReport:
-    """``batch``: tasks compared (and rows fetched from a cursor) at a time; memory does not grow with the store."""
+def verify(db: Database, store: EventStore, *, repair: bool = False, batch: int = BATCH,
+           workers: int | None = None) -> VerifyReport:
+    """``batch``: tasks compared (and rows fetched from a cursor) at a time; memory does not grow with the store.
+    ``workers``: processes for the parallel proof of a large sound store (default: one per CPU; 1: sequential)."""
+    proven = prove_in_parallel(db, store, default_workers() if workers is None else workers)
+    if proven is not None:
+        return VerifyReport(events=proven.events, tasks=proven.tasks, chain=proven.chain, head=proven.head)
     try:
         return _verify(db, store, repair, batch)
     except DatabaseCorrupt as exc:
@@ -157,29 +167,10 @@ def _check_receipts(conn: Connection, report: VerifyReport, batch: int = BATCH) 
             first_past_end = first_past_end if past_end else shown
             past_end += 1
             continue
-        problem = _receipt_problem(task_id, first_pos, last_pos, result, first_stream, last_stream, version, meta,
-                                   key)
+        problem = receipt_problem(task_id, first_pos, last_pos, result, first_stream, last_stream, version, meta,
+                                  key)
         if problem:
             report.add("receipt", RECEIPT_MISMATCH, first_pos, f"receipt {shown!r}: {problem}", task_id=task_id)
     if past_end:
         report.add("receipt", HASH_CHAIN, end + 1, f"{past_end} receipt(s) name events past the log's end "
                    f"(position {end}), e.g. {first_past_end!r}: the newest events were deleted")
-
-
-def _receipt_problem(task_id: str | None, first_pos: int, last_pos: int, result: str, first_stream: str | None,
-                     last_stream: str | None, version: int | None, meta: str | None, key: str) -> str | None:
-    stream = f"task:{task_id}"
-    if first_stream is None or last_stream is None:
-        return f"positions {first_pos}..{last_pos} are missing from the log"
-    if first_pos > last_pos or first_stream != stream or last_stream != stream:
-        return f"positions {first_pos}..{last_pos} are not events of {stream}"
-    try:
-        command_id = json.loads(meta or "{}").get("command_id")
-        revision = json.loads(result).get("revision")
-    except (ValueError, AttributeError):
-        return "its result or its event's meta is not a JSON object"
-    if not isinstance(command_id, str) or (key != command_id and not key.endswith("\x1f" + command_id)):
-        return f"position {last_pos} was written by command {command_id!r}, not by this one"
-    if revision is not None and revision != version:
-        return f"it answers revision {revision}, its event at position {last_pos} is revision {version}"
-    return None

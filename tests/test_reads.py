@@ -14,8 +14,11 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sqlalchemy import event
 
+from taskkernel.kernel import projections
 from taskkernel.kernel.projections import (
     PROJECTION_AHEAD,
     PROJECTION_DRIFT,
@@ -371,3 +374,14 @@ def test_problems_stay_in_position_order_and_found_order_within_one() -> None:
     assert [(p["position"], p["detail"]) for p in report.problems] == [
         (1, "#5"), (2, "#1"), (2, "#4"), (5, "#0"), (5, "#2"), (9, "#3")]
     assert json.loads(json.dumps(report.as_json()))["first_broken_position"] == 1
+
+
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+                    max_leaves=20))
+@settings(max_examples=300, deadline=None)
+def test_folding_reads_an_event_exactly_as_json_does(value: Any) -> None:
+    """The fold's fast reader (orjson) gives what json.loads gives for every text json writes: integers of any
+    width, NaN and infinities, lone surrogates included."""
+    text = json.dumps(value)
+    assert repr(projections._loads(text)) == repr(json.loads(text))

@@ -8,17 +8,19 @@ from pathlib import Path
 import sqlalchemy as sa
 import typer
 
-from taskkernel.coordinator.cli.common import Exit, emit, get_ctx, say, warn
+from taskkernel.coordinator.cli.common import CliContext, Exit, emit, get_ctx, say, warn
 from taskkernel.coordinator.cli.output import oneline
-from taskkernel.kernel.commands import TaskCommandKernel
+from taskkernel.kernel.model.upcasters import task_upcasters
 from taskkernel.kernel.store.db import DatabaseCorrupt, is_corruption
+from taskkernel.kernel.store.events import EventStore
 from taskkernel.kernel.verify import VerifyReport, corrupt_report
 from taskkernel.kernel.verify import verify as verify_store
 
 
-def _verify_folders(kernel: TaskCommandKernel, root: Path, report: VerifyReport, repair: bool) -> None:
+def _verify_folders(c: CliContext, root: Path, report: VerifyReport, repair: bool) -> None:
     """The folders are a projection too: each task's TASK file must sit in the stage the log says, and each
-    TASK file the adapter handled must belong to a task the log knows (docs/folders.md)."""
+    TASK file the adapter handled must belong to a task the log knows (docs/folders.md). Only they need the
+    whole kernel (its folder projection), so only they build it."""
     from taskkernel.coordinator.fcop import FcopError, Generation, open_workspace
     from taskkernel.coordinator.folders.check import check_folders, repair_folders, unknown_task_files
     from taskkernel.coordinator.folders.projection import Projection
@@ -29,6 +31,7 @@ def _verify_folders(kernel: TaskCommandKernel, root: Path, report: VerifyReport,
     except FcopError as exc:
         report.add("folder", exc.reason.value, 0, exc.message)
         return
+    kernel = c.kernel()
     if fcop.generation is Generation.G4:
         from taskkernel.coordinator.fcop4.check import verify_g4
 
@@ -51,11 +54,11 @@ def verify(ctx: typer.Context, repair: bool = typer.Option(False, "--repair",
     says; it never touches events and refuses while the chain is not proven or the log may have lost events."""
     c = get_ctx(ctx)
     try:
-        kernel = c.kernel()
-        report = verify_store(kernel.db, kernel.store, repair=repair)
+        # the store as compose.py builds it (the same upcasters), without the command kernel's wiring
+        report = verify_store(c.database(), EventStore(task_upcasters()), repair=repair)
         ws = c.optional_workspace()
         if ws is not None and ws.fcop_dir.is_dir() and report.ok:
-            _verify_folders(kernel, ws.root, report, repair)
+            _verify_folders(c, ws.root, report, repair)
     except DatabaseCorrupt as exc:  # met while opening the other components' tables
         report = corrupt_report(str(exc))
     except sa.exc.DatabaseError as exc:  # a damaged page met outside the store checks (e.g. folder records)
