@@ -25,6 +25,7 @@ from contextlib import closing, contextmanager
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 
 from taskkernel.coordinator.runners.history import view_state
 from taskkernel.coordinator.runners.outcomes import OPEN, merge_base_of, undecidable, worktree_base
@@ -36,6 +37,7 @@ from taskkernel.kernel.permissions import HumanGrantGuard
 from taskkernel.kernel.queries import doc_text, iter_documents, row_of
 from taskkernel.kernel.reasons import KernelError, ReasonCode
 from taskkernel.kernel.sessionlog import SessionLog
+from taskkernel.kernel.sessionlog.models import Rec
 from taskkernel.kernel.store.db import Database, UnitOfWork
 from taskkernel.kernel.store.schema import tasks
 from taskkernel.kernel.verbs import grant_hint
@@ -178,10 +180,24 @@ class _Refusals:
         return None
 
 
+class _ReadOnce(SessionLog):
+    """The session log as one read transaction sees it: each session's records read once, however many tasks the
+    guard is asked about (the board asks about every high-risk review it shows)."""
+
+    def __init__(self, db: Database, grant_sessions: frozenset[str] | None) -> None:
+        super().__init__(db, *(() if grant_sessions is None else (grant_sessions,)))
+        self._read: dict[str, list[Rec]] = {}
+
+    def records(self, session: str, conn: Connection | None = None) -> list[Rec]:
+        if session not in self._read:
+            self._read[session] = super().records(session, conn)
+        return self._read[session]
+
+
 @contextmanager
 def approval_refusals(db: Database, grant_sessions: frozenset[str] | None) -> Iterator[_Refusals]:
     """The guard exactly as coordinator/compose.py gives it to the kernel (the workspace's grant sessions), over
-    a read transaction: the guard only reads the session log."""
-    guard = HumanGrantGuard(SessionLog(db, grant_sessions) if grant_sessions is not None else SessionLog(db))
+    a read transaction: the guard only reads the session log, each session once."""
+    guard = HumanGrantGuard(_ReadOnce(db, grant_sessions))
     with db.read() as conn:
         yield _Refusals(guard, UnitOfWork(conn, db.dialect))
