@@ -14,8 +14,8 @@ turn, which then runs without its tools. In one fresh workspace (durability full
 Each start is timed from the spawn, with ``initialize`` written at once (as hosts write it), to its answer
 (``initialize_s``), and to the answer of ``tools/list`` sent after it (``tools_list_s``); then stdin is closed and
 the process waited for, so no start runs beside another's work. Goal: ``ratio`` (taskkernel's median
-``initialize_s`` over the minimal server's) <= 1.2; the exit status is 1 when it is missed. Prints one JSON
-document.
+``initialize_s`` over the minimal server's) <= 1.2 (issue 29 goal 4c, in ``targets``); the exit status is 1 when
+it is missed. Prints one JSON document.
 """
 
 from __future__ import annotations
@@ -133,7 +133,8 @@ def main() -> None:
               **{f"{name}_initialize_s": round(m[0], 3) for name, m in median.items()},
               **{f"{name}_tools_list_s": round(m[1], 3) for name, m in median.items()},
               "ratio": round(ratio, 3), "tools_list_ratio": round(median["taskkernel"][1] / median["minimal"][1], 3),
-              "target": GOAL, "goal_met": ratio <= GOAL}
+              "targets": {"ratio": GOAL},  # issue 29 goal 4c: at most
+              "goal_met": ratio <= GOAL}
     print(json.dumps(report, indent=2))
     if ratio > GOAL:
         sys.exit(1)

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from taskkernel.coordinator.automations import Automations
 from taskkernel.coordinator.compose import build_kernel
 from taskkernel.coordinator.fcop import safeio
 from taskkernel.coordinator.folders.adapter import FolderAdapter, open_folders
@@ -34,11 +33,11 @@ from taskkernel.coordinator.runners.tools import PERFORM_EFFECT, ToolExecutor
 from taskkernel.coordinator.workspace import Workspace
 from taskkernel.kernel.logging import get_logger
 from taskkernel.kernel.outbox import OutboxRelay
-from taskkernel.kernel.sessionlog import SessionLog
 from taskkernel.kernel.store.db import Database
 from taskkernel.kernel.store.schema import outbox
 
 if TYPE_CHECKING:
+    from taskkernel.coordinator.automations import Automations
     from taskkernel.coordinator.fcop4.adapter import G4Adapter
 
 log = get_logger(__name__)
@@ -98,6 +97,8 @@ _AFTER_RUNS = ("project", "ledger")  # stages a pass runs after starting the due
 PROJECTION_WAIT_S = 30.0  # how long a run waits for its TASK file to be projected before starting anyway
 INGEST_WAIT_S = 10.0  # how long, beyond the settle time, a finished run waits for the files it wrote to be taken in
 _CORE_FIELDS = {"dispatch": "dispatched", "wakes": "wakes", "runs": "runs"}  # stage -> PassStats field
+# taskkernel.scheduler.tables' name for it: importing that package loads the whole scheduler (APScheduler included)
+SCHEDULE_TABLE = "schedule"
 
 
 class Coordinator:
@@ -135,12 +136,57 @@ class Coordinator:
             self.add_stage("ingest", self._ingest)
         self.tools = OutboxRelay(db, {PERFORM_EFFECT: ToolExecutor(self.kernel, workspace.root)})
         self.add_stage("actions", self.tools.run_pending)
-        self.automations = Automations(self.kernel, self.owner, workspace.config.scheduler.as_mapping(),
-                                       session_log=SessionLog(db, workspace.grant_sessions))
-        self.add_stage("automations", self.automations.tick)  # `run` replaces it by the scheduler's own timer
+        self._automations: Automations | None = None  # loaded with the first schedule (`automations`)
+        self.add_stage("automations", self._tick_automations)  # `run` replaces it by the scheduler's own timer
         if self.folders is not None:
             self.add_stage("project", self.folders.project_pass)
             self.add_stage("ledger", self.folders.ledger_pass)
+
+    @property
+    def automations(self) -> Automations:
+        """The scheduler wired to this coordinator's kernel, loaded when first needed: a workspace without a
+        schedule never imports it (APScheduler, trigger maths)."""
+        if self._automations is None:
+            from taskkernel.coordinator.automations import Automations
+            from taskkernel.kernel.sessionlog import SessionLog
+
+            self._automations = Automations(self.kernel, self.owner, self.workspace.config.scheduler.as_mapping(),
+                                            session_log=SessionLog(self.db, self.workspace.grant_sessions))
+        return self._automations
+
+    def _scheduled(self) -> bool:
+        """Has the workspace ever had a schedule (removed ones included: their occurrences may still be
+        running)? Until it has, there is nothing for the scheduler to do."""
+        if self._automations is not None:
+            return True
+        try:
+            with self.db.read() as conn:
+                return conn.exec_driver_sql(f"SELECT 1 FROM {SCHEDULE_TABLE} LIMIT 1").first() is not None
+        except (sa.exc.OperationalError, sa.exc.ProgrammingError):
+            with self.db.read() as conn:  # a database made table by table: the scheduler makes its own when used
+                if sa.inspect(conn).has_table(SCHEDULE_TABLE):
+                    raise
+            return False
+
+    def _tick_automations(self) -> int:
+        """The automations stage (`run_once`): one durable scheduler pass, once there is a schedule."""
+        return self.automations.tick() if self._scheduled() else 0
+
+    async def _run_automations(self, stop: asyncio.Event, poll_seconds: float) -> None:
+        """The scheduler's own timer (`run`), started once the workspace has a schedule (looked for every
+        ``poll_seconds``; another process may add the first one while this one runs)."""
+        while True:
+            try:
+                if await asyncio.to_thread(self._scheduled):
+                    automations = await asyncio.to_thread(lambda: self.automations)  # its tables made off the loop
+                    break
+            except Exception as exc:  # noqa: BLE001 - a failed look or set-up (a locked store): again a poll later
+                log.warning("scheduler_start_failed", error=f"{type(exc).__name__}: {exc}")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), poll_seconds)
+            if stop.is_set():
+                return
+        await automations.run(stop)
 
     def _task_file(self, doc: dict[str, Any]) -> Path:
         """The agent reads its TASK file where the projection put it."""
@@ -294,7 +340,7 @@ class Coordinator:
         if self.folders is not None:
             watchers.append(asyncio.create_task(self._watch(stop, wake)))
         self.stages.pop("automations", None)
-        scheduler = asyncio.create_task(self.automations.run(stop))
+        scheduler = asyncio.create_task(self._run_automations(stop, poll_seconds))
         force = force or asyncio.Event()
         try:
             while not stop.is_set():

@@ -1,12 +1,15 @@
 """The CLI's edges (issue 11, items 1 and 3): only the command a call names is imported, completion answers
 in every shell, `--json` works wherever it is put, and infrastructure faults are one line plus the error
-envelope, never a traceback."""
+envelope, never a traceback. Issue 29 goal 4: what `task show`, `up` and `mcp` (before `initialize`) do not
+import, asserted on the modules a real call loaded, never on its time."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -14,19 +17,25 @@ import typer
 import typer.main
 
 from taskkernel.coordinator.cli import groups
-from tests.cli_support import cli_env, run, run_tty, taskkernel
+from tests.cli_support import cli_env, run, run_tty, stop_server, taskkernel, taskkernel_bg
 
-PROBE = ("import atexit, sys\n"
-         "atexit.register(lambda: print(sorted(m for m in ('sqlalchemy', 'taskkernel.scheduler', "
-         "'taskkernel.coordinator.loop', 'taskkernel.coordinator.cli.demo') if m in sys.modules), file=sys.stderr))\n"
+# Prints, at exit, which of the watched modules (TASKKERNEL_WATCHED, comma-separated) the call imported.
+PROBE = ("import atexit, os, sys\n"
+         "watched = os.environ['TASKKERNEL_WATCHED'].split(',')\n"
+         "atexit.register(lambda: print(sorted(m for m in watched if m in sys.modules), file=sys.stderr))\n"
          "from taskkernel.coordinator.cli.app import main\n"
          "main(sys.argv[1:])\n")
+HEAVY = ("sqlalchemy", "taskkernel.scheduler", "taskkernel.coordinator.loop", "taskkernel.coordinator.cli.demo")
+# What no command needs before it does its own work: the board, the MCP server, the scheduler, the live view
+SERVERS = ("fastapi", "jinja2", "starlette", "uvicorn", "mcp", "taskkernel.coordinator.web",
+           "taskkernel.coordinator.mcp.server")
+SCHEDULER = ("apscheduler", "taskkernel.scheduler", "taskkernel.coordinator.automations")
 
 
-def loaded_by(*args: str, cwd: Path) -> list[str]:
-    """Which heavy modules a call imported (printed by the probe at exit, the last line on stderr)."""
+def loaded_by(*args: str, cwd: Path, watched: tuple[str, ...] = HEAVY) -> list[str]:
+    """Which of the ``watched`` modules a call imported (printed by the probe at exit, the last line on stderr)."""
     done = subprocess.run([sys.executable, "-c", PROBE, *args], cwd=cwd, capture_output=True, text=True,
-                          env=cli_env(), timeout=60)
+                          env=cli_env(TASKKERNEL_WATCHED=",".join(watched)), timeout=60)
     return json.loads(done.stderr.strip().splitlines()[-1].replace("'", '"'))
 
 
@@ -42,6 +51,64 @@ def test_a_command_imports_only_its_own_group(tmp_path: Path) -> None:
     assert run("init", str(ws), cwd=tmp_path).code == 0
     assert "taskkernel.coordinator.cli.demo" not in loaded_by("task", "list", cwd=ws)
     assert "taskkernel.scheduler" not in loaded_by("token", "list", cwd=ws)
+
+
+def test_task_show_imports_only_its_read(tmp_path: Path) -> None:
+    """Issue 29 goal 4a: `task show` reads the task's document (kernel/queries.py): no command kernel, no
+    composition, no runner, no terminal rendering, logging or YAML when its output is JSON."""
+    ws = tmp_path / "ws"
+    assert run("init", str(ws), cwd=tmp_path).code == 0
+    made = run("task", "create", "--to", "PM", "--subject", "shown", cwd=ws)
+    assert made.code == 0, made.err
+    not_needed = (*SERVERS, *SCHEDULER, "taskkernel.kernel.commands", "taskkernel.coordinator.compose",
+                  "taskkernel.coordinator.runners", "taskkernel.coordinator.worktrees", "taskkernel.kernel.gate",
+                  "taskkernel.coordinator.folders", "sqlalchemy.orm", "rich", "structlog", "yaml")
+    assert loaded_by("task", "show", made.json["task_id"], cwd=ws, watched=("sqlalchemy", *not_needed)) == [
+        "sqlalchemy"]
+
+
+def test_up_imports_only_what_its_stages_use(tmp_path: Path) -> None:
+    """Issue 29 goal 4b: `up --once` on a workspace with no schedule and no agent runs the folders, the outbox
+    and the dispatcher, and imports neither the scheduler (APScheduler) nor a server nor the live view; the first
+    schedule loads the scheduler."""
+    ws = tmp_path / "ws"
+    assert run("init", str(ws), cwd=tmp_path).code == 0
+    not_needed = (*SERVERS, *SCHEDULER, "rich.live", "taskkernel.coordinator.cli.live", "taskkernel.coordinator.inbox",
+                  "taskkernel.coordinator.fcop4.adapter", "watchfiles", "taskkernel.coordinator.runners.launch",
+                  "taskkernel.coordinator.runners.live", "taskkernel.coordinator.runners.scripted")
+    assert loaded_by("up", "--once", cwd=ws, watched=("taskkernel.coordinator.loop", *not_needed)) == [
+        "taskkernel.coordinator.loop"]
+    add_schedule(ws, "nightly", "--cron", "0 3 * * *")
+    assert "taskkernel.scheduler" in loaded_by("up", "--once", cwd=ws, watched=SCHEDULER)
+
+
+def add_schedule(ws: Path, name: str, *when: str) -> None:
+    """A schedule that creates a task for PM named after it."""
+    template = ws.parent / f"{name}.json"
+    template.write_text(json.dumps({"recipient": "PM", "subject": name}))
+    added = run("schedule", "add", name, *when, "--action", "create_task", "--template", str(template), cwd=ws)
+    assert added.code == 0, (added.out, added.err)
+
+
+def test_a_running_up_starts_the_scheduler_with_the_first_schedule(tmp_path: Path) -> None:
+    """`up` started on a workspace without schedules loads no scheduler; a schedule added while it runs is found
+    and fires."""
+    ws = tmp_path / "ws"
+    assert run("init", str(ws), cwd=tmp_path).code == 0
+    up = taskkernel_bg("up", cwd=ws)
+    try:
+        assert up.stderr is not None
+        while "coordinator up" not in (line := up.stderr.readline()):  # its loop (and the scheduler's watch) runs
+            assert line, "up ended before it ran"
+        time.sleep(2)  # a poll or two finding no schedule
+        start = (datetime.now(UTC) - timedelta(minutes=3)).strftime("%Y-%m-%dT%H:%M:%SZ")  # one occurrence due now
+        add_schedule(ws, "minutely", "--every", "1m", "--start", start)
+        deadline = time.monotonic() + 60
+        while not any(t["subject"] == "minutely" for t in run("task", "list", cwd=ws).json):
+            assert time.monotonic() < deadline and up.poll() is None, "the schedule never fired"
+            time.sleep(0.5)
+    finally:
+        stop_server(up)
 
 
 @pytest.mark.parametrize("entry", groups.ENTRIES, ids=lambda e: e.name)
@@ -130,3 +197,43 @@ def test_an_unexpected_failure_leaves_its_traceback_in_the_log(tmp_path: Path) -
     log = ws / ".taskkernel" / "logs" / "cli.log"
     assert str(log) in doc["message"] and "boom [/b]" in doc["message"]
     assert "Traceback" in log.read_text() and oct(log.stat().st_mode & 0o777) == "0o600"
+
+
+# `taskkernel mcp` with the modules loaded when the kernel starts to open (after `initialize` was answered) kept
+MCP_PROBE = ("import atexit, os, sys\n"
+             "import taskkernel.coordinator.mcp.startup as startup\n"
+             "watched, seen = os.environ['TASKKERNEL_WATCHED'].split(','), []\n"
+             "opening = startup.open_tools\n"
+             "def open_tools(*args):\n"
+             "    seen.append(sorted(m for m in watched if m in sys.modules))\n"
+             "    return opening(*args)\n"
+             "startup.open_tools = open_tools\n"
+             "atexit.register(lambda: print(seen, file=sys.stderr))\n"
+             "from taskkernel.coordinator.cli.app import main\n"
+             "main(['mcp'])\n")
+
+
+def test_mcp_answers_initialize_before_any_import_of_its_own(tmp_path: Path) -> None:
+    """Issue 29 goal 4c: over stdio, `initialize` is answered from static data with only the SDK loaded: the
+    workspace, its config, the database, the kernel and the tool catalogue (models and schemas) load after it, in
+    the warm-up."""
+    ws = tmp_path / "ws"
+    assert run("init", str(ws), cwd=tmp_path).code == 0
+    token = run("token", "issue", "DEV", cwd=ws).out.strip()
+    not_yet = ("sqlalchemy", "taskkernel.coordinator.workspace", "taskkernel.coordinator.config",
+               "taskkernel.kernel.store", "taskkernel.kernel.model.commands", "taskkernel.coordinator.compose",
+               "taskkernel.coordinator.mcp.tools", "taskkernel.coordinator.mcp.catalog",
+               "taskkernel.coordinator.mcp.schemas", "taskkernel.coordinator.web", *SCHEDULER)
+    proc = subprocess.Popen([sys.executable, "-c", MCP_PROBE], cwd=ws, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=cli_env(TASKKERNEL_TOKEN=token,
+                                                                TASKKERNEL_WATCHED=",".join(not_yet)))
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "probe", "version": "1"}}}
+                                ).encode() + b"\n")
+    proc.stdin.flush()
+    answer = json.loads(proc.stdout.readline())
+    assert answer["result"]["serverInfo"]["name"] == "taskkernel", answer
+    _, err = proc.communicate(timeout=60)  # stdin closed: the warm-up opens the kernel, then the server exits
+    assert proc.returncode == 0, err
+    assert json.loads(err.decode().strip().splitlines()[-1].replace("'", '"')) == [[]], err

@@ -14,13 +14,11 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
-from rich.live import Live
-from rich.text import Text
 
 from taskkernel.coordinator.cli.common import Exit, emit, fail, fail_config, get_ctx, say
-from taskkernel.coordinator.cli.live import Notices, live_view, rows_for, watching_notices
 from taskkernel.coordinator.cli.output import oneline, people
 from taskkernel.coordinator.config import ConfigError
 from taskkernel.coordinator.fcop import FcopError
@@ -28,6 +26,11 @@ from taskkernel.coordinator.loop import Coordinator, PassStats, Shutdown, StageF
 from taskkernel.coordinator.workspace import Workspace, WorkspaceNotFound
 from taskkernel.kernel.logging import prefer_level
 from taskkernel.kernel.outbox import dead_letters
+
+if TYPE_CHECKING:
+    from rich.live import Live
+
+    from taskkernel.coordinator.cli.live import Notices
 
 
 def up(ctx: typer.Context, workspace: Path = typer.Argument(None, help="Workspace root (default: search upwards)."),
@@ -114,6 +117,10 @@ def up(ctx: typer.Context, workspace: Path = typer.Argument(None, help="Workspac
         console = people()  # the live view goes where lines for people go
         if not console.is_terminal:
             return await coordinator.run(stop, on_pass=count, force=force)
+        from rich.live import Live  # the view and what it reads: only for a terminal
+
+        from taskkernel.coordinator.cli.live import watching_notices
+
         # While the view is up, rich sends what is written to a terminal's sys.stdout/sys.stderr (the log lines:
         # kernel/logging.py writes to the current sys.stderr) to the console above the view instead of under it,
         # where the next refresh would paint over it; a stream that is not a terminal (`2>up.log`) stays as it is.
@@ -167,6 +174,10 @@ class _LiveView:
         if now - self.last < self.REFRESH_S:
             return
         self.last = now
+        from rich.text import Text
+
+        from taskkernel.coordinator.cli.live import live_view, rows_for
+
         try:
             view = live_view(self.coordinator, self.totals, self.notices,
                              rows=rows_for(self.live.console.height))

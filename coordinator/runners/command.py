@@ -9,7 +9,6 @@ run ledger: a takeover terminates the recorded process group (`terminate_group`)
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import functools
 import os
@@ -378,6 +377,8 @@ def _die_with_parent(parent: int) -> Callable[[], None] | None:
 
 @functools.cache
 def _prctl() -> Any:
+    import ctypes  # only a coordinator that spawns agents needs it
+
     return ctypes.CDLL(None, use_errno=True).prctl
 
 

@@ -19,12 +19,11 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
 from taskkernel.coordinator.config import NOT_TEAM, Isolation
-from taskkernel.coordinator.runners.agent import AgentContext
 from taskkernel.coordinator.runners.command import (
     ErrorCode,
     Outcome,
@@ -35,9 +34,7 @@ from taskkernel.coordinator.runners.command import (
 )
 from taskkernel.coordinator.runners.config import RunnerKind, RunnerSpec
 from taskkernel.coordinator.runners.inputs import RunInputs
-from taskkernel.coordinator.runners.launch import Launch, LaunchProblem, prepare
 from taskkernel.coordinator.runners.ledger import ClaimedRun, Orphan, Purpose, RunLedger
-from taskkernel.coordinator.runners.live import RunOutput
 from taskkernel.coordinator.runners.outcomes import (
     blocked_body,
     file_blocked,
@@ -51,7 +48,6 @@ from taskkernel.coordinator.runners.outcomes import (
 from taskkernel.coordinator.runners.pool import Running, RunPool
 from taskkernel.coordinator.runners.presets import ProfileRunner, preset_of
 from taskkernel.coordinator.runners.prompt import CONTINUE_TEMPLATE, build_prompt, prompt_fields, resume_section
-from taskkernel.coordinator.runners.scripted import ScriptedAgent, agent_for
 from taskkernel.coordinator.worktrees.effects import WORKTREE_EFFECT, WorktreeEffects
 from taskkernel.coordinator.worktrees.git import GitError
 from taskkernel.coordinator.worktrees.manager import Worktrees
@@ -66,6 +62,11 @@ from taskkernel.kernel.sessionlog import SessionLog
 from taskkernel.kernel.store.schema import tasks
 from taskkernel.kernel.usage import Feature, UsageRecord, record_usage
 from taskkernel.kernel.usage import install as install_usage
+
+if TYPE_CHECKING:  # each runner kind's own modules load with its first run (_execute)
+    from taskkernel.coordinator.runners.launch import Launch
+    from taskkernel.coordinator.runners.live import RunOutput
+    from taskkernel.coordinator.runners.scripted import ScriptedAgent
 
 log = get_logger(__name__)
 
@@ -324,6 +325,9 @@ class Dispatcher:
         principal = self._principal(run.role, task_id=run.task_id, round_=run.round)
         task_file = self.task_file(doc)
         if spec.runner == RunnerKind.SCRIPTED:
+            from taskkernel.coordinator.runners.agent import AgentContext
+            from taskkernel.coordinator.runners.scripted import agent_for
+
             agent = self.handlers.get(run.role) or agent_for(run.role, self.leader)
             ctx = AgentContext(self.kernel, principal, doc, run.purpose, run.run_id, self.workspace, task_file,
                                merges_into=merge_base_of(doc, self.specs, self._worktree_base))
@@ -335,6 +339,8 @@ class Dispatcher:
                 return Outcome(False, 1, int((time.monotonic() - started) * 1000), f"agent raised: {exc}",
                                code=ErrorCode.AGENT_RAISED)
             return Outcome(True, 0, int((time.monotonic() - started) * 1000), summary=summary)
+        from taskkernel.coordinator.runners.launch import LaunchProblem
+
         token = issue_token(self.db, run.role, principal.agent, task_id=run.task_id, round=run.round)
         launch: Launch | None = None
         try:
@@ -382,6 +388,8 @@ class Dispatcher:
     def _live_output(self, run: ClaimedRun, launch: Launch, token: str) -> RunOutput:
         """The run's stdout read into typed events as it grows, with every secret the agent was handed (its token,
         its provider's keys) redacted."""
+        from taskkernel.coordinator.runners.live import RunOutput
+
         preset = launch.preset
         kind = preset.profile.output if isinstance(preset, ProfileRunner) else None
         secrets = [token, *(v for k, v in launch.env.items() if _SECRET_NAME.search(k))]
@@ -391,6 +399,8 @@ class Dispatcher:
     def _launch(self, spec: RunnerSpec, run: ClaimedRun, doc: dict[str, Any], token: str, task_file: Path,
                 log_dir: Path) -> Launch:
         """The run's working folder (its task's worktree under isolation), prompt, files, argv and environment."""
+        from taskkernel.coordinator.runners.launch import LaunchProblem, prepare
+
         if spec.isolation_in(self.worktrees.repo is not None) is Isolation.WORKTREE:
             try:
                 workdir = self.worktrees.workdir(self.worktrees.ensure(run.task_id, spec.base_branch), spec.cwd)
