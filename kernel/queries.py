@@ -271,11 +271,14 @@ def _authority(name: str, postgres: bool) -> sa.ColumnElement[Any]:
     return doc_text(("authority", name), postgres)
 
 
-def _where(q: sa.Select[Any], filters: Mapping[str, str | None], postgres: bool) -> sa.Select[Any]:
+def _where(q: sa.Select[Any], filters: Mapping[str, str | None], db: Database) -> sa.Select[Any]:
+    postgres = db.is_postgres
     state = filters.get("state")
     if state in (BLOCKED, TaskState.ACTIVE.value):
         q = q.where(blocked_now(postgres, blocked=state == BLOCKED))
-        if state == BLOCKED:  # without statistics SQLite may tie the partial index with the state index: name it
+        # without statistics SQLite may rank the partial index no better than the state index: name it (when the
+        # database has it: a reader of a store before migration 0009 lists without it)
+        if state == BLOCKED and not postgres and db.sqlite_index_exists(BLOCKED_INDEX):
             q = q.with_hint(tasks, f"INDEXED BY {BLOCKED_INDEX}", "sqlite")
     elif state is not None:
         q = q.where(tasks.c.state == state)
@@ -292,8 +295,8 @@ def _where(q: sa.Select[Any], filters: Mapping[str, str | None], postgres: bool)
     return q
 
 
-def _query(filters: Mapping[str, str | None], after: str | None, postgres: bool) -> sa.Select[Any]:
-    q = _where(sa.select(tasks.c.task_id, tasks.c.doc), filters, postgres)
+def _query(filters: Mapping[str, str | None], after: str | None, db: Database) -> sa.Select[Any]:
+    q = _where(sa.select(tasks.c.task_id, tasks.c.doc), filters, db)
     if after is not None:
         q = q.where(tasks.c.task_id > after)
     return q.order_by(tasks.c.task_id)
@@ -306,8 +309,7 @@ def count_tasks(db: Database, *, state: str | None = None, role: str | None = No
     filters = _filters(state, role, {"driver": driver, "done_authority": done_authority, "root": root,
                                      "parent": parent, "risk": risk})
     with db.read() as conn:
-        return int(conn.execute(_where(sa.select(sa.func.count()).select_from(tasks), filters,
-                                       db.is_postgres)).scalar_one())
+        return int(conn.execute(_where(sa.select(sa.func.count()).select_from(tasks), filters, db)).scalar_one())
 
 
 def state_counts(db: Database, conn: Connection | None = None, /, *, role: str | None = None, root: str | None = None,
@@ -317,7 +319,7 @@ def state_counts(db: Database, conn: Connection | None = None, /, *, role: str |
     without filters, so no count reads a task's document or the rest of the table."""
     filters = _filters(None, role, {"root": root, "risk": risk})
     per_state = [_where(sa.select(sa.func.count()).select_from(tasks).where(tasks.c.state == state), filters,
-                        db.is_postgres).scalar_subquery() for state in STATE_ORDER]
+                        db).scalar_subquery() for state in STATE_ORDER]
     with _reading(db, conn) as c:
         return dict(zip(STATE_ORDER, map(int, c.execute(sa.select(*per_state)).one()), strict=True))
 
@@ -336,7 +338,7 @@ def page_tasks(db: Database, conn: Connection | None = None, /, *, state: str | 
     extra = {"driver": driver, "done_authority": done_authority, "root": root, "parent": parent, "risk": risk}
     filters, after_id = _start(state, role, after, extra)
     with _reading(db, conn) as c:
-        found = c.execute(_query(filters, after_id, db.is_postgres).limit(limit + 1)).all()
+        found = c.execute(_query(filters, after_id, db).limit(limit + 1)).all()
     rows = [task_row(doc) for _, doc in found[:limit]]
     more = len(found) > limit
     return TaskPage(rows, encode_cursor(found[limit - 1][0], state, role, **extra) if more else None)
@@ -382,7 +384,7 @@ def _start(state: str | None, role: str | None, after: str | None, extra: Mappin
 def _stream(db: Database, filters: Mapping[str, str | None], after_id: str | None, batch: int,
             convert: Callable[[str], dict[str, Any]]) -> Generator[dict[str, Any], None, None]:
     with db.read() as conn:
-        result = conn.execute(_query(filters, after_id, db.is_postgres).execution_options(yield_per=batch))
+        result = conn.execute(_query(filters, after_id, db).execution_options(yield_per=batch))
         try:
             for _, doc in result:
                 yield convert(doc)

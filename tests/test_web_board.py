@@ -13,6 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from taskkernel.coordinator.web.reads import Filters, board
+from taskkernel.kernel.queries import BLOCKED, page_tasks
 from taskkernel.kernel.store.db import Database
 from taskkernel.kernel.store.schema import BLOCKED_INDEX
 from tests.kernel_harness import DEV, Harness
@@ -97,3 +98,17 @@ def test_the_blocked_tasks_are_found_without_reading_every_active_task(sqlite_db
     fill(h, 2)
     blocked = [plan for sql, plan in task_reads(sqlite_db, Filters()) if "IS NOT NULL" in sql]
     assert blocked and all(STATE_INDEX not in step for plan in blocked for step in plan), blocked
+
+
+def test_a_store_before_the_blocked_index_still_lists_its_blocked_tasks(sqlite_db: Database) -> None:
+    """A reader that does not check the schema (`task list`, `inbox`) on a store not yet upgraded to 0009 lists the
+    blocked tasks without the index instead of failing with `no such index`."""
+    h = Harness(sqlite_db)
+    fill(h, 1)
+    listed = page_tasks(sqlite_db, state=BLOCKED).rows
+    assert listed and all(t["blocked"] for t in listed)
+    with sqlite_db.write() as uow:
+        uow.conn.exec_driver_sql(f"DROP INDEX {BLOCKED_INDEX}")
+    older = Database(sqlite_db.engine.url.render_as_string(hide_password=False))
+    assert page_tasks(older, state=BLOCKED).rows == listed
+    assert not any("INDEXED BY" in sql for sql, _ in task_reads(older, Filters()))

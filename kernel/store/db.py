@@ -125,6 +125,7 @@ class Database:
         self._idle: list[Connection] = []
         self._idle_lock = threading.Lock()
         self._idle_pid = _Process.pid
+        self._indexes: dict[str, bool] = {}
 
     @classmethod
     def sqlite_file(cls, path: str | os.PathLike[str],
@@ -174,14 +175,25 @@ class Database:
         return self.engine.connect().execution_options(taskkernel_write=True)
 
     def _put_writer(self, conn: Connection, healthy: bool) -> None:
-        """Back to the idle list (at most MAX_IDLE_WRITERS kept), or closed: back to the engine's pool."""
-        if healthy and not (conn.closed or conn.invalidated):
+        """Back to the idle list (at most MAX_IDLE_WRITERS kept), or closed: back to the engine's pool. One still
+        in a transaction (SQLAlchemy's or the driver's) is never kept: the next write would inherit it."""
+        if healthy and not (conn.closed or conn.invalidated or conn.get_transaction() is not None
+                            or getattr(conn.connection.driver_connection, "in_transaction", False)):
             with self._idle_lock:
                 if self._idle_pid == _Process.pid and len(self._idle) < MAX_IDLE_WRITERS:
                     self._idle.append(conn)
                     return
         with contextlib.suppress(Exception):
             conn.close()
+
+    def sqlite_index_exists(self, name: str) -> bool:
+        """Whether this SQLite database holds the index ``name``; read once per handle (an index comes with `db
+        upgrade`, and a reader opened before it keeps reading without it)."""
+        if name not in self._indexes:
+            with self.read() as conn:
+                self._indexes[name] = conn.exec_driver_sql(
+                    "SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = ?", (name,)).first() is not None
+        return self._indexes[name]
 
     @contextmanager
     def read(self) -> Iterator[Connection]:
@@ -364,8 +376,8 @@ def _sqlite_write_transaction(conn: Connection) -> Iterator[None]:
     than a command's statements. A Core statement run meanwhile makes SQLAlchemy open its transaction object over
     this one (the begin hook issues no second BEGIN); the end then goes through SQLAlchemy."""
     driver: Any = conn.connection.driver_connection
-    _on_driver(driver.execute, "BEGIN IMMEDIATE")
-    try:
+    try:  # an interrupt while BEGIN waits for the lock may arrive once it is taken: roll that back too
+        _on_driver(driver.execute, "BEGIN IMMEDIATE")
         yield
         if conn.in_transaction():
             conn.commit()
@@ -373,13 +385,14 @@ def _sqlite_write_transaction(conn: Connection) -> Iterator[None]:
             _on_driver(lambda _: driver.commit(), "COMMIT")
     except BaseException:
         try:
-            if conn.in_transaction():
+            # SQLAlchemy keeps a transaction whose COMMIT failed (inactive, not "in transaction"): roll it back, or
+            # every later Core statement on this connection fails with PendingRollbackError
+            if conn.get_transaction() is not None:
                 conn.rollback()
-            elif driver.in_transaction:  # a failed COMMIT may leave it open
+            if driver.in_transaction:  # a failed COMMIT may leave SQLite's open
                 _on_driver(lambda _: driver.rollback(), "ROLLBACK")
         except Exception:
             conn.invalidate()  # one that cannot roll back is never handed to another write
-            raise
         raise
 
 
