@@ -1,6 +1,6 @@
 """`taskkernel up --once` on an existing FCoP workspace, measured from outside, against fcop listing the same files.
 
-    python bench/ingest.py [--sizes 2500,5000,10000,50000] [--quick] [--g2] [--watch 100] [--profile N]
+    python bench/ingest.py [--sizes 2500,5000,20000,50000] [--rounds 3] [--quick] [--g2] [--watch 100] [--profile N]
 
 1. Import: for each N a fresh workspace (`taskkernel init`, a subprocess) holding N TASK files (ADMIN to
    DEV/QA/OPS, ≤ 999 a day; G3: 80 % in `_lifecycle/inbox/`, 10 % in `done/`, 10 % in `archive/` with their
@@ -14,6 +14,12 @@
    the loader `list_tasks` uses (v3 has no public all-stages listing), `list_reports(status="all")`.
    Ratios only (no absolute assertions): per-file cost against the smallest N (target ≤ 1.5 at the largest) and
    up/fcop (target ≤ 1.0). ms/file counts every TASK and REPORT file.
+   Issue 29, goal 3: at 5k tasks `up --once` and fcop's listing run as ``--rounds`` interleaved pairs (each `up`
+   on a fresh copy of the same files), both from a cold interpreter, start-up included: the median ratio must
+   be ≤ 1.0, in wall time and in CPU time (``wait4``: user + system of each process; what a loaded machine
+   does not blur). Peak RSS of every `up --once` (``wait4``'s ru_maxrss of that process alone): ≤ 150 MB at 20k and
+   flat (the 20k/5k ratio is printed). File visits: an in-process `run_once` on a copy of the smallest size
+   counts the scanner's looks at a file, its reads and its parses: each must be 1 per file.
 2. Watch latency (`--watch`, 0 skips): with the coordinator's loop running in-process (watchfiles + settle check),
    TASK files are written one at a time; latency = file published -> its task exists (p50/p99).
 3. `--profile N`: cProfile of an in-process `Coordinator(...).run_once()` on N files (first run): top functions.
@@ -28,6 +34,7 @@ import datetime as dt
 import json
 import os
 import pstats
+import shutil
 import sqlite3
 import statistics
 import subprocess
@@ -35,6 +42,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,9 +76,36 @@ def env() -> dict[str, str]:
 
 
 def timed(argv: list[str], timeout: float) -> tuple[float, subprocess.CompletedProcess[str]]:
-    t0 = time.perf_counter()
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env(), timeout=timeout)
-    return time.perf_counter() - t0, proc
+    wall, proc, _ = measured(argv, timeout)
+    return wall, proc
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What ``wait4`` reports of one child alone: CPU seconds (user + system) and peak RSS in MB. CPU is what a
+    loaded machine does not blur: the ratios are given in both wall and CPU time."""
+
+    cpu_s: float
+    rss_mb: float
+
+
+def measured(argv: list[str], timeout: float) -> tuple[float, subprocess.CompletedProcess[str], Usage]:
+    """(wall seconds, the finished process, its own CPU time and peak RSS)."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        t0 = time.perf_counter()
+        child = subprocess.Popen(argv, stdout=out, stderr=err, text=True, env=env())
+        timer = threading.Timer(timeout, child.kill)
+        timer.start()
+        try:
+            _, status, usage = os.wait4(child.pid, 0)
+        finally:
+            timer.cancel()
+        wall = time.perf_counter() - t0
+        child.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        return wall, subprocess.CompletedProcess(argv, child.returncode, out.read(), err.read()), \
+            Usage(usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024)
 
 
 def tk(root: Path, *args: str, timeout: float = 600) -> tuple[float, subprocess.CompletedProcess[str]]:
@@ -140,12 +175,13 @@ def build(root: Path, n: int, g2: bool) -> int:
 
 
 # -- one size ----------------------------------------------------------------------------------------
-def fcop_listing(root: Path, files: int, timeout: float) -> tuple[float, float]:
-    wall, proc = timed([sys.executable, "-c", FCOP_LIST, str(root)], timeout)
+def fcop_listing(root: Path, files: int, timeout: float) -> tuple[float, float, float]:
+    """(wall, in-process, CPU) seconds of fcop listing every file from a cold interpreter."""
+    wall, proc, usage = measured([sys.executable, "-c", FCOP_LIST, str(root)], timeout)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout)
     assert out["listed"] == files, f"fcop listed {out['listed']} of {files} files"
-    return wall, out["in_process_s"]
+    return wall, out["in_process_s"], usage.cpu_s
 
 
 def check(root: Path) -> dict[str, Any]:
@@ -160,22 +196,66 @@ def check(root: Path) -> dict[str, Any]:
     return {"tasks": sum(states.values()), "by_state": states, "reports_attached": attached, "folder_files": files}
 
 
-def one_size(tmp: Path, n: int, g2: bool, timeout: float) -> dict[str, Any]:
-    root = tmp / f"ws-{n}"
-    files = build(root, n, g2)
-    fcop_s, fcop_in = fcop_listing(root, files, timeout)
-    up_s, proc = tk(root, "up", "--once", timeout=timeout)
-    assert proc.returncode == 0, f"up --once: {proc.returncode} {proc.stdout[-1000:]} {proc.stderr[-2000:]}"
+def one_size(tmp: Path, n: int, g2: bool, timeout: float, rounds: int) -> dict[str, Any]:
+    """``rounds`` interleaved pairs: fcop's listing of the files, then a first `up --once` on a fresh copy."""
+    pristine = tmp / f"ws-{n}"
+    files = build(pristine, n, g2)
+    pairs, rss = [], []  # (up wall, fcop wall, fcop in-process, up CPU, fcop CPU) per round
+    for r in range(rounds):
+        fcop_s, fcop_in, fcop_cpu = fcop_listing(pristine, files, timeout)
+        root = tmp / f"ws-{n}-up{r}"
+        shutil.copytree(pristine, root, symlinks=True)
+        up_s, proc, usage = measured([*CLI, "-w", str(root), "up", "--once"], timeout)
+        assert proc.returncode == 0, f"up --once: {proc.returncode} {proc.stdout[-1000:]} {proc.stderr[-2000:]}"
+        pairs.append((up_s, fcop_s, fcop_in, usage.cpu_s, fcop_cpu))
+        rss.append(usage.rss_mb)
+        if r < rounds - 1:
+            shutil.rmtree(root)
+    up_s, fcop_s, fcop_in, up_cpu, fcop_cpu = (statistics.median(p[i] for p in pairs) for i in range(5))
     again_s, proc2 = tk(root, "up", "--once", timeout=timeout)
     assert proc2.returncode == 0, proc2.stderr[-2000:]
     found = check(root)
     assert found["tasks"] == n and found["reports_attached"] == n // 2, found
     verify = tk(root, "verify", timeout=timeout)[1]
-    return {"n": n, "files": files, "up_s": round(up_s, 3), "ms_per_file": round(up_s / files * 1000, 4),
+    shutil.rmtree(root)
+    return {"n": n, "files": files, "rounds": rounds, "up_s": round(up_s, 3),
+            "ms_per_file": round(up_s / files * 1000, 4),
             "second_up_s": round(again_s, 3), "fcop_s": round(fcop_s, 3), "fcop_in_process_s": round(fcop_in, 3),
-            "ratio_up_vs_fcop": round(up_s / fcop_s, 2), "passes": json.loads(proc.stdout.splitlines()[-1])["passes"],
+            "ratio_up_vs_fcop": round(statistics.median(p[0] / p[1] for p in pairs), 2),
+            "up_cpu_s": round(up_cpu, 3), "fcop_cpu_s": round(fcop_cpu, 3),
+            "cpu_ratio_up_vs_fcop": round(statistics.median(p[3] / p[4] for p in pairs), 2),
+            "peak_rss_mb": round(max(rss), 1), "passes": json.loads(proc.stdout.splitlines()[-1])["passes"],
             "verify_exit": verify.returncode, **({"verify_out": verify.stdout[-500:]} if verify.returncode else {}),
             "by_state": found["by_state"]}
+
+
+def visits(tmp: Path, n: int, g2: bool) -> dict[str, float]:
+    """Per file, over an in-process first `run_once` (the import and the passes after it): how often the scanner
+    looked at it, read it and parsed it (each must be 1)."""
+    from taskkernel.coordinator.cli.common import CliContext
+    from taskkernel.coordinator.fcop import scan
+    from taskkernel.coordinator.loop import Coordinator
+    from taskkernel.coordinator.workspace import Workspace
+
+    root = tmp / f"visits-{n}"
+    files = build(root, n, g2)
+    counts = {"visits": 0, "reads": 0, "parses": 0}
+
+    def counting(name: str, fn: Any) -> Any:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            counts[name] += 1
+            return fn(*args, **kwargs)
+        return counted
+
+    originals = (scan.Scanner._visit, scan.read_at, scan.parse_envelope)
+    scan.Scanner._visit = counting("visits", scan.Scanner._visit)  # type: ignore[method-assign]
+    scan.read_at, scan.parse_envelope = counting("reads", scan.read_at), counting("parses", scan.parse_envelope)
+    try:
+        Coordinator(Workspace.load(root), CliContext(workspace_path=str(root)).database(), settle_s=0.0,
+                    grace_s=0.0).run_once()
+    finally:
+        scan.Scanner._visit, scan.read_at, scan.parse_envelope = originals  # type: ignore[method-assign]
+    return {"files": files, **{f"{k}_per_file": round(v / files, 3) for k, v in counts.items()}}
 
 
 # -- watch latency (in-process coordinator loop) ------------------------------------------------------
@@ -240,7 +320,8 @@ def profile(tmp: Path, n: int, g2: bool, top: int = 40) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--sizes", default="2500,5000,10000,50000", help="comma-separated task counts")
+    ap.add_argument("--sizes", default="2500,5000,20000,50000", help="comma-separated task counts")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved up/fcop pairs at 5k tasks (1 elsewhere)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 500, 1000, 2000 tasks, 20 watched files")
     ap.add_argument("--g2", action="store_true", help="G2 layout: tasks/, log/tasks/, log/reports/")
     ap.add_argument("--watch", type=int, default=100, help="files for the watch latency (0: skip)")
@@ -248,6 +329,7 @@ def main() -> None:
     ap.add_argument("--profile", type=int, default=0, help="only profile an in-process first run_once on N tasks")
     args = ap.parse_args()
     sizes = [500, 1000, 2000] if args.quick else [int(s) for s in args.sizes.split(",")]
+    goal_n = 5000 if 5000 in sizes else sizes[-1]  # the goal's size; a quick run reports its largest instead
     watch_n = min(args.watch, 20) if args.quick else args.watch
     with tempfile.TemporaryDirectory(dir=os.environ.get("TASKKERNEL_BENCH_DIR")) as d:
         tmp = Path(d)
@@ -255,26 +337,44 @@ def main() -> None:
             profile(tmp, args.profile, args.g2)
             return
         build(tmp / "empty", 0, args.g2)
-        empty_s = tk(tmp / "empty", "up", "--once", timeout=args.timeout)[0]  # the fixed cost: start, open, exit
-        print(f"up --once on an empty workspace: {empty_s:.2f} s")
-        rows = []
+        empty_s, _, empty = measured([*CLI, "-w", str(tmp / "empty"), "up", "--once"], args.timeout)
+        print(f"up --once on an empty workspace: {empty_s:.2f} s, {empty.cpu_s:.2f} s CPU, {empty.rss_mb:.0f} MB")
+        seen = visits(tmp, sizes[0], args.g2)
+        print(f"per file over the first run_once on {sizes[0]} tasks: {seen}")
+        rows: list[dict[str, Any]] = []
         print(f"{'N':>7} {'files':>7} {'up s':>8} {'ms/file':>8} {'vs min':>7} {'fcop s':>7} {'fcop in':>7} "
-              f"{'up/fcop':>7} {'2nd up s':>8} {'verify':>6}", flush=True)
+              f"{'up/fcop':>7} {'CPU u/f':>7} {'RSS MB':>7} {'2nd up s':>8} {'verify':>6}", flush=True)
         for n in sizes:
-            row = one_size(tmp, n, args.g2, args.timeout)
+            row = one_size(tmp, n, args.g2, args.timeout, args.rounds if n == goal_n else 1)
             row["ratio_per_file_vs_smallest"] = round(row["ms_per_file"] / (rows or [row])[0]["ms_per_file"], 2)
             rows.append(row)
             print(f"{n:7d} {row['files']:7d} {row['up_s']:8.2f} {row['ms_per_file']:8.3f} "
                   f"{row['ratio_per_file_vs_smallest']:7.2f} {row['fcop_s']:7.2f} {row['fcop_in_process_s']:7.2f} "
-                  f"{row['ratio_up_vs_fcop']:7.2f} {row['second_up_s']:8.2f} {row['verify_exit']:6d}", flush=True)
+                  f"{row['ratio_up_vs_fcop']:7.2f} {row['cpu_ratio_up_vs_fcop']:7.2f} {row['peak_rss_mb']:7.1f} "
+                  f"{row['second_up_s']:8.2f} {row['verify_exit']:6d}", flush=True)
+            shutil.rmtree(tmp / f"ws-{n}")  # the next size's files, not this one's, on the disk
         latency = [watch(tmp, watch_n, s) for s in (1.0, 0.1)] if watch_n else []
     for row in latency:
         print(f"watch latency, settle {row['settle_s']} s: p50 {row['p50_ms']} ms, p99 {row['p99_ms']} ms")
+    rss = {row["n"]: row["peak_rss_mb"] for row in rows}
+    goal = next(row for row in rows if row["n"] == goal_n)
+    rss_n = 20000 if 20000 in rss else sizes[-1]
+    base_n = goal_n if goal_n != rss_n else sizes[0]  # flat: the peak at rss_n against the one at base_n
     print(json.dumps({"bench": "ingest", "generation": "g2" if args.g2 else "g3",
-                      "up_once_empty_s": round(empty_s, 3), "rows": rows,
-                      "ratio_per_file_largest_vs_smallest": rows[-1]["ratio_per_file_vs_smallest"],
+                      "up_once_empty_s": round(empty_s, 3), "up_once_empty_rss_mb": round(empty.rss_mb, 1),
+                      "rows": rows, "ratio_per_file_largest_vs_smallest": rows[-1]["ratio_per_file_vs_smallest"],
                       "ratio_up_vs_fcop_largest": rows[-1]["ratio_up_vs_fcop"], "watch_latency": latency,
-                      "targets": {"ratio_per_file_largest_vs_smallest": 1.5, "ratio_up_vs_fcop": 1.0}}))
+                      # issue 29, goal 3 (at goal_n tasks; peak RSS at rss_n)
+                      "goal_n": goal_n, "ratio_up_vs_fcop_with_startup": goal["ratio_up_vs_fcop"],
+                      "cpu_ratio_up_vs_fcop_with_startup": goal["cpu_ratio_up_vs_fcop"],
+                      "visits": seen, "visits_per_file": seen["visits_per_file"],
+                      "peak_rss_mb": rss, f"peak_rss_mb_{rss_n}": rss[rss_n],
+                      f"peak_rss_ratio_{rss_n}_vs_{base_n}": round(rss[rss_n] / rss[base_n], 2),
+                      "targets": {"ratio_per_file_largest_vs_smallest": 1.5, "ratio_up_vs_fcop": 1.0,
+                                  # goal 3: at most (rounds' median), exactly, at most
+                                  "ratio_up_vs_fcop_with_startup": 1.0, "cpu_ratio_up_vs_fcop_with_startup": 1.0,
+                                  "visits_per_file": 1,
+                                  f"peak_rss_mb_{rss_n}": 150}}))
 
 
 if __name__ == "__main__":

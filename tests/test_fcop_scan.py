@@ -153,13 +153,13 @@ def test_a_file_vanishing_between_listing_and_reading_is_just_gone(ws: FcopWorks
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     path = ws.stage_dir("inbox") / NAME
     put(path, GOOD, 1000)
-    real = scan_module.read_bytes
+    real = scan_module.read_at
 
-    def vanishing(p: Path, max_bytes: int) -> tuple[bytes, os.stat_result]:
-        os.unlink(p)
-        return real(p, max_bytes)
+    def vanishing(fd: int, name: str, max_bytes: int, shown: Path) -> bytes:
+        os.unlink(shown)
+        return real(fd, name, max_bytes, shown)
 
-    monkeypatch.setattr(scan_module, "read_bytes", vanishing)
+    monkeypatch.setattr(scan_module, "read_at", vanishing)
     batch = Scanner(ws, settle_s=0, grace_s=0).scan()
     assert not (batch.ready or batch.invalid or batch.pending)
 

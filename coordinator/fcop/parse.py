@@ -222,9 +222,10 @@ def _legacy_text(data: bytes) -> str:
 
 
 def parse_envelope(filename: str, data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES,
-                   legacy_encoding: bool = False) -> EnvelopeModel:
+                   legacy_encoding: bool = False, sha256: str | None = None) -> EnvelopeModel:
     """Parse one file's bytes, named ``filename`` (a basename), into its envelope model. ``legacy_encoding``
-    (the import): a file that is not UTF-8 but is GB18030 is read, with the warning ``legacy_encoding``."""
+    (the import): a file that is not UTF-8 but is GB18030 is read, with the warning ``legacy_encoding``.
+    ``sha256``: the digest of ``data`` when the caller has it already."""
     name = parse_filename(filename)
     if name is None:
         claimed = envelope_prefix(filename)
@@ -248,7 +249,7 @@ def parse_envelope(filename: str, data: bytes, *, max_bytes: int = DEFAULT_MAX_B
     if parts.newline == "\r\n":
         body = body.replace("\r\n", "\n")
     common: dict[str, Any] = {
-        "name": name, "front_matter": fm, "body": body, "sha256": hashlib.sha256(data).hexdigest(),
+        "name": name, "front_matter": fm, "body": body, "sha256": sha256 or hashlib.sha256(data).hexdigest(),
         "size": len(data), "extra": {k: v for k, v in fm.items() if k not in _KNOWN_KEYS[name.kind]},
     }
     warnings = [FcopWarning.BOM_STRIPPED] if bom else []

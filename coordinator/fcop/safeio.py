@@ -169,25 +169,38 @@ def ensure_dir(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def _entries(path: Path) -> Iterator[Iterator[os.DirEntry[str]]]:
-    """The entries of the folder ``path``, read through its checked descriptor."""
+def folder_fd(path: Path) -> Iterator[int]:
+    """A descriptor of the folder ``path``, every folder on the way checked: the scans list a folder and read its
+    files through it (one checked walk per folder, not one per file)."""
     root, parts = _anchor(Path(path))
     fd = _walk(root, parts, create=False)
     try:
-        with os.scandir(fd) as entries:
-            yield entries
+        yield fd
     finally:
         os.close(fd)
 
 
-def list_dir(path: Path) -> list[tuple[str, os.stat_result]]:
-    """(name, lstat) of every entry of the folder ``path`` (an entry that vanishes meanwhile is left out)."""
+@contextlib.contextmanager
+def _entries(path: Path) -> Iterator[Iterator[os.DirEntry[str]]]:
+    """The entries of the folder ``path``, read through its checked descriptor."""
+    with folder_fd(path) as fd, os.scandir(fd) as entries:
+        yield entries
+
+
+def list_fd(fd: int) -> list[tuple[str, os.stat_result]]:
+    """(name, lstat) of every entry of the open folder ``fd`` (an entry that vanishes meanwhile is left out)."""
     out = []
-    with _entries(path) as entries:
+    with os.scandir(fd) as entries:
         for entry in entries:
             with contextlib.suppress(FileNotFoundError):
                 out.append((entry.name, entry.stat(follow_symlinks=False)))
     return out
+
+
+def list_dir(path: Path) -> list[tuple[str, os.stat_result]]:
+    """(name, lstat) of every entry of the folder ``path`` (an entry that vanishes meanwhile is left out)."""
+    with folder_fd(path) as fd:
+        return list_fd(fd)
 
 
 def list_names(path: Path) -> list[tuple[str, bool]]:
@@ -268,6 +281,11 @@ def _read_fd(fd: int, max_bytes: int, shown: Path) -> tuple[bytes, os.stat_resul
         return b"".join(chunks), st
     finally:
         os.close(fd)
+
+
+def read_at(dir_fd: int, name: str, max_bytes: int, shown: Path) -> bytes:
+    """``read_bytes`` of the entry ``name`` of an open checked folder (``folder_fd``); ``shown`` names it in errors."""
+    return _read_fd(_open_file(dir_fd, name, shown), max_bytes, shown)[0]
 
 
 def read_bytes(path: Path, max_bytes: int) -> tuple[bytes, os.stat_result]:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import os
 import stat
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -51,7 +51,7 @@ from taskkernel.coordinator.fcop.filenames import (
 )
 from taskkernel.coordinator.fcop.models import EnvelopeModel
 from taskkernel.coordinator.fcop.parse import DEFAULT_MAX_BYTES, parse_envelope
-from taskkernel.coordinator.fcop.safeio import list_dir, read_bytes, report, sha256_hex
+from taskkernel.coordinator.fcop.safeio import folder_fd, list_fd, read_at, report, sha256_hex
 from taskkernel.kernel.logging import get_logger
 
 log = get_logger("taskkernel.coordinator.fcop.scan")
@@ -104,7 +104,7 @@ class ScanBatch:
     refused: dict[str, FcopError] = field(default_factory=dict)  # folders and links not looked into (rel -> why)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Seen:
     key: StatKey
     first_seen: float
@@ -135,15 +135,20 @@ def place_of(rel: str) -> tuple[str, str | None]:
     return head, None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Listed:
     """An entry of a folder the scans look into, as ``lstat`` saw it (a link is listed as the link)."""
 
-    path: Path
+    folder: Path  # one object per folder: a file's own path is made only when asked for
+    name: str
     rel: str
     area: str
     stage: str | None
     st: os.stat_result
+
+    @property
+    def path(self) -> Path:
+        return self.folder / self.name
 
 
 @dataclass
@@ -155,45 +160,62 @@ class Listing:
     stale_notes: list[Path] = field(default_factory=list)
 
 
-def list_envelope_dirs(ws: FcopWorkspace, kinds: Iterable[EnvelopeKind] = tuple(EnvelopeKind)) -> Listing:
-    """Every entry in the folders files of ``kinds`` live in, ``SCAN_DEPTH`` folders deep, through the safe
-    layer: the one definition of which folders are walked (see the module docstring)."""
-    listing = Listing()
+def walk_envelope_dirs(ws: FcopWorkspace, listing: Listing,
+                       kinds: Iterable[EnvelopeKind] = tuple(EnvelopeKind)) -> Iterator[tuple[int, list[Listed]]]:
+    """Every folder files of ``kinds`` live in, ``SCAN_DEPTH`` folders deep, through the safe layer: the one
+    definition of which folders are walked (see the module docstring). Yields folder by folder its entries (by
+    name) with the folder's checked descriptor, open until the next folder is asked for, so the files are read
+    through it; what is not looked into goes to ``listing``. Nothing per file is kept beyond its folder."""
     for root in sorted({d for kind in kinds for d in ws.envelope_dirs(kind)}):
-        _walk(ws, root, 0, listing)
+        yield from _walk(ws, root, ws.relative(root), 0, listing)
+
+
+def list_envelope_dirs(ws: FcopWorkspace, kinds: Iterable[EnvelopeKind] = tuple(EnvelopeKind)) -> Listing:
+    """Every entry of :func:`walk_envelope_dirs` in one list."""
+    listing = Listing()
+    for _, files in walk_envelope_dirs(ws, listing, kinds):
+        listing.files += files
     return listing
 
 
-def _walk(ws: FcopWorkspace, directory: Path, depth: int, listing: Listing) -> None:
+def _walk(ws: FcopWorkspace, directory: Path, rel_dir: str, depth: int,
+          listing: Listing) -> Iterator[tuple[int, list[Listed]]]:
     def refuse(exc: FcopError) -> None:
         listing.refused.setdefault(os.path.relpath(exc.path or ws.root, ws.root), exc)
 
+    area, stage = place_of(f"{rel_dir}/-")  # every file of a folder is in the same place
+    folders: list[str] = []
     try:
-        entries = list_dir(directory)
+        with folder_fd(directory) as fd:
+            entries = sorted(list_fd(fd))
+            wanted = {reason_note_name(name) for name, _ in entries if not is_reason_note(name)}
+            files = []
+            for name, st in entries:
+                if name.startswith(".") or name.endswith(".tmp"):
+                    continue
+                if stat.S_ISDIR(st.st_mode):
+                    folders.append(name)
+                elif stat.S_ISLNK(st.st_mode) and envelope_prefix(name) is None:
+                    refuse(FcopError(FcopReason.SYMLINK_REFUSED, f"{directory / name} is a symbolic link: never "
+                                     "followed", directory / name))
+                elif is_reason_note(name):
+                    if stat.S_ISREG(st.st_mode) and name not in wanted:
+                        listing.stale_notes.append(directory / name)
+                else:
+                    files.append(Listed(directory, name, f"{rel_dir}/{name}", area, stage, st))
+            yield fd, files
     except FileNotFoundError:
         return
     except FcopError as exc:  # a symlinked folder (or an unreadable one): never followed
         refuse(exc)
         return
-    wanted = {reason_note_name(name) for name, _ in entries if not is_reason_note(name)}
-    for name, st in entries:
-        if name.startswith(".") or name.endswith(".tmp"):
-            continue
+    for name in folders:
         path = directory / name
-        if stat.S_ISDIR(st.st_mode):
-            if depth < SCAN_DEPTH:
-                _walk(ws, path, depth + 1, listing)
-            else:
-                refuse(FcopError(FcopReason.FOLDER_TOO_DEEP, f"{path} is more than {SCAN_DEPTH} folders below an "
-                                 "envelope folder: files in it are never read", path))
-        elif stat.S_ISLNK(st.st_mode) and envelope_prefix(name) is None:
-            refuse(FcopError(FcopReason.SYMLINK_REFUSED, f"{path} is a symbolic link: never followed", path))
-        elif is_reason_note(name):
-            if stat.S_ISREG(st.st_mode) and name not in wanted:
-                listing.stale_notes.append(path)
+        if depth < SCAN_DEPTH:
+            yield from _walk(ws, path, f"{rel_dir}/{name}", depth + 1, listing)
         else:
-            rel = ws.relative(path)
-            listing.files.append(Listed(path, rel, *place_of(rel), st))
+            refuse(FcopError(FcopReason.FOLDER_TOO_DEEP, f"{path} is more than {SCAN_DEPTH} folders below an "
+                             "envelope folder: files in it are never read", path))
 
 
 def task_files(ws: FcopWorkspace) -> dict[str, list[tuple[Listed, FcopFilename]]]:
@@ -201,7 +223,7 @@ def task_files(ws: FcopWorkspace) -> dict[str, list[tuple[Listed, FcopFilename]]
     scans take TASK files (the drift check and the projection look for a task's file here)."""
     found: dict[str, list[tuple[Listed, FcopFilename]]] = {}
     for f in list_envelope_dirs(ws, (EnvelopeKind.TASK,)).files:
-        name = parse_filename(f.path.name) if f.path.name.endswith(".md") else None
+        name = parse_filename(f.name) if f.name.endswith(".md") else None
         if name is not None and name.kind is EnvelopeKind.TASK and stat.S_ISREG(f.st.st_mode):
             found.setdefault(name.id, []).append((f, name))
     return found
@@ -250,7 +272,25 @@ class Scanner:
 
     def scan(self) -> ScanBatch:
         batch = ScanBatch()
-        listing = list_envelope_dirs(self.ws)
+        lists = {EntryStatus.READY: batch.ready, EntryStatus.INVALID: batch.invalid,
+                 EntryStatus.PENDING: batch.pending, EntryStatus.GHOST: batch.ghosts}
+        for entry in self.stream(batch):
+            lists[entry.status].append(entry)
+        return batch
+
+    def stream(self, batch: ScanBatch) -> Iterator[ScanEntry]:
+        """One walk: each file listed, and read (once) if it changed, as its folder comes; an entry for every file
+        to hand out is yielded at once, so a caller that consumes them as they come holds no file beyond the one
+        in hand. Once the walk is done ``batch`` holds what is not per file: refused folders, stale notes,
+        removed files."""
+        listing = Listing()
+        present: set[str] = set()
+        for fd, files in walk_envelope_dirs(self.ws, listing):
+            for f in files:
+                present.add(f.rel)
+                entry = self._visit(f, fd)
+                if entry is not None:
+                    yield entry
         batch.stale_notes, batch.refused = listing.stale_notes, listing.refused
         for rel, exc in listing.refused.items():  # reported once while it stays
             if rel in self._refused:
@@ -260,40 +300,35 @@ class Scanner:
             else:
                 report(exc, "scan")
         self._refused = set(listing.refused)
-        present: set[str] = set()
-        for f in sorted(listing.files, key=lambda f: str(f.path)):
-            present.add(f.rel)
-            self._visit(f, batch)
         for rel in [r for r in self._seen if r not in present]:
             del self._seen[rel]
             batch.removed.append(rel)
         self._ghosts &= present
-        return batch
 
-    def _visit(self, f: Listed, batch: ScanBatch) -> None:
-        path, rel, area, stage, st = f.path, f.rel, f.area, f.stage, f.st
-        kind = envelope_prefix(path.name)
+    def _visit(self, f: Listed, fd: int) -> ScanEntry | None:
+        rel, st = f.rel, f.st
+        kind = envelope_prefix(f.name)
 
         def entry(status: EntryStatus, env: EnvelopeModel | None = None, err: FcopError | None = None,
                   sha: str | None = None) -> ScanEntry:
-            return ScanEntry(path=path, rel=rel, area=area, stage=stage, size=st.st_size, mtime_ns=st.st_mtime_ns,
-                             status=status, envelope=env, error=err, sha256=sha)
+            return ScanEntry(path=f.path, rel=rel, area=f.area, stage=f.stage, size=st.st_size,
+                             mtime_ns=st.st_mtime_ns, status=status, envelope=env, error=err, sha256=sha)
 
         if kind is None:
             if rel not in self._ghosts:
                 self._ghosts.add(rel)
                 log.warning("fcop.ghost_file", path=rel, warning=FcopWarning.GHOST_FILE.value)
-                batch.ghosts.append(entry(EntryStatus.GHOST))
-            return
+                return entry(EntryStatus.GHOST)
+            return None
         key = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)  # ctime: a write cannot set it back
         prev = self._seen.get(rel)
         if prev is not None and prev.key == key and prev.done:
-            return
+            return None
         now = self.clock()
         if prev is None or prev.key != key:
-            env, err, sha = self._look(path, st, area, stage, kind)
+            env, err, sha = self._look(f, fd, kind)
             if err is not None and err.reason is FcopReason.SOURCE_MISSING:
-                return
+                return None
             immediate = err is not None and err.reason in (FcopReason.SYMLINK_REFUSED, FcopReason.NOT_REGULAR_FILE,
                                                            FcopReason.BAD_FILENAME, FcopReason.MISPLACED_FILE,
                                                            FcopReason.INVALID_TASK_ID)
@@ -303,42 +338,40 @@ class Scanner:
             self._seen[rel] = prev
         else:
             if now - prev.first_seen < (self.settle_s if prev.ok else self.grace_s):
-                batch.pending.append(entry(EntryStatus.PENDING))
-                return
-            env, err, sha = self._look(path, st, area, stage, kind)
+                return entry(EntryStatus.PENDING)
+            env, err, sha = self._look(f, fd, kind)
             if err is not None and err.reason is FcopReason.SOURCE_MISSING:
-                return
+                return None
             settled = sha == prev.sha256 and (err is None) == prev.ok
             if not settled:
                 self._seen[rel] = _Seen(key=key, first_seen=now, sha256=sha, ok=err is None, done=False)
         if not settled:
-            batch.pending.append(entry(EntryStatus.PENDING))
-            return
+            return entry(EntryStatus.PENDING)
         self._seen[rel].done = True
         if err is None:
-            batch.ready.append(entry(EntryStatus.READY, env, sha=sha))
-        else:
-            batch.invalid.append(entry(EntryStatus.INVALID, err=err, sha=sha))
+            return entry(EntryStatus.READY, env, sha=sha)
+        return entry(EntryStatus.INVALID, err=err, sha=sha)
 
-    def _look(self, path: Path, st: os.stat_result, area: str, stage: str | None,
+    def _look(self, f: Listed, fd: int,
               kind: EnvelopeKind) -> tuple[EnvelopeModel | None, FcopError | None, str | None]:
-        """Read and parse once: (envelope, error, sha256 of the bytes read); ``st`` is this scan's lstat."""
-        if stat.S_ISLNK(st.st_mode):
-            return None, FcopError(FcopReason.SYMLINK_REFUSED, "symbolic links are never followed", path), None
-        allowed = _AREA_KINDS.get(area, frozenset()) | (_ARCHIVE_EXTRA if stage == "archive" else frozenset())
+        """Read (through the folder's checked descriptor ``fd``) and parse once: (envelope, error, sha256 of the
+        bytes read); ``f.st`` is this scan's lstat."""
+        if stat.S_ISLNK(f.st.st_mode):
+            return None, FcopError(FcopReason.SYMLINK_REFUSED, "symbolic links are never followed", f.path), None
+        allowed = _AREA_KINDS.get(f.area, frozenset()) | (_ARCHIVE_EXTRA if f.stage == "archive" else frozenset())
         if kind not in allowed:
-            return None, FcopError(FcopReason.MISPLACED_FILE, f"a {kind.value} file does not belong in {area}/",
-                                   path), None
+            return None, FcopError(FcopReason.MISPLACED_FILE, f"a {kind.value} file does not belong in {f.area}/",
+                                   f.path), None
         try:
-            data, _ = read_bytes(path, self.max_bytes)
+            data = read_at(fd, f.name, self.max_bytes, f.path)
         except FileNotFoundError:
-            return None, FcopError(FcopReason.SOURCE_MISSING, "vanished", path), None
+            return None, FcopError(FcopReason.SOURCE_MISSING, "vanished", f.path), None
         except FcopError as exc:
             return None, exc, None
         sha = sha256_hex(data)
         try:
-            return (parse_envelope(path.name, data, max_bytes=self.max_bytes, legacy_encoding=self.legacy_encoding),
-                    None, sha)
+            return parse_envelope(f.name, data, max_bytes=self.max_bytes, legacy_encoding=self.legacy_encoding,
+                                  sha256=sha), None, sha
         except FcopError as exc:
-            exc.path = path
+            exc.path = f.path
             return None, exc, sha

@@ -47,16 +47,18 @@ class FolderAdapter:
         self.last_ingest = IngestStats()
 
     def ingest_pass(self) -> int:
-        """Files taken in (the first pass imports the workspace's history first); raises IngestIncomplete
-        (after the whole pass) if any file failed."""
-        imported = 0
+        """Files taken in by the live ingest; raises IngestIncomplete (after the whole pass) if any file failed.
+
+        The first pass imports the workspace's history first, in one walk that stands as this pass's scan too
+        (each file visited and read once). The import is not counted as progress: it is history, taken whole
+        (its figures are in ``last_import`` and the `fcop_import` log line), and the stages after the ingest
+        in this same pass see every task it adopted, so a further pass would only walk every file again."""
         if self.last_import is None and not self.importer.imported():
-            self.last_import = self.importer.run(live=self.scanner)
-            imported = sum(self.last_import.tasks.values()) + sum(self.last_import.records.values())
+            self.last_import = self.importer.run(live=self.ingest)
         self.last_ingest = self.ingest.run()
         if self.last_ingest.failed:
             raise IngestIncomplete(self.last_ingest)
-        return self.last_ingest.progress + imported
+        return self.last_ingest.progress
 
     def project_pass(self) -> int:
         """Up to PROJECT_BATCH events into files: a pass stays short, so runs waiting for their TASK file and

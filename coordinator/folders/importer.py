@@ -21,12 +21,18 @@ recorded like kept files, so a later pass leaves them where they are too.
 
 Commands are committed in batches (one transaction, one fsync per batch), and every file it handled is
 recorded in `folder_files`, so a later pass (or a re-run after a crash) never takes a file twice.
+
+Each file is read and parsed once, in one walk that stands as the pass's scan too (`Ingest.took_over`). Memory
+follows the files' number, not their size: per file the plan keeps its place, digest, id, route and parent;
+bodies and the other command fields wait in an unnamed spill file until their batch is committed.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
+import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,8 +54,8 @@ from taskkernel.coordinator.fcop import (
 )
 from taskkernel.coordinator.fcop.filenames import TASK_ID_RE, normalize_reference
 from taskkernel.coordinator.fcop.safeio import locked
-from taskkernel.coordinator.fcop.scan import ARCHIVE_AREAS
-from taskkernel.coordinator.folders.ingest import REPORT_STATUS, file_key, taken_refusal, write_reason
+from taskkernel.coordinator.fcop.scan import ARCHIVE_AREAS, EntryStatus, ScanBatch
+from taskkernel.coordinator.folders.ingest import REPORT_STATUS, Ingest, file_key, taken_refusal, write_reason
 from taskkernel.coordinator.folders.tracking import FileTracker, Origin
 from taskkernel.coordinator.tables import folder_files, folder_imports, metadata
 from taskkernel.kernel.canonical import utc_now_iso
@@ -116,12 +122,91 @@ class ImportReport:
                 "batches": self.batches}
 
 
-@dataclass
+@dataclass(slots=True)
+class _File:
+    """What the import keeps of a file it read: its place and digest (the envelope is dropped once read)."""
+
+    rel: str
+    area: str
+    stage: str | None
+    sha256: str
+    task_id: str | None = None  # a TASK file's id (a refused one is recorded under it)
+
+
+class _Spill:
+    """What only a file's command needs (its body above all), in an unnamed temporary file (0600, gone when
+    closed) from the walk to the commit: what the import holds per file does not grow with what files say."""
+
+    def __init__(self) -> None:
+        self._file = tempfile.TemporaryFile()  # noqa: SIM115 - closed by the import's run
+        self._end = 0
+
+    def put(self, value: dict[str, Any]) -> tuple[int, int]:
+        data = json.dumps(value).encode()  # ASCII escapes: any string, a lone surrogate too, comes back whole
+        os.pwrite(self._file.fileno(), data, self._end)
+        self._end += len(data)
+        return self._end - len(data), len(data)
+
+    def get(self, ref: tuple[int, int]) -> dict[str, Any]:
+        offset, size = ref
+        value: dict[str, Any] = json.loads(os.pread(self._file.fileno(), size, offset))
+        return value
+
+    def close(self) -> None:
+        self._file.close()
+
+
+@dataclass(slots=True)
 class _Task:
-    entry: ScanEntry
-    env: TaskEnvelope
+    """A TASK file as planning needs it; the command's other fields wait in the spill (``held``)."""
+
+    file: _File
+    id: str
+    sender: str
+    recipient: str
+    declared_parent: str | None
+    rounds: int  # entries into `active` in its transitions
+    held: tuple[int, int]  # subject, body, priority, references, thread_key, risk_level
     state: str = "inbox"
     parent: str | None = None
+
+    @classmethod
+    def of(cls, f: _File, env: TaskEnvelope, spill: _Spill) -> _Task:
+        held = spill.put({"subject": env.subject, "body": env.body, "priority": env.priority.value,
+                          "references": env.references, "thread_key": env.thread_key, "risk_level": env.risk_level})
+        return cls(f, env.id, sys.intern(env.sender), sys.intern(env.recipient), env.parent,  # a few roles, many files
+                   sum(1 for t in env.transitions if t.to == "active"), held)
+
+    @property
+    def name(self) -> str:
+        """The file name: of several files with one id, the first by name is the task."""
+        return self.file.rel.rpartition("/")[2]
+
+
+@dataclass(slots=True)
+class _Record:
+    """A REPORT, REVIEW or ISSUE file as planning needs it; its body and references wait in the spill."""
+
+    file: _File
+    kind: str  # report, review, issue
+    target: str | None  # the task it is about
+    author: str
+    status: str
+    outside_references: bool  # a report naming its task outside `references:`
+    order: tuple[str, int]  # a report's (date, sequence): its driver's latest one sets a G2 task's state
+    held: tuple[int, int]  # record_id, body, references (None for a review)
+
+    @classmethod
+    def of(cls, f: _File, env: ReportEnvelope | ReviewEnvelope | IssueEnvelope, spill: _Spill) -> _Record:
+        order = (sys.intern(env.name.date), env.name.sequence)
+        refs = None if isinstance(env, ReviewEnvelope) else env.references
+        held = spill.put({"record_id": env.id, "body": env.body, "references": refs})
+        if isinstance(env, ReportEnvelope):
+            return cls(f, "report", env.task_id, sys.intern(env.sender), REPORT_STATUS.get(env.status, env.status),
+                       FcopWarning.TASK_NAMED_OUTSIDE_REFERENCES in env.warnings, order, held)
+        if isinstance(env, ReviewEnvelope):
+            return cls(f, "review", env.subject_task_id, env.reviewer, env.decision, False, order, held)
+        return cls(f, "issue", _issue_task(env), env.reporter, env.status, False, order, held)
 
 
 class Importer:
@@ -145,16 +230,20 @@ class Importer:
     def imported(self) -> bool:
         return is_imported(self.kernel.db, self.root_key)
 
-    def run(self, *, dry_run: bool = False, live: Scanner | None = None) -> ImportReport:
+    def run(self, *, dry_run: bool = False, live: Ingest | None = None) -> ImportReport:
         """Import everything the workspace holds (under the import lock: two coordinators import once).
-        ``live``: the live ingest's scanner, told which files the import read so it does not read them again."""
+        ``live``: the live ingest, handed the import's walk as its own, so no file is visited twice."""
         with locked(self.lock_file):
             if not dry_run and self.imported():
                 return ImportReport()
-            scanner = Scanner(self.fcop, settle_s=0, grace_s=0, legacy_encoding=True)
-            report = _Run(self, dry_run).run(scanner)
+            scanner, batch = Scanner(self.fcop, settle_s=0, grace_s=0, legacy_encoding=True), ScanBatch()
+            plan = _Run(self, dry_run)
+            try:
+                report = plan.run(scanner, batch)
+            finally:
+                plan.spill.close()
             if live is not None and not dry_run:
-                live.absorb(scanner)
+                live.took_over(scanner, batch)
             if not dry_run:
                 mark_imported(self.kernel.db, self.root_key, self.fcop.generation.value, report)
             for w in report.warnings:  # `up` runs the import: the owner reads these in its log
@@ -179,35 +268,46 @@ class _Run:
         self.kernel = importer.kernel
         self.report = ImportReport(dry_run=dry_run)
         self.rows: list[FileRow] = []
+        self.docs: dict[str, dict[str, Any]] = {}  # the documents of the tasks the commands in hand are about
         with self.kernel.db.read() as conn:
             self.tracked = {r.rel: r.sha256 for r in conn.execute(sa.select(folder_files.c.rel,
                                                                             folder_files.c.sha256))}
-            self.docs = {tid: json.loads(doc) for tid, doc in conn.execute(sa.select(tasks.c.task_id, tasks.c.doc))}
-        self.known = frozenset(self.docs)
+            self.known = frozenset(conn.execute(sa.select(tasks.c.task_id)).scalars())
+        self.ids = set(self.known)  # tasks the kernel holds: before the import, and adopted by it
+        self.spill = _Spill()
 
-    def run(self, scanner: Scanner) -> ImportReport:
-        batch = scanner.scan()
-        for rel, exc in sorted(batch.refused.items()):  # a folder or a link: no file the kernel read, no record
-            self.report.skipped.append({"file": rel, "reason": exc.reason.value, "message": exc.message})
-        for entry in batch.invalid:
-            if self._new(entry):
+    def run(self, scanner: Scanner, batch: ScanBatch) -> ImportReport:
+        """Plan from one walk (each file read once; of a file only what planning needs is kept, the rest of its
+        command waits in the spill), then commit level by level; ``batch`` gets what the walk found besides files
+        (refused folders, stale notes)."""
+        found: dict[str, list[_Task]] = {}
+        records: list[_Record] = []
+        for entry in scanner.stream(batch):
+            if entry.status is EntryStatus.INVALID and self._new(entry):
                 err = entry.error or FcopError(FcopReason.MALFORMED_FRONT_MATTER, "unreadable envelope")
                 left = self.report.skipped if err.reason in NOT_READ else self.report.kept
                 left.append({"file": entry.rel, "reason": err.reason.value, "message": err.message})
                 self.rows.append((entry.rel, entry.sha256 or "", None, Origin.KEPT, err.reason.value))
-        entries = [e for e in batch.ready if self._new(e)]
-        for e in entries:
-            if FcopWarning.LEGACY_ENCODING in e.envelope.warnings:  # type: ignore[union-attr]
-                self._warn(e, FcopWarning.LEGACY_ENCODING.value, "not UTF-8: read as GB18030, or with damaged "
-                           "bytes replaced (U+FFFD) in the kernel's copy; the file keeps its bytes")
-        found = self._tasks([e for e in entries if isinstance(e.envelope, TaskEnvelope)])
-        records = [e for e in entries if not isinstance(e.envelope, TaskEnvelope)]
+            elif entry.status is EntryStatus.READY and self._new(entry):
+                env = entry.envelope
+                assert env is not None and entry.sha256 is not None
+                f = _File(entry.rel, entry.area, entry.stage, entry.sha256)
+                if FcopWarning.LEGACY_ENCODING in env.warnings:
+                    self._warn(f, FcopWarning.LEGACY_ENCODING.value, "not UTF-8: read as GB18030, or with damaged "
+                               "bytes replaced (U+FFFD) in the kernel's copy; the file keeps its bytes")
+                if isinstance(env, TaskEnvelope):
+                    f.task_id = env.id
+                    found.setdefault(env.id, []).append(_Task.of(f, env, self.spill))
+                else:
+                    records.append(_Record.of(f, env, self.spill))
+        for rel, exc in sorted(batch.refused.items()):  # a folder or a link: no file the kernel read, no record
+            self.report.skipped.append({"file": rel, "reason": exc.reason.value, "message": exc.message})
+        tasks_by_id = self._tasks(found)
         by_task = self._reports_by_task(records)
-        for task in found.values():
-            task.state = self._state(task, by_task.get(task.env.id, []))
-        self._adopt(found)
-        for start in range(0, len(found), self.i.batch_size):  # what the adoptions made: read once, in chunks
-            self._refresh(list(found)[start:start + self.i.batch_size])
+        for task in tasks_by_id.values():
+            task.state = self._state(task, by_task.get(task.id, []))
+        del by_task
+        self._adopt(tasks_by_id)
         self._attach(records)
         self._flush()
         self.report.skipped.sort(key=lambda s: s["file"].encode())
@@ -226,123 +326,121 @@ class _Run:
         return self.tracked.get(entry.rel) != (entry.sha256 or "")
 
     # -- planning ----------------------------------------------------------------------------
-    def _tasks(self, entries: list[ScanEntry]) -> dict[str, _Task]:
+    def _tasks(self, groups: dict[str, list[_Task]]) -> dict[str, _Task]:
         """One task per id (see the module docstring); the other files with that id are refused."""
-        groups: dict[str, list[ScanEntry]] = {}
-        for e in entries:
-            groups.setdefault(e.envelope.id, []).append(e)  # type: ignore[union-attr]
         found: dict[str, _Task] = {}
         for task_id, group in groups.items():
-            group.sort(key=lambda e: (e.path.name.encode(), e.rel.encode()))
+            group.sort(key=lambda t: (t.name.encode(), t.file.rel.encode()))
             winner, *others = group  # a known id too: the kernel replays an interrupted import's adoption
-            assert isinstance(winner.envelope, TaskEnvelope)
-            found[task_id] = _Task(winner, winner.envelope)
-            for e in others:
-                self._refuse(e, FcopReason.DUPLICATE_TASK_ID,
-                             f"{task_id} is already the task of {winner.rel} (the first file of that id by name); "
-                             "this file is not applied and never written into")
+            found[task_id] = winner
+            for t in others:
+                self._refuse(t.file, FcopReason.DUPLICATE_TASK_ID,
+                             f"{task_id} is already the task of {winner.file.rel} (the first file of that id by "
+                             "name); this file is not applied and never written into")
         for task in found.values():
-            parent = task.env.parent
-            if parent and (parent in found or parent in self.docs) and parent != task.env.id:
+            parent = task.declared_parent
+            if parent and (parent in found or parent in self.known) and parent != task.id:
                 task.parent = parent
             elif parent:
-                self._warn(task.entry, "parent_not_found", f"parent {parent} is in no TASK file; imported as a root")
+                self._warn(task.file, "parent_not_found", f"parent {parent} is in no TASK file; imported as a root")
         self._break_cycles(found)
         return found
 
     def _break_cycles(self, found: dict[str, _Task]) -> None:
         for task in found.values():
-            seen, node = {task.env.id}, task.parent
+            seen, node = {task.id}, task.parent
             while node in found:
                 if node in seen:
-                    self._warn(task.entry, "parent_cycle", f"parent chain of {task.env.id} loops; imported as a root")
+                    self._warn(task.file, "parent_cycle", f"parent chain of {task.id} loops; imported as a root")
                     task.parent = None
                     break
                 seen.add(node)
                 node = found[node].parent
 
-    def _reports_by_task(self, records: list[ScanEntry]) -> dict[str, list[ReportEnvelope]]:
-        out: dict[str, list[ReportEnvelope]] = {}
-        for e in records:
-            if isinstance(e.envelope, ReportEnvelope) and e.envelope.task_id:
-                out.setdefault(e.envelope.task_id, []).append(e.envelope)
+    @staticmethod
+    def _reports_by_task(records: list[_Record]) -> dict[str, list[_Record]]:
+        out: dict[str, list[_Record]] = {}
+        for r in records:
+            if r.kind == "report" and r.target:
+                out.setdefault(r.target, []).append(r)
         return out
 
-    def _state(self, task: _Task, reports: list[ReportEnvelope]) -> str:
-        entry = task.entry
-        if entry.stage:
-            return entry.stage
-        if entry.area in ARCHIVE_AREAS:
+    @staticmethod
+    def _state(task: _Task, reports: list[_Record]) -> str:
+        if task.file.stage:
+            return task.file.stage
+        if task.file.area in ARCHIVE_AREAS:
             return "archive"
-        driver = [r for r in reports if r.sender == task.env.recipient]
+        driver = [r for r in reports if r.author == task.recipient]
         if not driver:
             return "inbox"
-        last = max(driver, key=lambda r: (r.name.date, r.name.sequence))
-        return "review" if REPORT_STATUS.get(last.status) == "done" else "active"
+        return "review" if max(driver, key=lambda r: r.order).status == "done" else "active"
 
     # -- committing ----------------------------------------------------------------------------
     def _adopt(self, found: dict[str, _Task]) -> None:
-        depth: dict[str, int] = {}
-
-        def level(task_id: str) -> int:
-            if task_id not in depth:
-                parent = found[task_id].parent
-                depth[task_id] = 0 if parent not in found else level(parent) + 1  # type: ignore[arg-type]
-            return depth[task_id]
-
+        """Level by level (a task's parent one level up), a batch of commands built and committed at a time."""
         levels: dict[int, list[_Task]] = {}
         for task_id in sorted(found):
-            levels.setdefault(level(task_id), []).append(found[task_id])
+            levels.setdefault(_depth(found, task_id), []).append(found[task_id])
         failed: set[str] = set()
         for n in sorted(levels):
-            items = []
-            for task in levels[n]:
-                if task.parent in failed:
-                    self._warn(task.entry, "parent_not_found", f"parent {task.parent} was not imported; "
-                                                                "imported as a root")
-                    task.parent = None
-                items.append((self._adopt_command(task), task))
-            for (_, task), result in zip(items, self._submit([c for c, _ in items]), strict=True):
-                if result.ok:
-                    self.report.tasks[task.state] += 1
-                    self.rows.append((task.entry.rel, task.env.sha256, task.env.id, Origin.INGESTED, None))
-                    if self.report.dry_run:
-                        self.docs[task.env.id] = {"task_id": task.env.id, "thread_key": "", "revision": 1,
-                                                  "round": _round(task)}
-                elif result.reason == "task_exists" and self._refresh([task.env.id]):
-                    failed.add(task.env.id)  # the kernel holds this id with another file: never adopted
-                    reason, why = taken_refusal(self.i.fcop, task.env, self.docs[task.env.id])
-                    self._refuse(task.entry, reason, why)
-                else:
-                    failed.add(task.env.id)
-                    self._refuse(task.entry, result.reason or "invalid_command", result.message)
-            self._flush()
+            level = levels.pop(n)
+            for start in range(0, len(level), self.i.batch_size):
+                items = []
+                for task in level[start:start + self.i.batch_size]:
+                    if task.parent in failed:
+                        self._warn(task.file, "parent_not_found", f"parent {task.parent} was not imported; "
+                                                                   "imported as a root")
+                        task.parent = None
+                    items.append((self._adopt_command(task), task))
+                for (_, task), result in zip(items, self._submit([c for c, _ in items]), strict=True):
+                    self._adopted(task, result, failed)
+                self._flush()
+
+    def _adopted(self, task: _Task, result: CommandResult, failed: set[str]) -> None:
+        if result.ok:
+            self.report.tasks[task.state] += 1
+            self.ids.add(task.id)
+            self.rows.append((task.file.rel, task.file.sha256, task.id, Origin.INGESTED, None))
+            if self.report.dry_run:
+                self.docs[task.id] = {"task_id": task.id, "thread_key": "", "revision": 1, "round": _round(task)}
+        elif result.reason == "task_exists" and self._refresh([task.id]):
+            failed.add(task.id)  # the kernel holds this id with another file: never adopted
+            subject = self.spill.get(task.held)["subject"]
+            reason, why = taken_refusal(self.i.fcop, task.id, (task.sender, task.recipient, subject),
+                                        self.docs[task.id])
+            self._refuse(task.file, reason, why)
+        else:
+            failed.add(task.id)
+            self._refuse(task.file, result.reason or "invalid_command", result.message)
 
     def _adopt_command(self, task: _Task) -> dict[str, Any]:
-        env = task.env
-        subject = (env.subject or env.id).strip() or env.id
+        held = self.spill.get(task.held)
+        subject = (held["subject"] or task.id).strip() or task.id
         payload: dict[str, Any] = {
-            "sender": env.sender, "recipient": env.recipient, "body": env.body.strip(),
+            "sender": task.sender, "recipient": task.recipient, "body": held["body"].strip(),
             "subject": subject if len(subject) <= MAX_SUBJECT else subject[:MAX_SUBJECT - 1] + "…",
-            "priority": env.priority.value, "references": list(env.references), "state": task.state,
-            "round": _round(task), "source": task.entry.rel}
+            "priority": held["priority"], "references": held["references"], "state": task.state,
+            "round": _round(task), "source": task.file.rel}
         if task.parent:
             payload["parent"] = task.parent
-        if env.risk_level in RISKS:
-            payload["risk_level"] = env.risk_level
-        elif env.risk_level:
-            self._warn(task.entry, "unknown_risk_level", f"risk_level {env.risk_level!r} is not one of "
-                                                          f"{', '.join(sorted(RISKS))}; imported as low")
-        command = {"type": "adopt_task", "task_id": env.id, "idempotency_key": file_key(task.entry, env.sha256),
-                   "payload": self._fit(task.entry, payload)}
-        if env.thread_key and len(env.thread_key.encode()) <= MAX_THREAD_KEY_BYTES:
-            command["thread_key"] = env.thread_key
-        elif env.thread_key:
-            self._warn(task.entry, "history_shortened", f"thread_key is over {MAX_THREAD_KEY_BYTES} bytes; the "
-                                                         "task keeps its own id as its thread")
+        risk, thread = held["risk_level"], held["thread_key"]
+        if risk in RISKS:
+            payload["risk_level"] = risk
+        elif risk:
+            self._warn(task.file, "unknown_risk_level", f"risk_level {risk!r} is not one of "
+                                                         f"{', '.join(sorted(RISKS))}; imported as low")
+        command = {"type": "adopt_task", "task_id": task.id,
+                   "idempotency_key": file_key(task.file.rel, task.file.sha256),
+                   "payload": self._fit(task.file, payload)}
+        if thread and len(thread.encode()) <= MAX_THREAD_KEY_BYTES:
+            command["thread_key"] = thread
+        elif thread:
+            self._warn(task.file, "history_shortened", f"thread_key is over {MAX_THREAD_KEY_BYTES} bytes; the "
+                                                        "task keeps its own id as its thread")
         return command
 
-    def _fit(self, e: ScanEntry, payload: dict[str, Any]) -> dict[str, Any]:
+    def _fit(self, f: _File, payload: dict[str, Any]) -> dict[str, Any]:
         """History is never refused for its size: what is beyond the kernel's limits (docs/reason-codes.md) is
         shortened in the kernel's copy, with a warning; the file keeps every byte and is the record's source."""
         cut = []
@@ -356,70 +454,73 @@ class _Run:
             payload["references"] = kept
             cut.append(f"references to {len(kept)} of {len(refs)}")
         if cut:
-            self._warn(e, "history_shortened", f"the kernel's copy keeps {', '.join(cut)}; the file is whole")
+            self._warn(f, "history_shortened", f"the kernel's copy keeps {', '.join(cut)}; the file is whole")
         return payload
 
-    def _attach(self, records: list[ScanEntry]) -> None:
-        """Each REPORT/REVIEW/ISSUE about a known task is attached to it, in file order; the rest is evidence."""
+    def _attach(self, records: list[_Record]) -> None:
+        """Each REPORT/REVIEW/ISSUE about a known task is attached to it, in file order; the rest is evidence.
+        Task documents are read a chunk at a time and dropped after it."""
+        records.sort(key=lambda r: r.file.rel.encode())
+        self._lookup({r.target for r in records if r.target is not None and r.target not in self.ids})
         pending = []
-        for e in sorted(records, key=lambda e: e.rel.encode()):
-            env = e.envelope
-            target = _record_task(env)
-            if target is not None and (target in self.docs or self._refresh([target])):
-                if isinstance(env, ReportEnvelope) and FcopWarning.TASK_NAMED_OUTSIDE_REFERENCES in env.warnings:
-                    self._warn(e, FcopWarning.TASK_NAMED_OUTSIDE_REFERENCES.value,
-                               f"names {target} outside references: (fcop does not attach it); attached")
-                pending.append((e, target))
-            elif isinstance(env, ReportEnvelope):  # a report answers a task: one we cannot find is refused
-                self._refuse(e, "task_not_found", f"the report names no known task ({target or 'none'})")
+        for r in records:
+            if r.target is not None and r.target in self.ids:
+                if r.outside_references:
+                    self._warn(r.file, FcopWarning.TASK_NAMED_OUTSIDE_REFERENCES.value,
+                               f"names {r.target} outside references: (fcop does not attach it); attached")
+                pending.append(r)
+            elif r.kind == "report":  # a report answers a task: one we cannot find is refused
+                self._refuse(r.file, "task_not_found", f"the report names no known task ({r.target or 'none'})")
             else:
                 self.report.evidence += 1
-                self.rows.append((e.rel, e.sha256 or "", None, Origin.INGESTED, "evidence"))
+                self.rows.append((r.file.rel, r.file.sha256, None, Origin.INGESTED, "evidence"))
         while pending:
-            stale: list[tuple[ScanEntry, str]] = []
+            stale: list[_Record] = []
             for start in range(0, len(pending), self.i.batch_size):
                 chunk = pending[start:start + self.i.batch_size]
-                self._refresh([t for _, t in chunk])
+                self._refresh([r.target for r in chunk])  # type: ignore[misc]
                 commands = []
-                for e, target in chunk:
-                    doc = self.docs[target]
-                    commands.append(self._attach_command(e, doc))
+                for r in chunk:
+                    doc = self.docs[r.target]  # type: ignore[index]
+                    commands.append(self._attach_command(r, doc))
                     doc["revision"] += 1  # the next record of this task in the batch sees this one
-                for (e, target), result in zip(chunk, self._submit(commands), strict=True):
+                for r, result in zip(chunk, self._submit(commands), strict=True):
                     if result.ok:
-                        self.report.records[e.envelope.name.kind.value.lower()] += 1  # type: ignore[union-attr]
-                        self.rows.append((e.rel, e.sha256 or "", target, Origin.INGESTED, None))
+                        self.report.records[r.kind] += 1
+                        self.rows.append((r.file.rel, r.file.sha256, r.target, Origin.INGESTED, None))
                     elif result.reason == "stale_task_revision" and len(stale) < len(pending) - 1:
-                        stale.append((e, target))  # behind a refused record of its task: again, re-read
+                        stale.append(r)  # behind a refused record of its task: again, re-read
                     else:
-                        self._refuse(e, result.reason or "invalid_command", result.message)
+                        self._refuse(r.file, result.reason or "invalid_command", result.message)
                 self._flush()
+                if not self.report.dry_run:
+                    self.docs.clear()  # re-read for the next chunk: nothing per task is held to the end
             pending = stale
 
-    def _refresh(self, task_ids: list[str]) -> bool:
-        """Re-read these tasks' documents (revision, round, thread) before building commands on them."""
-        if not self.report.dry_run:
+    def _lookup(self, task_ids: set[str]) -> None:
+        """Which of these tasks (named by records, with no TASK file here) the kernel holds now."""
+        wanted = sorted(task_ids)
+        for start in range(0, len(wanted), self.i.batch_size):
             with self.kernel.db.read() as conn:
-                rows = conn.execute(sa.select(tasks.c.task_id, tasks.c.doc).where(
-                    tasks.c.task_id.in_(set(task_ids))))
-                self.docs.update({tid: json.loads(doc) for tid, doc in rows})
+                self.ids.update(conn.execute(sa.select(tasks.c.task_id).where(
+                    tasks.c.task_id.in_(wanted[start:start + self.i.batch_size]))).scalars())
+
+    def _refresh(self, task_ids: list[str]) -> bool:
+        """Read these tasks' documents (revision, round, thread) before building commands on them."""
+        with self.kernel.db.read() as conn:
+            rows = conn.execute(sa.select(tasks.c.task_id, tasks.c.doc).where(tasks.c.task_id.in_(set(task_ids))))
+            self.docs.update({tid: json.loads(doc) for tid, doc in rows})
         return all(t in self.docs for t in task_ids)
 
-    def _attach_command(self, e: ScanEntry, doc: dict[str, Any]) -> dict[str, Any]:
-        env = e.envelope
-        payload: dict[str, Any] = {"record_id": env.id, "source": e.rel, "body": env.body.strip()}  # type: ignore[union-attr]
-        if isinstance(env, ReportEnvelope):
-            payload.update(kind="report", author=env.sender, status=REPORT_STATUS.get(env.status, env.status),
-                           references=list(env.references))
-        elif isinstance(env, ReviewEnvelope):
-            payload.update(kind="review", author=env.reviewer, status=env.decision)
-        else:
-            assert isinstance(env, IssueEnvelope)
-            payload.update(kind="issue", author=env.reporter, status=env.status, references=list(env.references))
+    def _attach_command(self, r: _Record, doc: dict[str, Any]) -> dict[str, Any]:
+        held = self.spill.get(r.held)
+        payload: dict[str, Any] = {"record_id": held["record_id"], "source": r.file.rel, "body": held["body"].strip(),
+                                   "kind": r.kind, "author": r.author, "status": r.status}
+        if held["references"] is not None:
+            payload["references"] = held["references"]
         return {"type": "attach_record", "task_id": doc["task_id"], "thread_key": doc["thread_key"],
                 "expected_revision": doc["revision"], "round": doc["round"],
-                "idempotency_key": file_key(e, env.sha256, "attach"),  # type: ignore[union-attr]
-                "payload": self._fit(e, payload)}
+                "idempotency_key": file_key(r.file.rel, r.file.sha256, "attach"), "payload": self._fit(r.file, payload)}
 
     def _submit(self, commands: list[dict[str, Any]]) -> list[CommandResult]:
         """One transaction per batch; a batch whose transaction fails is retried command by command."""
@@ -446,28 +547,29 @@ class _Run:
                                  task_id=command.get("task_id"))
 
     # -- outcomes ------------------------------------------------------------------------------
-    def _refuse(self, e: ScanEntry, reason: FcopReason | str, message: str) -> None:
+    def _refuse(self, f: _File, reason: FcopReason | str, message: str) -> None:
         code = reason.value if isinstance(reason, FcopReason) else reason
-        self.report.refused.append({"file": e.rel, "reason": code, "message": message})
+        self.report.refused.append({"file": f.rel, "reason": code, "message": message})
         if not self.report.dry_run:
-            write_reason(e.path, "Not applied", f"{code}: {message}")
-        task_id = e.envelope.id if isinstance(e.envelope, TaskEnvelope) else None
-        self.rows.append((e.rel, e.sha256 or "", task_id, Origin.REFUSED, f"{code}: {message}"))
+            write_reason(self.i.fcop.root / f.rel, "Not applied", f"{code}: {message}")
+        self.rows.append((f.rel, f.sha256, f.task_id, Origin.REFUSED, f"{code}: {message}"))
 
-    def _warn(self, e: ScanEntry, warning: str, message: str) -> None:
-        self.report.warnings.append({"file": e.rel, "warning": warning, "message": message})
+    def _warn(self, f: _File, warning: str, message: str) -> None:
+        self.report.warnings.append({"file": f.rel, "warning": warning, "message": message})
+
+
+def _depth(found: dict[str, _Task], task_id: str) -> int:
+    """How many of its ancestors are imported with it (cycles were broken before)."""
+    depth, parent = 0, found[task_id].parent
+    while parent in found:
+        depth, parent = depth + 1, found[parent].parent  # type: ignore[index]
+    return depth
 
 
 def _round(task: _Task) -> int:
-    if task.state == "inbox":
-        return 0
-    return max(1, sum(1 for t in task.env.transitions if t.to == "active"))
+    return 0 if task.state == "inbox" else max(1, task.rounds)
 
 
-def _record_task(env: Any) -> str | None:
-    if isinstance(env, ReportEnvelope):
-        return env.task_id
-    if isinstance(env, ReviewEnvelope):
-        return env.subject_task_id
-    refs = [normalize_reference(r) for r in getattr(env, "references", ())]
+def _issue_task(env: IssueEnvelope) -> str | None:
+    refs = [normalize_reference(r) for r in env.references]
     return next((r for r in refs if TASK_ID_RE.match(r)), None)

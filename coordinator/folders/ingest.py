@@ -39,6 +39,7 @@ from taskkernel.coordinator.fcop import (
     Generation,
     ReportEnvelope,
     ReviewEnvelope,
+    ScanBatch,
     ScanEntry,
     Scanner,
     TaskEnvelope,
@@ -95,19 +96,21 @@ class IngestIncomplete(Exception):
         self.stats = stats
 
 
-def file_key(entry: ScanEntry, sha256: str, step: str = "") -> str:
-    return f"file:{entry.rel}:{sha256[:16]}{':' + step if step else ''}"
+def file_key(rel: str, sha256: str, step: str = "") -> str:
+    return f"file:{rel}:{sha256[:16]}{':' + step if step else ''}"
 
 
-def taken_refusal(fcop: FcopWorkspace, env: TaskEnvelope, doc: dict[str, Any]) -> tuple[FcopReason, str]:
-    """Why a TASK file that is not the task's own is refused: the same route and subject is a duplicate, anything
-    else takes an id the kernel holds; the message suggests the next free number."""
-    same = (env.sender, env.recipient, (env.subject or env.id).strip()) == (doc["sender"], doc["recipient"],
-                                                                            doc["subject"])
-    _, day, _ = env.id.split("-")
+def taken_refusal(fcop: FcopWorkspace, task_id: str, route: tuple[str, str, str | None],
+                  doc: dict[str, Any]) -> tuple[FcopReason, str]:
+    """Why a TASK file with ``task_id`` and ``route`` (sender, recipient, subject) that is not the task's own is
+    refused: the same route and subject is a duplicate, anything else takes an id the kernel holds; the message
+    suggests the next free number."""
+    sender, recipient, subject = route
+    same = (sender, recipient, (subject or task_id).strip()) == (doc["sender"], doc["recipient"], doc["subject"])
+    _, day, _ = task_id.split("-")
     free = f"TASK-{day}-{max(max_sequence(fcop, EnvelopeKind.TASK, day), int(doc['task_id'].split('-')[2])) + 1:03d}"
     return (FcopReason.DUPLICATE_TASK_ID if same else FcopReason.TASK_ID_TAKEN,
-            f"{env.id} is already a task ({doc['sender']} to {doc['recipient']}: {doc['subject']!r}) with its own "
+            f"{task_id} is already a task ({doc['sender']} to {doc['recipient']}: {doc['subject']!r}) with its own "
             f"file; this file is not applied and never written into. Use a free number, e.g. {free}")
 
 
@@ -136,13 +139,20 @@ class Ingest:
         self.submit_on_done_report = submit_on_done_report
         self.failing: dict[str, str] = {}  # the previous pass's failures: a traceback is logged once, not every pass
         self.trusted: dict[str, tuple[StatKey, str]] | None = None  # what folder_stats says, as last saved
+        self._walked: ScanBatch | None = None  # this pass's walk, when the import made it
+
+    def took_over(self, scanner: Scanner, batch: ScanBatch) -> None:
+        """The import walked every folder and handled every file it handed out: its walk stands as this pass's
+        scan (what it found besides files, in ``batch``), and the files it read are not read again."""
+        self.scanner.absorb(scanner)
+        self._walked = ScanBatch(stale_notes=batch.stale_notes)
 
     def run(self) -> IngestStats:
         stats = IngestStats()
         if self.trusted is None:  # a new process: files an earlier one handled, unchanged, are not read again
             self.trusted = self.tracker.stats()
             self.scanner.trust(self.trusted)
-        batch = self.scanner.scan()
+        batch, self._walked = self._walked or self.scanner.scan(), None
         self._sweep_notes(batch.stale_notes)
         for entry in batch.invalid:
             known = self.tracker.get(entry.rel)
@@ -217,7 +227,7 @@ class Ingest:
             return
         own = self.tracker.task_file(env.id)
         if not self._own_file(entry, env, doc, own):
-            reason, why = taken_refusal(self.fcop, env, doc)
+            reason, why = taken_refusal(self.fcop, env.id, (env.sender, env.recipient, env.subject), doc)
             if reason is FcopReason.TASK_ID_TAKEN and stage == "inbox" and entry.path.name.startswith("TASK-"):
                 self._adopt_renamed(entry, env, doc, stats)
                 return
@@ -284,7 +294,7 @@ class Ingest:
         if env.risk_level:
             base["risk_level"] = env.risk_level
         command: dict[str, Any] = {"type": "create_task", "task_id": env.id, "payload": base,
-                                   "idempotency_key": file_key(entry, env.sha256)}
+                                   "idempotency_key": file_key(entry.rel, env.sha256)}
         if env.thread_key:
             command["thread_key"] = env.thread_key
         result = self._submit(command, Principal(env.sender, FILE_AGENT), stats)
@@ -301,7 +311,7 @@ class Ingest:
         elif kind is not None:
             command = {"type": kind, "task_id": doc["task_id"], "thread_key": doc["thread_key"],
                        "expected_revision": doc["revision"], "round": doc["round"],
-                       "idempotency_key": file_key(entry, env.sha256, kind), "payload": {}}
+                       "idempotency_key": file_key(entry.rel, env.sha256, kind), "payload": {}}
             result = self._submit(command, Principal(doc["authority"]["driver"], FILE_AGENT), stats)
         if result is not None and result.ok:
             self.tracker.record(entry.rel, env.sha256, env.id, Origin.INGESTED)
@@ -330,16 +340,16 @@ class Ingest:
         who = Principal(env.sender, FILE_AGENT)
         driver_reports = env.sender == doc["authority"]["driver"]
         if doc["state"] == "inbox" and driver_reports:  # G2 agents never claim: a report implies the work began
-            self._submit(self._on(doc, "claim", file_key(entry, env.sha256, "claim")), who, stats)
+            self._submit(self._on(doc, "claim", file_key(entry.rel, env.sha256, "claim")), who, stats)
             doc = self.kernel.task(doc["task_id"]) or doc
         status = REPORT_STATUS.get(env.status, "in_progress")
         payload = {"status": status, "body": env.body.strip(), "references": list(env.references),
                    "report_id": env.id}
-        result = self._submit(self._on(doc, "submit_report", file_key(entry, env.sha256), payload), who, stats)
+        result = self._submit(self._on(doc, "submit_report", file_key(entry.rel, env.sha256), payload), who, stats)
         if result.ok and status == "done" and driver_reports and self.submit_on_done_report:
             doc = self.kernel.task(doc["task_id"]) or doc
             if doc["state"] == "active":
-                self._submit(self._on(doc, "submit", file_key(entry, env.sha256, "submit")), who, stats)
+                self._submit(self._on(doc, "submit", file_key(entry.rel, env.sha256, "submit")), who, stats)
         self._settle(entry, env.sha256, doc["task_id"], result, stats)
 
     def _review(self, entry: ScanEntry, env: ReviewEnvelope, stats: IngestStats) -> None:
@@ -359,7 +369,7 @@ class Ingest:
         kind = "approve" if decision == "approved" else "reject"
         payload = {} if kind == "approve" else {
             "reason": env.rationale or "; ".join(env.required_changes) or f"review {decision}"}
-        result = self._submit(self._on(doc, kind, file_key(entry, env.sha256), payload),
+        result = self._submit(self._on(doc, kind, file_key(entry.rel, env.sha256), payload),
                               Principal(env.reviewer, FILE_AGENT), stats)
         self._settle(entry, env.sha256, doc["task_id"], result, stats)
 
