@@ -28,7 +28,7 @@ from taskkernel.kernel.store.chain import read_head, read_record
 from taskkernel.kernel.store.db import Database, DatabaseCorrupt, is_corruption
 from taskkernel.kernel.store.events import EventStore, log_end, verify_chain
 from taskkernel.kernel.store.schema import events, receipts
-from taskkernel.kernel.verify_parallel import default_workers, prove_in_parallel
+from taskkernel.kernel.verify_parallel import attempt, default_workers
 from taskkernel.kernel.verify_receipts import receipt_problem
 
 DATABASE_CORRUPT = "database_corrupt"
@@ -102,11 +102,12 @@ def verify(db: Database, store: EventStore, *, repair: bool = False, batch: int 
            workers: int | None = None) -> VerifyReport:
     """``batch``: tasks compared (and rows fetched from a cursor) at a time; memory does not grow with the store.
     ``workers``: processes for the parallel proof of a large sound store (default: one per CPU; 1: sequential)."""
-    proven = prove_in_parallel(db, store, default_workers() if workers is None else workers)
+    parallel = attempt(db, store, default_workers() if workers is None else workers)
+    proven = parallel.proven
     if proven is not None:
         return VerifyReport(events=proven.events, tasks=proven.tasks, chain=proven.chain, head=proven.head)
     try:
-        return _verify(db, store, repair, batch)
+        return _verify(db, store, repair, batch, parallel.integrity)
     except DatabaseCorrupt as exc:
         return corrupt_report(str(exc))
     except sa.exc.DatabaseError as exc:  # a damaged page met while reading events or read models
@@ -115,8 +116,10 @@ def verify(db: Database, store: EventStore, *, repair: bool = False, batch: int 
         raise
 
 
-def _verify(db: Database, store: EventStore, repair: bool, batch: int) -> VerifyReport:
-    findings = db.integrity_problems()
+def _verify(db: Database, store: EventStore, repair: bool, batch: int,
+            integrity: list[str] | None = None) -> VerifyReport:
+    """``integrity``: the integrity check's findings if the parallel proof ran it to its end (not run again)."""
+    findings = db.integrity_problems() if integrity is None else integrity
     if findings:
         return corrupt_report("integrity_check: " + "; ".join(findings[:5]))
     report = VerifyReport()
