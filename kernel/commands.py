@@ -462,8 +462,9 @@ class TaskCommandKernel:
         data["by"] = principal.id
         data.update(uow.cache.pop(EVIDENCE_KEY, {}))  # what guards established (e.g. the gate verdict)
         event_type = EVENT_FOR[cmd.type]
+        kind = str(cmd.type)  # a StrEnum's value: str() is C, ``.value`` two Python frames (hot path)
         meta = {"actor": principal.agent, "role": principal.role, "command_id": cmd.idempotency_key,
-                "command_type": cmd.type.value, "causation_id": cmd.idempotency_key,
+                "command_type": kind, "causation_id": cmd.idempotency_key,
                 "correlation_id": data.get("root") or (doc or {}).get("root"), "recorded_at": now}
         if cmd.transport:
             meta["transport"] = cmd.transport
@@ -476,7 +477,7 @@ class TaskCommandKernel:
         result = CommandResult(  # pydantic-core's validation of these few values is quicker than model_construct
             status="accepted", message=_accepted_message(cmd.type, new_doc), task_id=task_id,
             revision=new_doc["revision"], round=new_doc["round"], events=[e.global_pos for e in recorded])
-        uow.sql(_INSERT_RECEIPT, (key, cmd.type.value, semantic, principal.id, task_id, canonical_json(result.wire()),
+        uow.sql(_INSERT_RECEIPT, (key, kind, semantic, principal.id, task_id, canonical_json(result.wire()),
                                   recorded[0].global_pos, ev.global_pos, now))
         self._write_outbox(uow, recorded, new_doc)
         return result
@@ -489,9 +490,9 @@ class TaskCommandKernel:
         thread = canonical_thread_key(cmd.thread_key) or (parent["thread_key"] if parent else task_id)
         return {"task_id": task_id, "thread_key": thread, "parent": p.parent,
                 "root": parent["root"] if parent else task_id, "sender": p.sender, "recipient": p.recipient,
-                "subject": p.subject, "body": p.body, "priority": p.priority.value, "risk_level": p.risk_level.value,
+                "subject": p.subject, "body": p.body, "priority": str(p.priority), "risk_level": str(p.risk_level),
                 "references": list(p.references), "authority": authority_of(p),
-                "cost_tier": (p.cost_tier.value if p.cost_tier else parent["cost_tier"] if parent else "standard"),
+                "cost_tier": (str(p.cost_tier) if p.cost_tier else parent["cost_tier"] if parent else "standard"),
                 "budget": (p.budget.model_dump() if p.budget else parent["budget"] if parent else None),
                 **({"state": p.state, "round": p.round, "source": p.source} if isinstance(p, AdoptTaskPayload) else {})}
 
@@ -510,15 +511,16 @@ class TaskCommandKernel:
             data["report_id"] = report["report_id"]
         elif isinstance(payload, ReportPayload):
             data.update(report_id=payload.report_id or f"{doc['task_id']}/r{doc['round']}/{len(doc['reports']) + 1}",
-                        round=doc["round"], status=payload.status.value, body=payload.body,
+                        round=doc["round"], status=str(payload.status), body=payload.body,
                         references=list(payload.references),
                         **({"artifacts": list(payload.artifacts)} if payload.artifacts else {}))
         elif cmd.type is CommandType.AMEND:
             data["changes"] = payload.model_dump(mode="json", exclude_none=True)
         elif cmd.type is CommandType.PERFORM:
             data.update(payload.model_dump(mode="json"), action_id=cmd.idempotency_key, round=doc["round"])
-        else:  # a reopen without a reason records no reason field, exactly as before reopen could carry one
+        elif type(payload).model_fields:  # a reopen without a reason records no reason field, exactly as before
             data.update(payload.model_dump(mode="json", exclude_none=isinstance(payload, OptionalReasonPayload)))
+        # else: a payload model without fields (claim, submit, approve, ...) dumps to {}: nothing to serialise
         return data
 
     def _allocate_task_id(self, uow: UnitOfWork, now_iso: str) -> str:
@@ -600,5 +602,5 @@ def _describe(exc: ValidationError) -> str:
 
 
 def _accepted_message(kind: CommandType, doc: dict[str, Any]) -> str:
-    return (f"{kind.value} accepted: {doc['task_id']} is {doc['state']} "
+    return (f"{kind} accepted: {doc['task_id']} is {doc['state']} "
             f"(revision {doc['revision']}, round {doc['round']})")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from functools import cached_property
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -329,17 +328,17 @@ class Command(BaseModel):
         return {k: self.payload[k] for k in IDENTITY_CLAIM_KEYS if k in self.payload}
 
     def validated_payload(self) -> BaseModel:
-        """The payload checked against its type's model (validated once, then cached)."""
-        return self._payload_model
-
-    @cached_property
-    def _payload_model(self) -> BaseModel:
-        body = {k: v for k, v in self.payload.items() if k not in IDENTITY_CLAIM_KEYS}
-        return PAYLOAD_MODELS[self.type].model_validate(body)
+        """The payload checked against its type's model (validated once, then cached in the instance's
+        ``__dict__`` as ``functools.cached_property`` did, without its per-call descriptor and lock)."""
+        cached = self.__dict__.get("_payload_model")
+        if cached is None:
+            body = {k: v for k, v in self.payload.items() if k not in IDENTITY_CLAIM_KEYS}
+            cached = self.__dict__["_payload_model"] = PAYLOAD_MODELS[self.type].model_validate(body)
+        return cached
 
     def semantic_view(self, principal_id: str) -> dict[str, Any]:
         """What makes two submissions 'the same command' (excludes revision, round, transport)."""
-        return {"type": self.type.value, "task_id": self.task_id,
+        return {"type": str(self.type), "task_id": self.task_id,  # str(): the StrEnum's value, without a frame
                 "thread_key": canonical_thread_key(self.thread_key) if self.thread_key else None,
                 "principal": principal_id, "payload": self.payload,
                 "based_on_event": self.based_on_event, "permission_session": self.permission_session,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from datetime import date
+from functools import lru_cache
 
 MAX_SEQUENCE_DIGITS = 9
 MAX_SEQUENCE = 10**MAX_SEQUENCE_DIGITS - 1  # below 2**31 - 1, the smallest integer column that stores it
@@ -22,6 +23,11 @@ def id_range_problem(day: str, sequence: int) -> str | None:
     """Why an id with this ``YYYYMMDD`` date and sequence number is out of range, or None."""
     if sequence > MAX_SEQUENCE:
         return f"sequence {str(sequence)[:30]} has more than {MAX_SEQUENCE_DIGITS} digits"
+    return _day_problem(day)
+
+
+@lru_cache(maxsize=1024)  # a command names a handful of days: each is checked once per process
+def _day_problem(day: str) -> str | None:
     try:
         date(int(day[:4]), int(day[4:6]), int(day[6:8]))
     except ValueError:

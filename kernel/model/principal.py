@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 ADMIN = "ADMIN"
 RUN_PREFIX = "RUN:"
@@ -17,10 +17,11 @@ class Principal:
     round: int | None = None
     # Built in-process by the coordinator for what it alone records (kernel/records.py); never from a credential.
     internal: bool = False
+    # ``ROLE:agent``, formed once (a command reads it several times); derived, so not compared, hashed or shown.
+    id: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def id(self) -> str:
-        return f"{self.role}:{self.agent}"
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "id", f"{self.role}:{self.agent}")
 
     @property
     def is_admin(self) -> bool:

@@ -103,6 +103,7 @@ EVENT_FOR: dict[CommandType, str] = {
 REPORT_STATUSES = frozenset(s.value for s in ReportStatus)
 BLOCKED_REASON_MAX = 300
 TARGET_STATE_OF_EVENT = {EVENT_FOR[c]: target for c, (_src, target) in TRANSITIONS.items()}
+_TARGET_STATE_VALUE = {event: target.value for event, target in TARGET_STATE_OF_EVENT.items()}  # for apply
 
 
 def default_authority(sender: str, recipient: str, explicit: dict[str, str | None]) -> dict[str, str]:
@@ -174,9 +175,9 @@ def apply(doc: dict[str, Any] | None, event_type: str, data: dict[str, Any], rev
             "updated_at": recorded_at,
         }
     assert doc is not None, f"{event_type} before task_created"
-    target = TARGET_STATE_OF_EVENT.get(event_type)
+    target = _TARGET_STATE_VALUE.get(event_type)
     if target is not None:
-        doc["state"] = target.value
+        doc["state"] = target
         doc["blocked"] = None  # the task moved
         if "round" in data:
             doc["round"] = data["round"]

@@ -234,7 +234,7 @@ class Chain:
         self._keyed: tuple[Link, Sealer] | None = None
         # The head row this Database last wrote: a row equal to it carries a seal made here with this key, so it
         # needs no second HMAC (any other text, a rewritten row included, is checked in full).
-        self._sealed_here: str | None = None
+        self._sealed_here: tuple[str, int, str] | None = None  # (row text, position, last hash)
 
     @property
     def key_id(self) -> str | None:
@@ -245,6 +245,9 @@ class Chain:
         here when this Database has a key; a keyed store whose head is missing or altered refuses (hash_chain)."""
         link, sealer, must_have_head = self._links(uow)
         text = _head_text(uow)
+        sealed_here = self._sealed_here
+        if sealed_here is not None and text == sealed_here[0]:  # the row this Database wrote, read back unchanged
+            return Appending(link, sealer, sealed_here[1], sealed_here[2], stored=True)
         head = ChainHead.decode(text)
         if head is None:
             if must_have_head:
@@ -252,7 +255,7 @@ class Chain:
                                     "cannot be proven; nothing was written. Run `taskkernel verify`")
             pos, prev = _tail(uow)
             return Appending(link, sealer, pos, prev, stored=False)
-        if text != self._sealed_here and not head.sealed_by(sealer):
+        if not head.sealed_by(sealer):
             raise ChainKeyError("hash_chain", "the store's chain head record was altered (its seal does not match); "
                                 "nothing was written. Run `taskkernel verify`")
         return Appending(link, sealer, head.pos, head.hash, stored=True)
@@ -265,7 +268,7 @@ class Chain:
             uow.sql(_UPDATE_HEAD_SQL, (value,))
         else:
             uow.sql(_INSERT_HEAD_SQL, (value,))
-        self._sealed_here = value
+        self._sealed_here = (value, pos, last)
 
     def _links(self, uow: UnitOfWork) -> tuple[Link, Sealer, bool]:
         """The link, the head seal, and whether the store must hold a head row already."""

@@ -73,11 +73,13 @@ class UnitOfWork:
     head_read: bool = False
     head_text: str | None = None
     _cursor: Any = None
+    _driver: Any = None  # the DBAPI connection, when the transaction already holds it
 
     def sql(self, statement: str, params: Sequence[Any] = ()) -> Any:
         """Execute ``statement`` written with ``?`` placeholders; returns the DBAPI cursor."""
         if self._cursor is None:
-            self._cursor = self.conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+            driver = self._driver if self._driver is not None else self.conn.connection.driver_connection
+            self._cursor = driver.cursor()  # type: ignore[union-attr]
         self._cursor.execute(_placeholders(statement, self.dialect), params)
         return self._cursor
 
@@ -141,10 +143,10 @@ class Database:
         """Exclusive write transaction; commits on normal exit, rolls back on error. If events were appended,
         the chain head is sealed (under the same writer lock) as the last statement before the commit."""
         conn = self._take_writer()  # never the one of a write in progress: a nested write gets another
-        healthy = True
+        healthy, driver = True, None
         try:
-            with self._pg_transaction(conn) if self.is_postgres else _sqlite_write_transaction(conn):
-                uow = UnitOfWork(conn, self.dialect, self.chain)
+            with self._pg_transaction(conn) if self.is_postgres else _sqlite_write_transaction(conn) as driver:
+                uow = UnitOfWork(conn, self.dialect, self.chain, _driver=driver)
                 yield uow
                 if uow.appending is not None and uow.appending.moved:
                     uow.chain.seal_head(uow, uow.appending)
@@ -152,16 +154,16 @@ class Database:
             healthy = not (exc.connection_invalidated or conn.invalidated)
             raise
         finally:
-            self._put_writer(conn, healthy)
+            self._put_writer(conn, healthy, driver)
 
     @contextmanager
-    def _pg_transaction(self, conn: Connection) -> Iterator[None]:
+    def _pg_transaction(self, conn: Connection) -> Iterator[Any]:
         """PostgreSQL: the writer lock is a transaction-level advisory lock, taken first."""
         with conn.begin():
             conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({WRITER_LOCK_KEY})")
             if self.durability is Durability.PROCESS:
                 conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
-            yield
+            yield None  # UnitOfWork.sql finds the driver connection itself
 
     def _take_writer(self) -> Connection:
         """An idle write connection, or a new one from the pool (none is shared by two writes at once)."""
@@ -174,11 +176,12 @@ class Database:
                     return conn
         return self.engine.connect().execution_options(taskkernel_write=True)
 
-    def _put_writer(self, conn: Connection, healthy: bool) -> None:
+    def _put_writer(self, conn: Connection, healthy: bool, driver: Any = None) -> None:
         """Back to the idle list (at most MAX_IDLE_WRITERS kept), or closed: back to the engine's pool. One still
         in a transaction (SQLAlchemy's or the driver's) is never kept: the next write would inherit it."""
         if healthy and not (conn.closed or conn.invalidated or conn.get_transaction() is not None
-                            or getattr(conn.connection.driver_connection, "in_transaction", False)):
+                            or getattr(conn.connection.driver_connection if driver is None else driver,
+                                       "in_transaction", False)):
             with self._idle_lock:
                 if self._idle_pid == _Process.pid and len(self._idle) < MAX_IDLE_WRITERS:
                     self._idle.append(conn)
@@ -371,14 +374,14 @@ def _sqlite_engine(url: str, durability: Durability) -> Engine:
 
 
 @contextmanager
-def _sqlite_write_transaction(conn: Connection) -> Iterator[None]:
+def _sqlite_write_transaction(conn: Connection) -> Iterator[Any]:
     """BEGIN IMMEDIATE ... COMMIT on the driver connection: SQLAlchemy's transaction machinery (~10 µs) costs more
     than a command's statements. A Core statement run meanwhile makes SQLAlchemy open its transaction object over
     this one (the begin hook issues no second BEGIN); the end then goes through SQLAlchemy."""
     driver: Any = conn.connection.driver_connection
     try:  # an interrupt while BEGIN waits for the lock may arrive once it is taken: roll that back too
         _on_driver(driver.execute, "BEGIN IMMEDIATE")
-        yield
+        yield driver  # the write's UnitOfWork opens its cursor on it (no second walk through SQLAlchemy's wrappers)
         if conn.in_transaction():
             conn.commit()
         else:
