@@ -17,18 +17,21 @@ before it read what it was told has not finished its work.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from taskkernel.kernel.model.commands import Command, CommandType
+from taskkernel.kernel.model.kinds import CommandType
 from taskkernel.kernel.model.principal import RUN_PREFIX, Principal
 from taskkernel.kernel.model.task import TaskState
 from taskkernel.kernel.reasons import KernelError, ReasonCode
-from taskkernel.kernel.sessionlog.models import INSTRUCTION_KIND_NAMES, InputKind
+from taskkernel.kernel.sessionlog.kinds import INSTRUCTION_KIND_NAMES, InputKind
 from taskkernel.kernel.sessionlog.tables import install, session_counter, session_input
 from taskkernel.kernel.store.db import Database, UnitOfWork
+
+if TYPE_CHECKING:  # the pydantic wire format: the guard's annotation only (a read counts without it)
+    from taskkernel.kernel.model.commands import Command
 
 IN_WORK = frozenset({TaskState.INBOX.value, TaskState.ACTIVE.value})  # a driver has work to be told about
 

@@ -55,14 +55,17 @@ def test_a_command_imports_only_its_own_group(tmp_path: Path) -> None:
 
 def test_task_show_imports_only_its_read(tmp_path: Path) -> None:
     """Issue 29 goal 4a: `task show` reads the task's document (kernel/queries.py): no command kernel, no
-    composition, no runner, no terminal rendering, logging or YAML when its output is JSON."""
+    composition, no runner, no terminal rendering, logging or YAML when its output is JSON; the command and
+    session-log enums from kinds.py, never their pydantic models, nor the session log itself."""
     ws = tmp_path / "ws"
     assert run("init", str(ws), cwd=tmp_path).code == 0
     made = run("task", "create", "--to", "PM", "--subject", "shown", cwd=ws)
     assert made.code == 0, made.err
     not_needed = (*SERVERS, *SCHEDULER, "taskkernel.kernel.commands", "taskkernel.coordinator.compose",
                   "taskkernel.coordinator.runners", "taskkernel.coordinator.worktrees", "taskkernel.kernel.gate",
-                  "taskkernel.coordinator.folders", "sqlalchemy.orm", "rich", "structlog", "yaml")
+                  "taskkernel.coordinator.folders", "sqlalchemy.orm", "rich", "structlog", "yaml",
+                  "taskkernel.kernel.model.commands", "taskkernel.kernel.sessionlog.models",
+                  "taskkernel.kernel.sessionlog.log")
     assert loaded_by("task", "show", made.json["task_id"], cwd=ws, watched=("sqlalchemy", *not_needed)) == [
         "sqlalchemy"]
 

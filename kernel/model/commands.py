@@ -11,7 +11,6 @@ same way, so what is stored reads back exactly (docs/events.md).
 from __future__ import annotations
 
 import re
-from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -20,6 +19,11 @@ from pydantic_core import PydanticCustomError
 from taskkernel.kernel.canonical import JSON_SAFE_INT, check_json
 from taskkernel.kernel.model.ids import TASK_ID_RE as TASK_ID_RE  # re-exported: the grammar other modules match
 from taskkernel.kernel.model.ids import task_id_problem
+from taskkernel.kernel.model.kinds import CommandType as CommandType  # the enums, re-exported (kinds.py)
+from taskkernel.kernel.model.kinds import CostTier as CostTier
+from taskkernel.kernel.model.kinds import Priority as Priority
+from taskkernel.kernel.model.kinds import ReportStatus as ReportStatus
+from taskkernel.kernel.model.kinds import RiskLevel as RiskLevel
 from taskkernel.kernel.model.limits import Body, Reason, References, ThreadKey
 
 TASK_ID_ERROR = "invalid_task_id"  # the pydantic error type of a bad task id
@@ -33,55 +37,10 @@ MAX_BUDGET_ATTEMPTS = 1_000_000
 _THREAD_SUFFIX_RE = re.compile(r"#TASK-(?:\d{8}-\d{3,}|[0-9a-f]{32}).*$", re.IGNORECASE)
 
 
-class CommandType(StrEnum):
-    CREATE_TASK = "create_task"
-    CLAIM = "claim"
-    SUBMIT = "submit"
-    APPROVE = "approve"
-    REJECT = "reject"
-    REOPEN = "reopen"
-    ARCHIVE = "archive"
-    FORCE_ARCHIVE = "force_archive"
-    SUBMIT_REPORT = "submit_report"
-    AMEND = "amend"
-    PERFORM = "perform"
-    ADOPT_TASK = "adopt_task"
-    ATTACH_RECORD = "attach_record"
-    RETRY = "retry"
-    RECORD_MERGE = "record_merge"
-    RECORD_MERGE_FAILURE = "record_merge_failure"
-
-
 # Commands that bring a task into existence (no expected_revision/round; task_id optional).
 CREATING = frozenset({CommandType.CREATE_TASK, CommandType.ADOPT_TASK})
 # What the coordinator alone records (a merge it did or could not do): never from a credential (kernel/records.py).
 COORDINATOR_ONLY = frozenset({CommandType.RECORD_MERGE, CommandType.RECORD_MERGE_FAILURE})
-
-
-class Priority(StrEnum):
-    P0 = "P0"
-    P1 = "P1"
-    P2 = "P2"
-    P3 = "P3"
-
-
-class RiskLevel(StrEnum):
-    LOW = "low"
-    MEDIUM = "medium"
-    HIGH = "high"
-    IRREVERSIBLE = "irreversible"
-
-
-class CostTier(StrEnum):
-    """Model class / service tier, owned by the root task and inherited by every descendant."""
-
-    ECONOMY = "economy"
-    STANDARD = "standard"
-    PREMIUM = "premium"
-
-    @property
-    def rank(self) -> int:
-        return list(CostTier).index(self)
 
 
 class TaskBudget(BaseModel):
@@ -94,13 +53,6 @@ class TaskBudget(BaseModel):
     wall_seconds: float | None = Field(default=None, strict=True, allow_inf_nan=False, ge=0,
                                        le=MAX_BUDGET_WALL_SECONDS)
     attempts: int | None = Field(default=None, strict=True, ge=0, le=MAX_BUDGET_ATTEMPTS)
-
-
-class ReportStatus(StrEnum):
-    DONE = "done"
-    BLOCKED = "blocked"
-    IN_PROGRESS = "in_progress"
-    ABORTED = "aborted"
 
 
 def canonical_thread_key(value: str | None) -> str:

@@ -19,10 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from taskkernel.kernel.model.commands import CommandType, CreateTaskPayload, ReportStatus
+from taskkernel.kernel.model.kinds import CommandType, ReportStatus
 from taskkernel.kernel.model.principal import ADMIN
+
+if TYPE_CHECKING:  # the pydantic wire format is not needed to fold events (nor to import this module)
+    from taskkernel.kernel.model.commands import CreateTaskPayload
 
 
 def task_stream(task_id: str) -> str:
