@@ -8,6 +8,7 @@ encoding say so; a file that takes an id the kernel holds is told the next free 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -209,3 +210,97 @@ def test_what_an_import_holds_per_file_is_small(tmp_path: Path) -> None:
     extra = large_files - small_files
     assert (large_peak - small_peak) / extra < 1500, "peak bytes per extra file"
     assert (large_kept - small_kept) / extra < 600, "bytes per extra file held after the import (the scan's stat keys)"
+
+
+# -- review of 84a5775 --------------------------------------------------------------------------------
+
+def test_a_typed_scalar_pyyaml_cannot_build_never_stops_the_import(g3: Path) -> None:
+    """`x: !!bool maybe` made PyYAML raise KeyError out of the walk: every pass failed and nothing was imported."""
+    inbox = g3 / "fcop" / "_lifecycle" / "inbox"
+    task(inbox / "TASK-20260101-001-ADMIN-to-DEV.md", subject="Good")
+    task(inbox / "TASK-20260101-002-ADMIN-to-DEV.md", subject="Bad", extra="x: !!bool maybe\n")
+    r = run("fcop", "import", cwd=g3)
+    assert r.code == 0, r.out
+    assert r.json["tasks"] == 1
+    assert [(k["file"].rpartition("/")[2], k["reason"]) for k in r.json["kept"]] == [
+        ("TASK-20260101-002-ADMIN-to-DEV.md", "malformed_front_matter")]
+    assert show(g3, "TASK-20260101-001")["state"] == "inbox"
+
+
+def test_the_spill_lives_in_the_state_folder_and_a_short_write_is_continued(g3: Path, monkeypatch) -> None:
+    """Not in $TMPDIR (a tmpfs /tmp holds it in RAM); os.pwrite may write less than asked: the rest follows."""
+    from taskkernel.coordinator.folders import importer as importer_module
+
+    lc = g3 / "fcop" / "_lifecycle"
+    for n in range(1, 4):
+        task(lc / "inbox" / f"TASK-20260101-00{n}-ADMIN-to-DEV.md", subject=f"Job {n}", body=f"Body {n} " * 50)
+    dirs: list[object] = []
+    made = importer_module.tempfile.TemporaryFile
+
+    def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        dirs.append(kwargs.get("dir"))
+        return made(*args, **kwargs)
+
+    pwrite = os.pwrite
+    monkeypatch.setattr(importer_module.tempfile, "TemporaryFile", spy)
+    monkeypatch.setattr(importer_module.os, "pwrite", lambda fd, data, offset: pwrite(fd, bytes(data[:7]), offset))
+    db = CliContext(workspace_path=str(g3)).database()
+    importer = Importer.for_workspace(build_kernel(db, Workspace.load(g3)), open_workspace(g3), FileTracker(db), g3,
+                                      STATE_DIR)
+    report = importer.run()
+    monkeypatch.undo()
+    assert dirs == [g3 / STATE_DIR]
+    assert sum(report.tasks.values()) == 3 and not report.refused and not report.kept
+    for n in range(1, 4):
+        doc = show(g3, f"TASK-20260101-00{n}")
+        assert doc["subject"] == f"Job {n}" and (f"Body {n} " * 50).strip() in doc["body"]
+
+
+def test_a_long_parent_chain_plans_in_linear_steps() -> None:
+    """`_depth` walked every task's whole chain (20k tasks in a chain: 51 s) and `_break_cycles` too: a 3,000-task
+    chain now costs a step per task (lookups counted, not time)."""
+    from types import SimpleNamespace
+
+    from taskkernel.coordinator.folders.importer import _depth, _Run
+
+    class Counting(dict):
+        lookups = 0
+
+        def __getitem__(self, key):  # noqa: ANN001, ANN204
+            Counting.lookups += 1
+            return super().__getitem__(key)
+
+    n = 3000
+    found = Counting()
+    for i in range(n):
+        found[f"T{i}"] = SimpleNamespace(id=f"T{i}", parent=f"T{i - 1}" if i else None, file=None)
+    warnings: list[str] = []
+    run_ = SimpleNamespace(_warn=lambda f, w, m: warnings.append(w))
+    _Run._break_cycles(run_, found)  # type: ignore[arg-type]
+    assert not warnings and Counting.lookups <= 2 * n
+    Counting.lookups = 0
+    memo: dict[str, int] = {}
+    depths = [_depth(found, task_id, memo) for task_id in sorted(found)]  # type: ignore[arg-type]
+    assert Counting.lookups <= 3 * n
+    assert sorted(depths) == list(range(n)) and memo["T2999"] == 2999
+    found["T0"].parent = "T2999"  # a loop: cut once, where the walk came back
+    Counting.lookups = 0
+    _Run._break_cycles(run_, found)  # type: ignore[arg-type]
+    assert warnings == ["parent_cycle"] and Counting.lookups <= 2 * n
+    assert sum(t.parent is None for t in found.values()) == 1
+
+
+def test_a_failing_pass_never_leaves_the_imports_walk_for_the_next(monkeypatch) -> None:
+    """The import's walk stands as one pass's scan only: a pass that fails before using it drops it."""
+    from taskkernel.coordinator.fcop.scan import ScanBatch
+    from taskkernel.coordinator.folders.ingest import Ingest
+
+    class Tracker:
+        def stats(self):  # noqa: ANN202
+            raise RuntimeError("database is locked")
+
+    ingest = Ingest.__new__(Ingest)
+    ingest.trusted, ingest.tracker, ingest._walked = None, Tracker(), ScanBatch()  # type: ignore[assignment]
+    with pytest.raises(RuntimeError):
+        ingest.run()
+    assert ingest._walked is None

@@ -141,3 +141,47 @@ def test_size_cap() -> None:
     with pytest.raises(FcopError) as exc:
         parse_envelope(TASK, doc(BASE, "\n" + "x" * 2000), max_bytes=1000)
     assert exc.value.reason is FcopReason.FILE_TOO_LARGE
+
+
+# -- review of 84a5775: typed scalars and merge bombs ----------------------------------------------
+
+@pytest.mark.parametrize("value", ["!!bool maybe", "!!int ''", "!!float ''", "!!int '-'", "!!int '0x'"])
+def test_a_typed_scalar_pyyaml_cannot_build_is_malformed_front_matter(value: str) -> None:
+    """PyYAML's scalar constructors raise KeyError/IndexError on these: a refusal, never an escaping error."""
+    from taskkernel.coordinator.fcop.frontmatter import load_mapping
+
+    with pytest.raises(FcopError) as info:
+        load_mapping(f"x: {value}\n")
+    assert info.value.reason is FcopReason.MALFORMED_FRONT_MATTER
+    with pytest.raises(FcopError) as info:
+        parse_envelope(TASK, f"---\nprotocol: fcop\nversion: 1\nsender: ADMIN\nrecipient: PM\nx: {value}\n---\n"
+                       .encode())
+    assert info.value.reason is FcopReason.MALFORMED_FRONT_MATTER
+
+
+def test_nested_merges_of_aliases_are_refused_before_any_merge_is_flattened(monkeypatch) -> None:  # noqa: ANN001
+    """`x: &a25 {<<: [&a24 {<<: [...]}, *a24]}` doubles per level while PyYAML (< 6.0.4) flattens it: the composed
+    graph is checked (a node reached twice is refused) before a merge is flattened at all."""
+    from taskkernel.coordinator.fcop import frontmatter
+
+    doc = "&a0 {k0: v}"
+    for i in range(1, 26):
+        doc = f"&a{i} {{<<: [{doc}, *a{i - 1}]}}"
+
+    def never(node):  # noqa: ANN001, ANN202
+        raise AssertionError("a merge was flattened before the aliases were refused")
+
+    monkeypatch.setattr(frontmatter._SAFE, "flatten_mapping", never)
+    with pytest.raises(FcopError) as info:
+        frontmatter.load_mapping(f"x: {doc}\n")
+    assert info.value.reason is FcopReason.MALFORMED_FRONT_MATTER and "alias" in info.value.message
+    monkeypatch.undo()
+    assert frontmatter.load_mapping("a: {<<: {k: 1}, j: 2}\n") == {"a": {"k": 1, "j": 2}}  # merges in place still work
+
+
+def test_a_cycle_through_an_alias_is_refused() -> None:
+    from taskkernel.coordinator.fcop.frontmatter import load_mapping
+
+    with pytest.raises(FcopError) as info:
+        load_mapping("x: &a [*a]\n")
+    assert info.value.reason is FcopReason.MALFORMED_FRONT_MATTER

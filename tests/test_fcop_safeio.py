@@ -206,3 +206,42 @@ def test_writer_refuses_what_it_could_not_write_canonically(tmp_path: Path, bad:
         write_task(ws, TaskDraft(**fields))  # type: ignore[arg-type]
     assert exc.value.reason is FcopReason.INVALID_FIELD_VALUE
     assert not any(ws.stage_dir("inbox").iterdir())
+
+
+def test_an_entry_that_cannot_be_stated_or_read_is_an_io_error(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A folder readable but not searchable (entry.stat() EACCES) or a read failing with EIO: FcopError(io_error),
+    never a bare OSError out of the safe layer (review of 84a5775)."""
+    from taskkernel.coordinator.fcop import safeio
+
+    (tmp_path / "f.md").write_bytes(b"x")
+
+    class Entry:
+        name = "f.md"
+
+        def stat(self, *, follow_symlinks: bool = True) -> os.stat_result:
+            raise PermissionError(13, "Permission denied")
+
+    class Entries:
+        def __enter__(self) -> Entries:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+        def __iter__(self):  # noqa: ANN204
+            return iter([Entry()])
+
+    monkeypatch.setattr(os, "scandir", lambda fd: Entries())
+    with pytest.raises(FcopError) as info:
+        safeio.list_dir(tmp_path)
+    assert info.value.reason is FcopReason.IO_ERROR and info.value.path == tmp_path
+    monkeypatch.undo()
+
+    def eio(fd: int, n: int) -> bytes:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "read", eio)
+    with pytest.raises(FcopError) as info:
+        safeio.read_bytes(tmp_path / "f.md", 100)
+    assert info.value.reason is FcopReason.IO_ERROR

@@ -182,3 +182,107 @@ def test_folders_never_looked_into_are_named_in_every_batch_while_they_stay(ws: 
             "_lifecycle/archive/a/b/c/d/e": FcopReason.FOLDER_TOO_DEEP, "tasks/linked": FcopReason.SYMLINK_REFUSED}
     assert [e.rel for e in Scanner(ws, settle_s=0, grace_s=0).scan().ready] == [
         f"_lifecycle/archive/a/b/c/d/{NAME}"]
+
+
+# -- review of 84a5775: one file or folder never stops the walk ------------------------------------
+
+BAD_NAME = "TASK-20260101-002-ADMIN-to-PM.md"
+
+
+@pytest.mark.parametrize("value", ["!!bool maybe", "!!int ''", "!!float ''", "!!int '-'"])
+def test_a_typed_scalar_pyyaml_cannot_build_refuses_its_file_only(ws: FcopWorkspace, value: str) -> None:
+    inbox = ws.stage_dir("inbox")
+    put(inbox / NAME, GOOD, 1000.0)
+    put(inbox / BAD_NAME, f"---\nprotocol: fcop\nversion: 1\nsender: ADMIN\nrecipient: PM\nx: {value}\n---\n"
+        .encode(), 1000.0)
+    batch = Scanner(ws, settle_s=0, grace_s=0).scan()
+    assert [e.path.name for e in batch.ready] == [NAME]
+    assert [(e.path.name, e.error.reason) for e in batch.invalid if e.error] == [
+        (BAD_NAME, FcopReason.MALFORMED_FRONT_MATTER)]
+
+
+def test_a_parser_crash_on_one_file_refuses_that_file_only(ws: FcopWorkspace,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    inbox = ws.stage_dir("inbox")
+    put(inbox / NAME, GOOD, 1000.0)
+    put(inbox / BAD_NAME, GOOD, 1000.0)
+    parse = scan_module.parse_envelope
+
+    def crashing(name, data, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        if name == BAD_NAME:
+            raise KeyError("maybe")
+        return parse(name, data, **kwargs)
+
+    monkeypatch.setattr(scan_module, "parse_envelope", crashing)
+    batch = Scanner(ws, settle_s=0, grace_s=0).scan()
+    assert [e.path.name for e in batch.ready] == [NAME]
+    assert [(e.path.name, e.error.reason) for e in batch.invalid if e.error] == [
+        (BAD_NAME, FcopReason.MALFORMED_FRONT_MATTER)]
+
+
+def test_a_folder_that_cannot_be_listed_is_refused_and_the_walk_goes_on(ws: FcopWorkspace,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A folder readable but not searchable (entry.stat() PermissionError), or EIO: refused with io_error."""
+    inbox = ws.stage_dir("inbox")
+    put(inbox / NAME, GOOD, 1000.0)
+    locked = inbox / "batch"
+    locked.mkdir()
+    put(locked / BAD_NAME, GOOD, 1000.0)
+    real_scandir = os.scandir
+
+    class Entry:
+        def __init__(self, entry: os.DirEntry[str]) -> None:
+            self.name = entry.name
+
+        def stat(self, *, follow_symlinks: bool = True) -> os.stat_result:
+            raise PermissionError(13, "Permission denied")
+
+    class Entries:
+        def __init__(self, fd: int) -> None:
+            self.it = real_scandir(fd)
+
+        def __enter__(self) -> Entries:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.it.close()
+
+        def __iter__(self):  # noqa: ANN204
+            return (Entry(e) for e in self.it)
+
+    def scandir(fd):  # noqa: ANN001, ANN202
+        if isinstance(fd, int) and os.path.samestat(os.fstat(fd), os.stat(locked)):
+            return Entries(fd)
+        return real_scandir(fd)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    batch = Scanner(ws, settle_s=0, grace_s=0).scan()
+    assert [e.path.name for e in batch.ready] == [NAME]
+    assert {rel: e.reason for rel, e in batch.refused.items()} == {"_lifecycle/inbox/batch": FcopReason.IO_ERROR}
+
+    def failing(fd, shown=None):  # noqa: ANN001, ANN202
+        raise OSError(5, "Input/output error")  # an OSError the safe layer did not name
+
+    monkeypatch.setattr(scan_module, "list_fd", failing)
+    batch = Scanner(ws, settle_s=0, grace_s=0).scan()
+    assert not batch.ready and batch.refused and all(
+        e.reason is FcopReason.IO_ERROR for e in batch.refused.values())
+
+
+def test_a_file_that_cannot_be_read_is_refused_and_the_walk_goes_on(ws: FcopWorkspace,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    inbox = ws.stage_dir("inbox")
+    put(inbox / NAME, GOOD, 1000.0)
+    put(inbox / BAD_NAME, GOOD + b"x", 1000.0)
+    real_read = os.read
+    size = len(GOOD) + 1
+
+    def read(fd: int, n: int) -> bytes:
+        if os.fstat(fd).st_size == size:
+            raise OSError(5, "Input/output error")
+        return real_read(fd, n)
+
+    monkeypatch.setattr(os, "read", read)
+    batch = Scanner(ws, settle_s=0, grace_s=0).scan()
+    assert [e.path.name for e in batch.ready] == [NAME]
+    assert [(e.path.name, e.error.reason) for e in batch.invalid if e.error] == [(BAD_NAME, FcopReason.IO_ERROR)]

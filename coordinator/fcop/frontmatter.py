@@ -77,11 +77,37 @@ def _construct(node: yaml.Node, seen: set[int], depth: int) -> Any:
     return mapping
 
 
+def _check_graph(root: yaml.Node) -> None:
+    """One iterative walk of the composed node graph before anything is constructed: refuses a node reached
+    twice (an alias, or a cycle) and collections nested deeper than ``MAX_DEPTH``. ``<<:`` merges are flattened
+    only after this, so flattening copies each node once (no billion laughs through merged aliases)."""
+    seen: set[int] = set()
+    stack: list[tuple[yaml.Node, int]] = [(root, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if id(node) in seen:
+            raise _refused(node, "YAML aliases are not allowed")
+        seen.add(id(node))
+        if isinstance(node, yaml.ScalarNode):
+            continue
+        if depth >= MAX_DEPTH:
+            raise _refused(node, f"front matter nests deeper than {MAX_DEPTH} levels")
+        if isinstance(node, yaml.SequenceNode):
+            stack.extend((item, depth + 1) for item in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                stack.append((key, depth + 1))
+                stack.append((value, depth + 1))
+
+
 def _load(yaml_text: str) -> Any:
     loader = _Loader(yaml_text)
     try:
         node = loader.get_single_node()
-        return None if node is None else _construct(node, set(), 0)
+        if node is None:
+            return None
+        _check_graph(node)
+        return _construct(node, set(), 0)
     finally:
         loader.dispose()
 
@@ -126,7 +152,8 @@ def load_mapping(yaml_text: str) -> dict[str, Any]:
         data = _load(yaml_text)
     except _DuplicateKey as exc:
         raise FcopError(FcopReason.DUPLICATE_KEY, f"front matter has a {exc.problem}") from exc
-    except (yaml.YAMLError, ValueError, TypeError, RecursionError, OverflowError) as exc:
+    except (yaml.YAMLError, LookupError, ValueError, TypeError, ArithmeticError, RecursionError,
+            MemoryError) as exc:  # PyYAML's scalar constructors raise KeyError/IndexError on `!!bool maybe`, `!!int ''`
         detail = " ".join(str(exc).split())[:300]
         raise FcopError(FcopReason.MALFORMED_FRONT_MATTER, f"front matter is not valid YAML: {detail}") from exc
     if data is None:

@@ -187,20 +187,28 @@ def _entries(path: Path) -> Iterator[Iterator[os.DirEntry[str]]]:
         yield entries
 
 
-def list_fd(fd: int) -> list[tuple[str, os.stat_result]]:
-    """(name, lstat) of every entry of the open folder ``fd`` (an entry that vanishes meanwhile is left out)."""
+def list_fd(fd: int, shown: Path | None = None) -> list[tuple[str, os.stat_result]]:
+    """(name, lstat) of every entry of the open folder ``fd`` (an entry that vanishes meanwhile is left out).
+
+    Any other OSError (a folder readable but not searchable, EIO) is FcopError(io_error) naming ``shown``: the
+    folder is refused as a whole, never a crash of the caller's walk."""
     out = []
-    with os.scandir(fd) as entries:
-        for entry in entries:
-            with contextlib.suppress(FileNotFoundError):
-                out.append((entry.name, entry.stat(follow_symlinks=False)))
+    try:
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                with contextlib.suppress(FileNotFoundError):
+                    out.append((entry.name, entry.stat(follow_symlinks=False)))
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise FcopError(FcopReason.IO_ERROR, f"cannot list: {exc.strerror or exc}", shown) from exc
     return out
 
 
 def list_dir(path: Path) -> list[tuple[str, os.stat_result]]:
     """(name, lstat) of every entry of the folder ``path`` (an entry that vanishes meanwhile is left out)."""
     with folder_fd(path) as fd:
-        return list_fd(fd)
+        return list_fd(fd, path)
 
 
 def list_names(path: Path) -> list[tuple[str, bool]]:
@@ -279,6 +287,8 @@ def _read_fd(fd: int, max_bytes: int, shown: Path) -> tuple[bytes, os.stat_resul
         if total > max_bytes:
             raise FcopError(FcopReason.FILE_TOO_LARGE, f"file grew beyond the limit of {max_bytes} bytes", shown)
         return b"".join(chunks), st
+    except OSError as exc:  # EIO and the like: this file is refused, the caller's walk goes on
+        raise FcopError(FcopReason.IO_ERROR, f"cannot read: {exc.strerror or exc}", shown) from exc
     finally:
         os.close(fd)
 

@@ -187,7 +187,7 @@ def _walk(ws: FcopWorkspace, directory: Path, rel_dir: str, depth: int,
     folders: list[str] = []
     try:
         with folder_fd(directory) as fd:
-            entries = sorted(list_fd(fd))
+            entries = sorted(list_fd(fd, directory))
             wanted = {reason_note_name(name) for name, _ in entries if not is_reason_note(name)}
             files = []
             for name, st in entries:
@@ -208,6 +208,9 @@ def _walk(ws: FcopWorkspace, directory: Path, rel_dir: str, depth: int,
         return
     except FcopError as exc:  # a symlinked folder (or an unreadable one): never followed
         refuse(exc)
+        return
+    except OSError as exc:  # anything the safe layer did not name: this folder is refused, the walk goes on
+        refuse(FcopError(FcopReason.IO_ERROR, f"cannot list {directory}: {exc.strerror or exc}", directory))
         return
     for name in folders:
         path = directory / name
@@ -368,6 +371,8 @@ class Scanner:
             return None, FcopError(FcopReason.SOURCE_MISSING, "vanished", f.path), None
         except FcopError as exc:
             return None, exc, None
+        except OSError as exc:  # not named by the safe layer: this file is refused, never the walk
+            return None, FcopError(FcopReason.IO_ERROR, f"cannot read: {exc.strerror or exc}", f.path), None
         sha = sha256_hex(data)
         try:
             return parse_envelope(f.name, data, max_bytes=self.max_bytes, legacy_encoding=self.legacy_encoding,
@@ -375,3 +380,8 @@ class Scanner:
         except FcopError as exc:
             exc.path = f.path
             return None, exc, sha
+        except Exception as exc:  # noqa: BLE001 - a parser bug on one file refuses that file, never the walk
+            log.warning("fcop.parse_crashed", path=f.rel, error=type(exc).__name__)
+            return None, FcopError(FcopReason.MALFORMED_FRONT_MATTER,
+                                   f"cannot be parsed ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})",
+                                   f.path), sha

@@ -24,11 +24,12 @@ recorded in `folder_files`, so a later pass (or a re-run after a crash) never ta
 
 Each file is read and parsed once, in one walk that stands as the pass's scan too (`Ingest.took_over`). Memory
 follows the files' number, not their size: per file the plan keeps its place, digest, id, route and parent;
-bodies and the other command fields wait in an unnamed spill file until their batch is committed.
+bodies and the other command fields wait in an unnamed spill file in the state folder until the import ends.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -135,17 +136,25 @@ class _File:
 
 class _Spill:
     """What only a file's command needs (its body above all), in an unnamed temporary file (0600, gone when
-    closed) from the walk to the commit: what the import holds per file does not grow with what files say."""
+    closed) in the workspace's private state folder (not ``$TMPDIR``: a tmpfs /tmp would hold it in RAM, a small
+    one would fail the import), from the walk to the end of the import: what the import holds per file does not
+    grow with what files say."""
 
-    def __init__(self) -> None:
-        self._file = tempfile.TemporaryFile()  # noqa: SIM115 - closed by the import's run
+    def __init__(self, directory: Path) -> None:
+        self._file = tempfile.TemporaryFile(dir=directory)  # noqa: SIM115 - closed by the import's run
         self._end = 0
 
     def put(self, value: dict[str, Any]) -> tuple[int, int]:
         data = json.dumps(value).encode()  # ASCII escapes: any string, a lone surrogate too, comes back whole
-        os.pwrite(self._file.fileno(), data, self._end)
-        self._end += len(data)
-        return self._end - len(data), len(data)
+        start = self._end
+        view, offset = memoryview(data), start
+        while view:  # a short write is continued, never skipped
+            written = os.pwrite(self._file.fileno(), view, offset)
+            if written <= 0:
+                raise OSError(errno.ENOSPC, "the import's spill file took no more bytes")
+            view, offset = view[written:], offset + written
+        self._end = offset
+        return start, len(data)
 
     def get(self, ref: tuple[int, int]) -> dict[str, Any]:
         offset, size = ref
@@ -274,7 +283,7 @@ class _Run:
                                                                             folder_files.c.sha256))}
             self.known = frozenset(conn.execute(sa.select(tasks.c.task_id)).scalars())
         self.ids = set(self.known)  # tasks the kernel holds: before the import, and adopted by it
-        self.spill = _Spill()
+        self.spill = _Spill(importer.lock_file.parent)  # the state folder: made by the import lock
 
     def run(self, scanner: Scanner, batch: ScanBatch) -> ImportReport:
         """Plan from one walk (each file read once; of a file only what planning needs is kept, the rest of its
@@ -347,15 +356,21 @@ class _Run:
         return found
 
     def _break_cycles(self, found: dict[str, _Task]) -> None:
+        """Each task's chain walked once in all (a task already walked ends a walk): where a walk comes back to a
+        task on its own path, that task's parent link closes a loop and is cut (it is imported as a root)."""
+        done: set[str] = set()
         for task in found.values():
-            seen, node = {task.id}, task.parent
-            while node in found:
-                if node in seen:
-                    self._warn(task.file, "parent_cycle", f"parent chain of {task.id} loops; imported as a root")
-                    task.parent = None
+            path: dict[str, None] = {}
+            node: str | None = task.id
+            while node in found and node not in done:
+                if node in path:
+                    looped = found[node]
+                    self._warn(looped.file, "parent_cycle", f"parent chain of {node} loops; imported as a root")
+                    looped.parent = None
                     break
-                seen.add(node)
+                path[node] = None
                 node = found[node].parent
+            done.update(path)
 
     @staticmethod
     def _reports_by_task(records: list[_Record]) -> dict[str, list[_Record]]:
@@ -380,8 +395,9 @@ class _Run:
     def _adopt(self, found: dict[str, _Task]) -> None:
         """Level by level (a task's parent one level up), a batch of commands built and committed at a time."""
         levels: dict[int, list[_Task]] = {}
+        depths: dict[str, int] = {}
         for task_id in sorted(found):
-            levels.setdefault(_depth(found, task_id), []).append(found[task_id])
+            levels.setdefault(_depth(found, task_id, depths), []).append(found[task_id])
         failed: set[str] = set()
         for n in sorted(levels):
             level = levels.pop(n)
@@ -558,12 +574,19 @@ class _Run:
         self.report.warnings.append({"file": f.rel, "warning": warning, "message": message})
 
 
-def _depth(found: dict[str, _Task], task_id: str) -> int:
-    """How many of its ancestors are imported with it (cycles were broken before)."""
-    depth, parent = 0, found[task_id].parent
-    while parent in found:
-        depth, parent = depth + 1, found[parent].parent  # type: ignore[index]
-    return depth
+def _depth(found: dict[str, _Task], task_id: str, memo: dict[str, int]) -> int:
+    """How many of its ancestors are imported with it (cycles were broken before); ``memo`` keeps every depth
+    found, so each task's chain is walked once over all calls (a long parent chain plans in linear time)."""
+    chain: list[str] = []
+    node: str | None = task_id
+    while node in found and node not in memo:
+        chain.append(node)
+        node = found[node].parent
+    depth = memo[node] + 1 if node in memo else 0  # type: ignore[index]
+    for item in reversed(chain):
+        memo[item] = depth
+        depth += 1
+    return memo[task_id]
 
 
 def _round(task: _Task) -> int:

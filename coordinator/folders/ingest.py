@@ -149,10 +149,11 @@ class Ingest:
 
     def run(self) -> IngestStats:
         stats = IngestStats()
+        walked, self._walked = self._walked, None  # taken first: a failure below never leaves a stale walk behind
         if self.trusted is None:  # a new process: files an earlier one handled, unchanged, are not read again
             self.trusted = self.tracker.stats()
             self.scanner.trust(self.trusted)
-        batch, self._walked = self._walked or self.scanner.scan(), None
+        batch = walked or self.scanner.scan()
         self._sweep_notes(batch.stale_notes)
         for entry in batch.invalid:
             known = self.tracker.get(entry.rel)
