@@ -486,6 +486,7 @@ def main() -> int:
         store = build(init(ws), n)
         ids = store.pop("ids")
         small_store = build(init(tmp / "ws-small"), n // 10)
+        small_store.pop("ids")  # the cards are read from the large store only
         local = in_process(ws, ids, min(rounds, 50), rng)
         server = Server(ws, tmp / "serve.log")
         try:
