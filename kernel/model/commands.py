@@ -234,6 +234,7 @@ PAYLOAD_MODELS: dict[CommandType, type[BaseModel]] = {
 
 # Payload keys through which a caller might try to speak for someone else (check 2).
 IDENTITY_CLAIM_KEYS = ("actor", "role", "by", "principal", "agent", "as_role")
+_CLAIM_KEYS = frozenset(IDENTITY_CLAIM_KEYS)  # for the usual case, a payload naming none of them (one C call)
 
 
 class Command(BaseModel):
@@ -277,6 +278,8 @@ class Command(BaseModel):
         return self
 
     def identity_claims(self) -> dict[str, Any]:
+        if _CLAIM_KEYS.isdisjoint(self.payload):
+            return {}
         return {k: self.payload[k] for k in IDENTITY_CLAIM_KEYS if k in self.payload}
 
     def validated_payload(self) -> BaseModel:
@@ -284,7 +287,8 @@ class Command(BaseModel):
         ``__dict__`` as ``functools.cached_property`` did, without its per-call descriptor and lock)."""
         cached = self.__dict__.get("_payload_model")
         if cached is None:
-            body = {k: v for k, v in self.payload.items() if k not in IDENTITY_CLAIM_KEYS}
+            body = self.payload if _CLAIM_KEYS.isdisjoint(self.payload) else {
+                k: v for k, v in self.payload.items() if k not in _CLAIM_KEYS}
             cached = self.__dict__["_payload_model"] = PAYLOAD_MODELS[self.type].model_validate(body)
         return cached
 

@@ -51,7 +51,7 @@ class Durability(StrEnum):
     PROCESS = "process"  # survives kill -9 of any process, may lose the last commits on OS crash
 
 
-@dataclass
+@dataclass(slots=True)
 class UnitOfWork:
     """One write transaction: a connection plus per-transaction caches.
 
@@ -80,7 +80,7 @@ class UnitOfWork:
         if self._cursor is None:
             driver = self._driver if self._driver is not None else self.conn.connection.driver_connection
             self._cursor = driver.cursor()  # type: ignore[union-attr]
-        self._cursor.execute(_placeholders(statement, self.dialect), params)
+        self._cursor.execute(statement if self.dialect == "sqlite" else _placeholders(statement, self.dialect), params)
         return self._cursor
 
     def sql_many(self, statement: str, rows: Sequence[Sequence[Any]]) -> None:
@@ -138,32 +138,11 @@ class Database:
     def is_postgres(self) -> bool:
         return self.dialect == "postgresql"
 
-    @contextmanager
-    def write(self) -> Iterator[UnitOfWork]:
-        """Exclusive write transaction; commits on normal exit, rolls back on error. If events were appended,
-        the chain head is sealed (under the same writer lock) as the last statement before the commit."""
-        conn = self._take_writer()  # never the one of a write in progress: a nested write gets another
-        healthy, driver = True, None
-        try:
-            with self._pg_transaction(conn) if self.is_postgres else _sqlite_write_transaction(conn) as driver:
-                uow = UnitOfWork(conn, self.dialect, self.chain, _driver=driver)
-                yield uow
-                if uow.appending is not None and uow.appending.moved:
-                    uow.chain.seal_head(uow, uow.appending)
-        except sa.exc.DBAPIError as exc:
-            healthy = not (exc.connection_invalidated or conn.invalidated)
-            raise
-        finally:
-            self._put_writer(conn, healthy, driver)
-
-    @contextmanager
-    def _pg_transaction(self, conn: Connection) -> Iterator[Any]:
-        """PostgreSQL: the writer lock is a transaction-level advisory lock, taken first."""
-        with conn.begin():
-            conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({WRITER_LOCK_KEY})")
-            if self.durability is Durability.PROCESS:
-                conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
-            yield None  # UnitOfWork.sql finds the driver connection itself
+    def write(self) -> _Write:
+        """Exclusive write transaction (``with db.write() as uow``); commits on normal exit, rolls back on error. If
+        events were appended, the chain head is sealed (under the same writer lock) as the last statement before
+        the commit."""
+        return _Write(self)
 
     def _take_writer(self) -> Connection:
         """An idle write connection, or a new one from the pool (none is shared by two writes at once)."""
@@ -229,6 +208,10 @@ class Database:
         is never patched: ``KernelError`` schema_behind / schema_ahead, and ``taskkernel db upgrade`` moves it.
         Raises DatabaseCorrupt when the file is damaged or not a database."""
         wanted = {name for md in metadatas for name in md.tables}
+        if self.is_postgres:
+            from taskkernel.kernel.store.schema import postgresql_options
+
+            postgresql_options()
         with self._corruption_raised():
             with self.read() as conn:
                 if wanted <= set(sa.inspect(conn).get_table_names()):
@@ -373,20 +356,86 @@ def _sqlite_engine(url: str, durability: Durability) -> Engine:
     return engine
 
 
-@contextmanager
-def _sqlite_write_transaction(conn: Connection) -> Iterator[Any]:
-    """BEGIN IMMEDIATE ... COMMIT on the driver connection: SQLAlchemy's transaction machinery (~10 µs) costs more
-    than a command's statements. A Core statement run meanwhile makes SQLAlchemy open its transaction object over
-    this one (the begin hook issues no second BEGIN); the end then goes through SQLAlchemy."""
-    driver: Any = conn.connection.driver_connection
-    try:  # an interrupt while BEGIN waits for the lock may arrive once it is taken: roll that back too
-        _on_driver(driver.execute, "BEGIN IMMEDIATE")
-        yield driver  # the write's UnitOfWork opens its cursor on it (no second walk through SQLAlchemy's wrappers)
-        if conn.in_transaction():
+class _Write:
+    """One ``Database.write``, as a class: two generator context managers cost more than a command's statements.
+
+    SQLite: BEGIN IMMEDIATE ... COMMIT on the driver connection, since SQLAlchemy's transaction machinery (~10 µs)
+    costs more than a command's statements too. A Core statement run meanwhile makes SQLAlchemy open its
+    transaction object over this one (the begin hook issues no second BEGIN); the end then goes through SQLAlchemy.
+    PostgreSQL: the writer lock is a transaction-level advisory lock, taken first. Any error rolls back, and the
+    connection goes back to the idle list only if it is healthy and out of every transaction."""
+
+    __slots__ = ("db", "conn", "driver", "pg", "uow")
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.driver: Any = None  # SQLite's DBAPI connection
+        self.pg: Any = None  # PostgreSQL's SQLAlchemy transaction, until it ends
+
+    def __enter__(self) -> UnitOfWork:
+        db = self.db
+        conn = self.conn = db._take_writer()  # never the one of a write in progress: a nested write gets another
+        try:
+            if db.is_postgres:
+                pg = conn.begin()
+                pg.__enter__()
+                self.pg = pg
+                conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({WRITER_LOCK_KEY})")
+                if db.durability is Durability.PROCESS:
+                    conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
+            else:
+                driver: Any = conn.connection.driver_connection
+                self.driver = driver
+                _on_driver(driver.execute, "BEGIN IMMEDIATE")
+        except BaseException as exc:  # an interrupt while BEGIN waits for the lock may arrive once it is taken
+            self._abandon(exc)
+            raise
+        # the UnitOfWork opens its cursor on the driver (PostgreSQL: it finds the driver connection itself)
+        uow = self.uow = UnitOfWork(conn, db.dialect, db.chain, _driver=self.driver)
+        return uow
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        if exc is None:
+            try:
+                uow = self.uow
+                if uow.appending is not None and uow.appending.moved:
+                    uow.chain.seal_head(uow, uow.appending)
+                self._commit()
+            except BaseException as failed:
+                self._abandon(failed)
+                raise
+            self.db._put_writer(self.conn, True, self.driver)
+        else:
+            self._abandon(exc)  # and the block's exception propagates
+
+    def _commit(self) -> None:
+        conn, pg, self.pg = self.conn, self.pg, None  # a PostgreSQL commit that fails has rolled back already
+        if pg is not None:
+            pg.__exit__(None, None, None)
+        elif conn.in_transaction():
             conn.commit()
         else:
+            driver = self.driver
             _on_driver(lambda _: driver.commit(), "COMMIT")
-    except BaseException:
+
+    def _abandon(self, exc: BaseException) -> None:
+        """Roll back, then give the connection back (closed when the error, or the rollback's own, invalidated
+        it)."""
+        try:
+            self._rollback(exc)
+        except BaseException as other:
+            self._release(other)
+            raise
+        self._release(exc)
+
+    def _rollback(self, exc: BaseException) -> None:
+        conn, pg, self.pg = self.conn, self.pg, None
+        if pg is not None:
+            pg.__exit__(type(exc), exc, exc.__traceback__)  # as ``with conn.begin()`` ends on an error
+            return
+        driver = self.driver
+        if driver is None:  # PostgreSQL, whose transaction has ended (or never began)
+            return
         try:
             # SQLAlchemy keeps a transaction whose COMMIT failed (inactive, not "in transaction"): roll it back, or
             # every later Core statement on this connection fails with PendingRollbackError
@@ -396,7 +445,11 @@ def _sqlite_write_transaction(conn: Connection) -> Iterator[Any]:
                 _on_driver(lambda _: driver.rollback(), "ROLLBACK")
         except Exception:
             conn.invalidate()  # one that cannot roll back is never handed to another write
-        raise
+
+    def _release(self, exc: BaseException) -> None:
+        conn = self.conn
+        healthy = not (isinstance(exc, sa.exc.DBAPIError) and (exc.connection_invalidated or conn.invalidated))
+        self.db._put_writer(conn, healthy, self.driver)
 
 
 def _on_driver(call: Callable[[str], Any], statement: str) -> None:
