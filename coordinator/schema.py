@@ -141,8 +141,9 @@ def target_metadata(dialect: str | None = None) -> sa.MetaData:
     """Every table of every component in one MetaData: what the migrations must build (autogenerate's target,
     and what tests/test_migrations.py compares a migrated database with). For ``dialect``, without the indexes
     only another backend builds (``ONE_DIALECT_INDEXES``)."""
-    from taskkernel.kernel.store.schema import ONE_DIALECT_INDEXES
+    from taskkernel.kernel.store.schema import ONE_DIALECT_INDEXES, postgresql_options
 
+    postgresql_options()
     combined = sa.MetaData()
     for md in metadatas():
         for table in md.sorted_tables:

@@ -7,6 +7,8 @@ A change to a table here is a new migration there: tests/test_migrations.py fail
 
 from __future__ import annotations
 
+import threading
+
 import sqlalchemy as sa
 
 metadata = sa.MetaData()
@@ -79,10 +81,20 @@ def blocked_predicate(dialect: str, blocked: bool = True) -> sa.TextClause:
     return sa.text(f"state = 'active' AND {_BLOCKED_MARKER[dialect]} IS {'NOT ' if blocked else ''}NULL")
 
 
-sa.Index(BLOCKED_INDEX, tasks.c.task_id,
-         sqlite_where=blocked_predicate("sqlite"), postgresql_where=blocked_predicate("postgresql"))
-sa.Index(UNBLOCKED_INDEX, tasks.c.task_id,
-         postgresql_where=blocked_predicate("postgresql", blocked=False)).ddl_if(dialect="postgresql")
+_blocked = sa.Index(BLOCKED_INDEX, tasks.c.task_id, sqlite_where=blocked_predicate("sqlite"))
+_postgresql_lock = threading.Lock()
+
+
+def postgresql_options() -> None:
+    """Give the partial indexes their PostgreSQL side before a schema is built or compared on PostgreSQL. Not at
+    import: naming a ``postgresql_`` option makes SQLAlchemy load its whole PostgreSQL dialect (~120 M
+    instructions), which a command on a SQLite store never needs. Idempotent."""
+    with _postgresql_lock:
+        if UNBLOCKED_INDEX in {index.name for index in tasks.indexes}:
+            return
+        _blocked.dialect_kwargs["postgresql_where"] = blocked_predicate("postgresql")
+        sa.Index(UNBLOCKED_INDEX, tasks.c.task_id,
+                 postgresql_where=blocked_predicate("postgresql", blocked=False)).ddl_if(dialect="postgresql")
 
 # Side effects that leave the database, written with the events and performed afterwards.
 outbox = sa.Table(
