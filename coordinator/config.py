@@ -1,10 +1,11 @@
-"""taskkernel.toml as one validated model (docs/config.md).
+"""taskkernel.toml: reading it, its errors and their messages (docs/config.md).
 
-Every table and key the code reads is declared here (the roles' tables) or in config_tables.py (the others, each
-needing nothing of this module); anything else is an error, never silently ignored. A file
-that is not TOML, or does not fit the model, is one ``ConfigError`` whose message names the file, the table, the
-key and the line, and suggests the near miss (``taskkernel.toml, line 5: [rols.PM] is not a table taskkernel
-knows; did you mean [roles.PM]?``).
+Every table and key the code reads is declared in the file's model (config_tables.py, the one pydantic module of
+the file, re-exported here); anything else is an error, never silently ignored. A file that is not TOML, or does
+not fit the model, is one ``ConfigError`` whose message names the file, the table, the key and the line, and
+suggests the near miss (``taskkernel.toml, line 5: [rols.PM] is not a table taskkernel knows; did you mean
+[roles.PM]?``). Nothing here loads pydantic until a file is validated: a file whose exact bytes this code
+validated before is read from the workspace's cache as plain values (``CheckedConfig``; workspace.py).
 
 What is checked here depends on the file alone, so every command checks it the same way, whoever runs it. What
 depends on the machine and the team (a runner's binary on PATH, its OS user, its working folder, a role the team
@@ -16,31 +17,58 @@ from __future__ import annotations
 import json
 import re
 import string
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
+from enum import Enum, StrEnum
+from functools import cache
 from pathlib import Path
-from typing import Annotated, Any
+from types import UnionType
+from typing import TYPE_CHECKING, Annotated, Any, Union, get_args, get_origin
 
-from pydantic import BaseModel, Field, PrivateAttr, ValidationError, model_validator
+if TYPE_CHECKING:  # re-exported below (__getattr__)
+    from pydantic import BaseModel
 
-from taskkernel.coordinator.agent_profiles import PROFILE_NAME, AgentProfile, Variant, builtin_profiles
-from taskkernel.coordinator.config_tables import (  # noqa: F401 - re-exported: the file's tables, one import away
-    DEFAULT_EXCLUDES,
-    FoldersTable,
-    GateTable,
-    KernelTable,
-    KeyProblem,
-    McpTable,
-    SchedulerTable,
-    ServeTable,
-    Table,
-    TeamTable,
-    WorktreesTable,
-    near,
-)
-from taskkernel.coordinator.fcop.filenames import BROADCAST, RESERVED_ROLES, is_role_code
+    from taskkernel.coordinator.config_tables import (
+        DEFAULT_EXCLUDES as DEFAULT_EXCLUDES,
+    )
+    from taskkernel.coordinator.config_tables import (
+        TABLES as TABLES,
+    )
+    from taskkernel.coordinator.config_tables import (
+        FoldersTable as FoldersTable,
+    )
+    from taskkernel.coordinator.config_tables import (
+        GateTable as GateTable,
+    )
+    from taskkernel.coordinator.config_tables import (
+        KernelTable as KernelTable,
+    )
+    from taskkernel.coordinator.config_tables import (
+        McpTable as McpTable,
+    )
+    from taskkernel.coordinator.config_tables import (
+        RunnerSpec as RunnerSpec,
+    )
+    from taskkernel.coordinator.config_tables import (
+        SchedulerTable as SchedulerTable,
+    )
+    from taskkernel.coordinator.config_tables import (
+        ServeTable as ServeTable,
+    )
+    from taskkernel.coordinator.config_tables import (
+        Table as Table,
+    )
+    from taskkernel.coordinator.config_tables import (
+        TaskkernelConfig as TaskkernelConfig,
+    )
+    from taskkernel.coordinator.config_tables import (
+        TeamTable as TeamTable,
+    )
+    from taskkernel.coordinator.config_tables import (
+        WorktreesTable as WorktreesTable,
+    )
+
+    NOT_TEAM: frozenset[str]
 
 CONFIG_NAME = "taskkernel.toml"
 CONFIG_INVALID = "config_invalid"  # the file is not TOML, or does not fit the model
@@ -53,9 +81,7 @@ PLACEHOLDERS = ("task_file", "task_id", "round", "workspace", "role", "purpose",
 # What a role's prompt template may name (taskkernel.coordinator.runners.prompt builds each part).
 PROMPT_FIELDS = ("task_id", "subject", "body", "round", "role", "purpose", "parents", "acceptance", "rework", "resume",
                  "how_to_report", "workdir", "review")
-NOT_TEAM = RESERVED_ROLES | {BROADCAST}  # the human owner, the system and a broadcast are no team roles
 MAX_ROLE_LEN = 32  # the kernel's role codes (kernel/model/commands.py)
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RESERVED_ENV_PREFIX = "TASKKERNEL_"  # the runner's own variables: the run's token and task, never the database URL
 
 
@@ -107,6 +133,31 @@ class ConfigError(WorkspaceNotFound, ValueError):
                 "line": first.line if first else None, "problems": [p.as_json() for p in self.problems]}
 
 
+class KeyProblem(ValueError):
+    """A model-level check that can name the key it is about (so the message points at that key's line)."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+def near(word: str, candidates: Sequence[str]) -> str | None:
+    """The candidate ``word`` is most likely a misspelling of (case-insensitive), if any is close enough."""
+    import difflib
+
+    lowered = {c.lower(): c for c in candidates}
+    found = difflib.get_close_matches(word.lower(), list(lowered), n=1, cutoff=0.6)
+    return lowered[found[0]] if found else None
+
+
+@cache
+def not_team() -> frozenset[str]:
+    """The human owner, the system and a broadcast: no team roles (``NOT_TEAM``)."""
+    from taskkernel.coordinator.fcop.filenames import BROADCAST, RESERVED_ROLES
+
+    return RESERVED_ROLES | {BROADCAST}
+
+
 def placeholder_problem(arg: str, known: Sequence[str] = PLACEHOLDERS) -> str | None:
     """Why ``arg`` (one element of a runner's argv, or a prompt template) is not a valid template, or None."""
     try:
@@ -148,156 +199,134 @@ class OnApprove(StrEnum):
     KEEP = "keep"  # leave the branch for a person to merge
 
 
-_SPAWN_ONLY = ("argv", "cwd", "env", "pass_env", "run_as", "kill_grace", "heartbeat_timeout",
-               "non_retryable_exit_codes", "isolation", "base_branch", "on_approve", "prompt", "mcp", "args")
-_PRESET_ONLY = ("model", "allowed_tools", "args", "variant", "resume_conversation")
-
-
-class RunnerSpec(Table):
-    """``[roles.<ROLE>]``: how one role's agent is run (docs/roles.md). Placeholders in argv: see PLACEHOLDERS."""
-
-    runner: str = Field(pattern=r"^[a-z][a-z0-9-]{0,39}$")  # "command", "scripted", or a profile's name
-    argv: list[str] = Field(default_factory=list)
-    cwd: str | None = Field(default=None, min_length=1)  # relative to the workspace root
-    env: dict[str, str] = Field(default_factory=dict)  # explicit values added to the agent's environment
-    pass_env: list[str] = Field(default_factory=list)  # coordinator variables the owner deliberately forwards
-    run_as: str | None = Field(default=None, min_length=1)  # OS user the command agent runs as
-    timeout: float = Field(default=600.0, gt=0, allow_inf_nan=False)
-    lease: float | None = Field(default=None, gt=0, allow_inf_nan=False)  # default: timeout + 60
-    max_attempts: int = Field(default=3, ge=1, le=20)
-    backoff: float = Field(default=2.0, ge=0, allow_inf_nan=False)  # seconds before attempt n+1: backoff*2**(n-1)
-    agent: str | None = Field(default=None, min_length=1)  # agent name recorded as `by`; default: <role>-agent
-    concurrency: int = Field(default=1, ge=1, le=256)  # this role's runs at once (within [kernel] max_runs)
-    kill_grace: float = Field(default=10.0, ge=0, le=3600, allow_inf_nan=False)  # SIGTERM -> SIGKILL, seconds
-    # Seconds an agent may go without a heartbeat (a stdout line, a CLI verb or MCP call with its token) before
-    # it is stopped as hung, long before `timeout`. None: no heartbeat is expected.
-    heartbeat_timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    non_retryable_exit_codes: list[Annotated[int, Field(ge=1, le=255)]] = Field(default_factory=list)  # block at once
-    # Preset options (docs/agents.md); `argv` replaces the preset's whole command line.
-    model: str | None = Field(default=None, min_length=1)
-    variant: str | None = Field(default=None, min_length=1)  # one of the profile's named variants
-    args: list[str] = Field(default_factory=list)  # appended to the preset's command line
-    allowed_tools: list[str] = Field(default_factory=list)  # the CLI's own tool names, on top of the kernel's
-    # A re-run of the task continues the CLI's own conversation where its profile can (docs/people-in-the-loop.md)
-    resume_conversation: bool = True
-    # None: a worktree per task for a preset when the workspace is in a git repository, else shared
-    isolation: Isolation | None = Field(default=None, strict=False)
-    base_branch: str | None = Field(default=None, min_length=1)  # default: the branch checked out at the workspace
-    on_approve: OnApprove = Field(default=OnApprove.KEEP, strict=False)
-    prompt: str | None = Field(default=None, min_length=1)  # template with PROMPT_FIELDS; default: runners/prompt.py
-    mcp: bool = True  # give the agent the kernel's MCP server (False: it reports with the CLI verbs)
-    _profile: AgentProfile | None = PrivateAttr(default=None)  # a user's [profiles.<name>], set when the file loads
-
-    @property
-    def spawns(self) -> bool:
-        """An agent process the coordinator starts (every runner but the in-process scripted one)."""
-        return self.runner != RunnerKind.SCRIPTED
-
-    @property
-    def is_preset(self) -> bool:
-        """The runner is an agent CLI's profile (not the owner's command, not the scripted agent)."""
-        return self.runner not in (RunnerKind.COMMAND, RunnerKind.SCRIPTED)
-
-    @property
-    def profile(self) -> AgentProfile | None:
-        """The profile ``runner`` names: the file's own, else the built-in one (None: command, scripted, or a name
-        no profile has, which the file's check reports)."""
-        if self._profile is not None or not self.is_preset:
-            return self._profile
-        return builtin_profiles().get(self.runner)
-
-    @model_validator(mode="after")
-    def _consistent(self) -> RunnerSpec:
-        if self.runner == RunnerKind.COMMAND and (not self.argv or not self.argv[0]):
-            raise KeyProblem("argv", "a command runner needs argv = [\"program\", …] (its first element: the "
-                             "program)")
-        if self.spawns:
-            if "argv" in self.model_fields_set and (not self.argv or not self.argv[0]):
-                raise KeyProblem("argv", "argv replaces the preset's command line: give the program first")
-            for arg in self.argv:
-                if problem := placeholder_problem(arg):
-                    raise KeyProblem("argv", f"argv: {problem}")
-            if self.prompt is not None and (problem := placeholder_problem(self.prompt, PROMPT_FIELDS)):
-                raise KeyProblem("prompt", f"prompt: {problem}")
-            if self.on_approve is OnApprove.MERGE and self.isolation_in(repository=True) is Isolation.SHARED:
-                raise KeyProblem("on_approve", "on_approve = \"merge\" merges a task's branch: it needs "
-                                 "isolation = \"worktree\"")
-            if self.isolation is Isolation.WORKTREE and self.run_as is not None:
-                raise KeyProblem("isolation", "isolation = \"worktree\" with run_as is not supported: the "
-                                 "worktree and its branch belong to the coordinator's OS user")
-        else:
-            given = [k for k in _SPAWN_ONLY if k in self.model_fields_set]
-            if given:
-                raise KeyProblem(given[0], f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to "
-                                 "runners that start a program only (a scripted agent runs inside the coordinator)")
-        if not self.is_preset:
-            given = [k for k in _PRESET_ONLY if k in self.model_fields_set]
-            if given:
-                raise KeyProblem(given[0], f"{given[0]} is an agent CLI's option (a profile's, e.g. claude-code), "
-                                 f"not one of a {self.runner} runner")
-        for key, names in (("env", list(self.env)), ("pass_env", self.pass_env)):
-            for name in names:
-                if not _ENV_NAME.fullmatch(name):
-                    raise KeyProblem(key, f"{key}: {name!r} is not an environment variable name")
-                if name.upper().startswith(RESERVED_ENV_PREFIX):
-                    raise KeyProblem(key, f"{key}: {name} is set by the runner (the run's token and task; never "
-                                     "the database URL)")
-        return self
-
-    def isolation_in(self, repository: bool) -> Isolation:
-        """The role's isolation: as set, else a worktree per task for a preset when the workspace is in a git
-        ``repository`` (not with run_as, whose agent could not write the coordinator's worktree), else shared."""
-        if self.isolation is not None:
-            return self.isolation
-        if self.is_preset and repository and self.run_as is None:
-            return Isolation.WORKTREE
-        return Isolation.SHARED
-
-    @property
-    def lease_seconds(self) -> float:
-        """A run's lease outlives its timeout unless the owner sets it: the coordinator renews it while the
-        agent runs, and a lease that lapses means another coordinator terminates the agent and re-runs."""
-        return self.lease if self.lease is not None else self.timeout + 60.0
-
-
-class TaskkernelConfig(Table):
-    """The whole file. Every table is optional; an empty file is a valid (all defaults) configuration."""
-
-    kernel: KernelTable = Field(default_factory=KernelTable)
-    team: TeamTable | None = None
-    roles: dict[str, RunnerSpec] = Field(default_factory=dict)
-    profiles: dict[str, AgentProfile] = Field(default_factory=dict)  # agent CLIs besides the built-in ones
-    gate: GateTable = Field(default_factory=GateTable)
-    folders: FoldersTable = Field(default_factory=FoldersTable)
-    scheduler: SchedulerTable = Field(default_factory=SchedulerTable)
-    mcp: McpTable = Field(default_factory=McpTable)
-    serve: ServeTable = Field(default_factory=ServeTable)
-    worktrees: WorktreesTable = Field(default_factory=WorktreesTable)
-    _lines: dict[tuple[str, str | None], int] = PrivateAttr(default_factory=dict)
-
-    def line_of(self, table: str | None, key: str | None = None) -> int | None:
-        """The line a table (or a key in it) is on in the file this came from, when it can be told."""
-        return _line(self._lines, table, key)
-
-    def problem(self, table: str | None, key: str | None, text: str, suggestion: str | None = None) -> Problem:
-        return Problem(table, key, text, self.line_of(table, key), suggestion)
-
-
-TABLES: dict[str, type[BaseModel]] = {
-    "kernel": KernelTable, "team": TeamTable, "roles": RunnerSpec, "profiles": AgentProfile, "gate": GateTable,
-    "folders": FoldersTable, "scheduler": SchedulerTable, "mcp": McpTable, "serve": ServeTable,
-    "worktrees": WorktreesTable}
-
-
 # -- loading -----------------------------------------------------------------------------------------
+
+# The models live in config_tables.py (the file's one pydantic module), loaded on first use: re-exported here.
+_MODELS = ("DEFAULT_EXCLUDES", "TABLES", "FoldersTable", "GateTable", "KernelTable", "McpTable", "RunnerSpec",
+           "SchedulerTable", "ServeTable", "Table", "TaskkernelConfig", "TeamTable", "WorktreesTable")
+__all__ = [*_MODELS, "CONFIG_NAME", "CheckedConfig", "ConfigError", "KeyProblem", "NOT_TEAM", "Problem",
+           "WorkspaceNotFound", "load_config", "parse_config", "read_bytes", "validate_bytes"]
+
+
+def __getattr__(name: str) -> Any:
+    """The models (and ``NOT_TEAM``), loaded on first use (PEP 562): reading a validated file needs neither."""
+    if name in _MODELS:
+        from taskkernel.coordinator import config_tables
+
+        return getattr(config_tables, name)
+    if name == "NOT_TEAM":
+        return not_team()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class CheckedConfig:
+    """A validated taskkernel.toml: its values as plain data (``setting``: what start-up reads, without pydantic)
+    and its models (``config``). Kept as plain data by the workspace's cache (``plain``/``from_plain``); from
+    there the models are rebuilt on first use with ``model_construct``: nothing validated twice, no schema built.
+    Only ever made from a ``TaskkernelConfig`` that validated, or from the plain data of one."""
+
+    def __init__(self, values: dict[str, Any], given: dict[str, Any], lines: list[list[Any]],
+                 config: TaskkernelConfig | None = None) -> None:
+        self.values = values  # model_dump(mode="json"): every table, defaults included
+        self.given = given  # the fields the file set, at every level (model_fields_set)
+        self.lines = lines  # [table, key, line] (TaskkernelConfig.line_of)
+        self._config = config
+
+    @classmethod
+    def of(cls, config: TaskkernelConfig) -> CheckedConfig:
+        return cls(config.model_dump(mode="json"), _given(config), [[t, k, n] for (t, k), n in config._lines.items()],
+                   config)
+
+    @classmethod
+    def from_plain(cls, data: Any) -> CheckedConfig:
+        """From ``plain()``'s data; raises ValueError when it is not shaped so (a damaged or foreign cache)."""
+        if not (isinstance(data, dict) and isinstance(data.get("values"), dict) and isinstance(data.get("given"), dict)
+                and isinstance(data.get("lines"), list)
+                and all(isinstance(data["values"].get(t), dict) for t in ("kernel", "gate"))):
+            raise ValueError("not a validated configuration")
+        return cls(data["values"], data["given"], data["lines"])
+
+    def plain(self) -> dict[str, Any]:
+        return {"values": self.values, "given": self.given, "lines": self.lines}
+
+    def setting(self, table: str, key: str) -> Any:
+        """One validated value of a table, e.g. ``setting("kernel", "database")``."""
+        return self.values[table][key]
+
+    @property
+    def config(self) -> TaskkernelConfig:
+        """The models: the validated ones, or rebuilt from the values without validating them again."""
+        if self._config is None:
+            from taskkernel.coordinator.config_tables import TaskkernelConfig
+
+            config = _construct(TaskkernelConfig, self.values, self.given)
+            config._lines = {(t, k): n for t, k, n in self.lines}
+            for spec in config.roles.values():  # as _profile_problems links them
+                spec._profile = config.profiles.get(spec.runner) if spec.is_preset else None
+            self._config = config
+        return self._config
+
+
+def _given(value: Any) -> Any:
+    """Which fields the file set in a model and the models inside it (their ``model_fields_set``), or None."""
+    from pydantic import BaseModel
+
+    if isinstance(value, BaseModel):
+        inner = {name: t for name in type(value).model_fields if (t := _given(getattr(value, name))) is not None}
+        return {"set": sorted(value.model_fields_set), "in": inner}
+    if isinstance(value, dict):
+        return {k: t for k, v in value.items() if (t := _given(v)) is not None} or None
+    return None
+
+
+def _construct(model: type[BaseModel], values: Mapping[str, Any], given: Mapping[str, Any]) -> Any:
+    """``model`` from the values it validated to (``model_dump(mode="json")``), by its fields' types: nested models
+    and enums restored, and the fields the file set."""
+    fields = {name: _restore(info.annotation, values[name], given.get("in", {}).get(name))
+              for name, info in model.model_fields.items()}
+    return model.model_construct(_fields_set=set(given.get("set", ())), **fields)
+
+
+def _restore(kind: Any, value: Any, given: Any) -> Any:
+    """One field's value as its type holds it: through ``Annotated``, ``X | None``, dicts and lists, to a model or
+    an enum (a union of several types holds plain values only; tests/test_config_cache.py checks every key)."""
+    from pydantic import BaseModel
+
+    origin = get_origin(kind)
+    if value is None:
+        return None
+    if origin is Annotated:
+        return _restore(get_args(kind)[0], value, given)
+    if origin in (Union, UnionType):
+        options = [a for a in get_args(kind) if a is not type(None)]
+        return _restore(options[0], value, given) if len(options) == 1 else value
+    if origin is dict:
+        return {k: _restore(get_args(kind)[1], v, (given or {}).get(k)) for k, v in value.items()}
+    if origin is list:
+        return [_restore(get_args(kind)[0], v, None) for v in value]
+    if isinstance(kind, type) and issubclass(kind, BaseModel):
+        return _construct(kind, value, given or {})
+    if isinstance(kind, type) and issubclass(kind, Enum):
+        return kind(value)
+    return value
+
 
 
 def load_config(path: Path) -> TaskkernelConfig:
     """Read and validate ``path``; raises ``ConfigError`` (never tomllib's or pydantic's errors)."""
+    return validate_bytes(read_bytes(path), path)
+
+
+def read_bytes(path: Path) -> bytes:
+    """The file's exact bytes (what is validated, and what a cached validation is keyed on)."""
     try:
-        raw = path.read_bytes()
+        return path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}", code=CONFIG_UNREADABLE, path=path) from None
+
+
+def validate_bytes(raw: bytes, path: Path) -> TaskkernelConfig:
+    """The model of a file's bytes, read by ``read_bytes``; raises ``ConfigError``."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -308,6 +337,12 @@ def load_config(path: Path) -> TaskkernelConfig:
 
 def parse_config(source: str | Mapping[str, Any], path: Path | None = None) -> TaskkernelConfig:
     """Validate TOML text (or an already parsed document) into the model; raises ``ConfigError``."""
+    import tomllib
+
+    from pydantic import ValidationError
+
+    from taskkernel.coordinator.config_tables import TaskkernelConfig
+
     text = source if isinstance(source, str) else ""
     if isinstance(source, str):
         try:
@@ -362,6 +397,8 @@ def file_problems(config: TaskkernelConfig) -> list[Problem]:
 def _profile_problems(config: TaskkernelConfig) -> list[Problem]:
     """Profile names, and each role's runner, variant and allowed_tools against the profile it names (whose own
     table the model checked); a role of the file's own profile gets it here."""
+    from taskkernel.coordinator.agent_profiles import PROFILE_NAME, builtin_profiles
+
     out: list[Problem] = []
     for name in config.profiles:
         if not PROFILE_NAME.fullmatch(name) or name in {k.value for k in RunnerKind}:
@@ -393,8 +430,10 @@ def _profile_problems(config: TaskkernelConfig) -> list[Problem]:
 
 
 def _not_a_team_role(code: str) -> str | None:
-    if code in NOT_TEAM:
-        return f"is not a team role ({', '.join(sorted(NOT_TEAM))} are reserved: the owner, the system, a broadcast)"
+    from taskkernel.coordinator.fcop.filenames import is_role_code
+
+    if code in not_team():
+        return f"is not a team role ({', '.join(sorted(not_team()))} are reserved: the owner, the system, a broadcast)"
     if not is_role_code(code) or len(code) > MAX_ROLE_LEN:
         return (f"is not a role code (upper-case letters, digits, _ and inner hyphens, at most {MAX_ROLE_LEN} "
                 "characters)")
@@ -403,9 +442,10 @@ def _not_a_team_role(code: str) -> str | None:
 
 # -- messages ----------------------------------------------------------------------------------------
 
-_HEADER = re.compile(r"""^\[\[?\s*((?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*'))*)"""
-                     r"""\s*\]\]?\s*(?:#.*)?$""")
-_KEY = re.compile(r"""^((?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*'))*)\s*=""")
+# Compiled on first use (re caches them): a command that finds the file validated never needs them.
+_HEADER = (r"""^\[\[?\s*((?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*'))*)"""
+           r"""\s*\]\]?\s*(?:#.*)?$""")
+_KEY = r"""^((?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*'))*)\s*="""
 
 
 def _dotted(path: str) -> list[str]:
@@ -418,10 +458,10 @@ def _index(text: str) -> dict[tuple[str, str | None], int]:
     table = ""
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
-        if header := _HEADER.match(line):
+        if header := re.match(_HEADER, line):
             table = ".".join(_dotted(header.group(1)))
             found.setdefault((table, None), number)
-        elif key := _KEY.match(line):
+        elif key := re.match(_KEY, line):
             parts = _dotted(key.group(1))
             owner = ".".join([p for p in (table,) if p] + parts[:-1])
             found.setdefault((owner, parts[-1]), number)
@@ -430,7 +470,7 @@ def _index(text: str) -> dict[tuple[str, str | None], int]:
     return found
 
 
-def _line(lines: Mapping[tuple[str, str | None], int], table: str | None, key: str | None) -> int | None:
+def line_in(lines: Mapping[tuple[str, str | None], int], table: str | None, key: str | None) -> int | None:
     table = table or ""
     if key is not None and (table, key) in lines:
         return lines[(table, key)]
@@ -479,13 +519,13 @@ def _problem(err: Any, data: Mapping[str, Any], lines: Mapping[tuple[str, str | 
     if kind == "extra_forbidden":
         return _unknown(table, key, loc, data, lines)
     if key is None and isinstance(ctx.get("error"), KeyProblem):  # its message names its key itself
-        return Problem(table, ctx["error"].key, str(ctx["error"]), _line(lines, table, ctx["error"].key))
+        return Problem(table, ctx["error"].key, str(ctx["error"]), line_in(lines, table, ctx["error"].key))
     subject = ".".join([key, *(str(r) for r in rest)]) if key else ""
     value = err.get("input")
     if kind in ("dict_type", "model_type") and len(loc) == 2 and loc[0] == "roles":
         return Problem("roles", str(loc[1]), f"{loc[1]} = {_shown(value)} is not a role's table: each role is a "
                        "[roles.<ROLE>] table (e.g. [roles.DEV] with runner = \"scripted\")",
-                       _line(lines, "roles", str(loc[1])))
+                       line_in(lines, "roles", str(loc[1])))
     if kind == "missing":
         text = f"{subject} is required"
     elif kind in ("literal_error", "enum"):
@@ -505,12 +545,16 @@ def _problem(err: Any, data: Mapping[str, Any], lines: Mapping[tuple[str, str | 
     else:
         msg = str(err.get("msg", "")).removeprefix("Value error, ")
         text = f"{subject}: {msg}" if subject else msg
-    return Problem(table, key, text, _line(lines, table, key))
+    return Problem(table, key, text, line_in(lines, table, key))
 
 
 def _unknown(table: str | None, key: str | None, loc: Sequence[str | int], data: Mapping[str, Any],
              lines: Mapping[tuple[str, str | None], int]) -> Problem:
     """An unknown table or key, with the near miss."""
+    from pydantic import BaseModel
+
+    from taskkernel.coordinator.config_tables import TABLES, Variant
+
     if len(loc) == 1:  # a top-level name: a misspelled table, or a key outside any table
         name = str(loc[0])
         value = data.get(name)
@@ -521,12 +565,12 @@ def _unknown(table: str | None, key: str | None, loc: Sequence[str | int], data:
             fixed = f"{guess}{shown[len(name):]}" if guess else None
             return Problem(None, name, f"[{shown}] is not a table taskkernel knows"
                            + (f"; did you mean [{fixed}]?" if fixed else f" (tables: {', '.join(TABLES)})"),
-                           _line(lines, shown, None) or _line(lines, name, None), f"[{fixed}]" if fixed else None)
+                           line_in(lines, shown, None) or line_in(lines, name, None), f"[{fixed}]" if fixed else None)
         owner = next((t for t, model in TABLES.items() if name in model.model_fields and t != "roles"), None)
         return Problem(None, name, f"{name} is outside any table"
                        + (f"; did you mean to put it under [{owner}]?" if owner else
                           f" and is not a key taskkernel knows (tables: {', '.join(TABLES)})"),
-                       _line(lines, "", name), f"[{owner}] {name}" if owner else None)
+                       line_in(lines, "", name), f"[{owner}] {name}" if owner else None)
     model: type[BaseModel] = Variant if ".variants." in (table or "") else TABLES.get((table or "").split(".")[0],
                                                                                      BaseModel)
     known = list(model.model_fields)
@@ -534,4 +578,4 @@ def _unknown(table: str | None, key: str | None, loc: Sequence[str | int], data:
     where = f"{table}" if table else ""
     return Problem(where, key, f"{key} is not a key taskkernel knows"
                    + (f"; did you mean {guess}?" if guess else f" (keys: {', '.join(known)})"),
-                   _line(lines, table, key), guess)
+                   line_in(lines, table, key), guess)

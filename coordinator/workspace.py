@@ -3,42 +3,43 @@
 The toml file marks the root; commands find it from ``--workspace``,
 ``TASKKERNEL_WORKSPACE`` or by walking up from the current directory. The FCoP folders are
 wherever the project already keeps them (``fcop/`` or ``docs/agents/``); `init` lays out
-``fcop/`` only in a project that has none, and never adds anything to one that exists.
+``fcop/`` only in a project that has none, and never adds anything to one that exists. ``.taskkernel/`` also keeps
+the values of the last taskkernel.toml validated (``checked_config``, docs/config.md#cache), so a command reads an
+unchanged file without validating it again.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
+import secrets
+import stat
+import sys
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cache
+from importlib.util import find_spec
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from taskkernel.coordinator.config import (
     CONFIG_NAME,
     MAX_ROLE_LEN,
-    NOT_TEAM,
+    CheckedConfig,
     ConfigError,
-    TaskkernelConfig,
-    TeamTable,
     WorkspaceNotFound,
-    load_config,
+    not_team,
+    read_bytes,
+    validate_bytes,
 )
-from taskkernel.coordinator.config_template import AgentTeam, config_template, role_tables
-from taskkernel.coordinator.fcop.detect import CONFIG_NAME as FCOP_CONFIG
-from taskkernel.coordinator.fcop.detect import (
-    G2_MARKERS,
-    LIFECYCLE_DIR,
-    Generation,
-    find_workspace_root,
-    open_workspace,
-)
-from taskkernel.coordinator.fcop.errors import FcopError
-from taskkernel.coordinator.fcop.filenames import EnvelopeKind, parse_filename
 from taskkernel.kernel.canonical import utc_now_iso
 from taskkernel.kernel.private import private_dir, write_private
+
+if TYPE_CHECKING:
+    from taskkernel.coordinator.config import TaskkernelConfig, TeamTable
 
 __all__ = ["CONFIG_NAME", "ConfigError", "DEFAULT_TEAM", "Initialized", "TEAM_PRESETS", "Team", "Workspace",
            "WorkspaceNotFound", "fcop_root_of", "init_workspace", "team_from_files"]
@@ -59,7 +60,15 @@ TEAM_PRESETS: dict[str, dict[str, Any]] = {
     "solo": {"mode": "solo", "team": "solo", "leader": "ME", "roles": ["ME"]},
 }
 DEFAULT_TEAM = "dev-team"
-_NOT_TEAM = NOT_TEAM  # the human owner, the system and a broadcast are no team roles
+# In .taskkernel/: the values of the taskkernel.toml last validated, keyed on its bytes and the validating code.
+CONFIG_CACHE_NAME = "config-cache.json"
+_CACHE_FORMAT = "taskkernel-config-cache/1"
+_CACHE_MAX_BYTES = 4 * 2**20
+# The code a validation's answer depends on besides the file: these sources (taskkernel's own, relative to the
+# package) and libraries (pydantic's strictness, SQLAlchemy's URL parser). An edit or an upgrade is a new key.
+_VALIDATING_SOURCES = ("coordinator/config.py", "coordinator/config_tables.py", "coordinator/agent_profiles.py",
+                       "coordinator/agents.toml", "coordinator/fcop/filenames.py", "scheduler/models.py")
+_VALIDATING_LIBRARIES = ("pydantic", "pydantic_core", "sqlalchemy")
 
 
 @dataclass
@@ -73,12 +82,14 @@ class Team:
     source: str = "preset"
 
     @classmethod
-    def from_fcop_json(cls, data: Any, source: str = FCOP_CONFIG) -> Team:
+    def from_fcop_json(cls, data: Any, source: str | None = None) -> Team:
+        from taskkernel.coordinator.fcop.detect import CONFIG_NAME as FCOP_CONFIG
+
         if not isinstance(data, dict) or not isinstance(data.get("roles", []), list):
             raise ValueError(f"{FCOP_CONFIG} must hold a JSON object whose roles is a list")
         roles = [r["code"] if isinstance(r, dict) and "code" in r else str(r) for r in data.get("roles", [])]
         return cls(leader=str(data.get("leader") or (roles[0] if roles else "ADMIN")), roles=roles,
-                   name=str(data.get("team") or data.get("mode") or "custom"), source=source)
+                   name=str(data.get("team") or data.get("mode") or "custom"), source=source or FCOP_CONFIG)
 
     @classmethod
     def preset(cls, name: str) -> Team:
@@ -102,7 +113,12 @@ class Team:
 @dataclass
 class Workspace:
     root: Path
-    config: TaskkernelConfig = field(default_factory=TaskkernelConfig)  # taskkernel.toml, validated
+    checked: CheckedConfig  # taskkernel.toml, validated (its models: ``config``)
+
+    @property
+    def config(self) -> TaskkernelConfig:
+        """taskkernel.toml's models (built on first use when the file's values came from the cache)."""
+        return self.checked.config
 
     @property
     def config_path(self) -> Path:
@@ -116,6 +132,9 @@ class Workspace:
     def fcop_dir(self) -> Path:
         """The FCoP root the folder adapter uses: ``fcop/`` or ``docs/agents/`` (``find_workspace_root``). When
         both exist `up` and `verify` refuse with ambiguous_workspace_root; this then says ``fcop/``."""
+        from taskkernel.coordinator.fcop.detect import find_workspace_root
+        from taskkernel.coordinator.fcop.errors import FcopError
+
         try:
             return find_workspace_root(self.root)
         except FcopError:
@@ -127,18 +146,18 @@ class Workspace:
 
     @property
     def database_url(self) -> str:
-        return self.config.kernel.database or f"sqlite:///{self.sqlite_path}"
+        return self.checked.setting("kernel", "database") or f"sqlite:///{self.sqlite_path}"
 
     @property
     def require_token(self) -> bool:
         """New workspaces say true; a workspace written before the setting existed keeps the old
         meaning (no token = the local owner) until its owner turns it on."""
-        return self.config.kernel.require_token
+        return bool(self.checked.setting("kernel", "require_token"))
 
     @property
     def grant_sessions(self) -> frozenset[str]:
         """Sessions that hold grants and belong to ADMIN: `admin` and the gate's configured session."""
-        return frozenset({"admin", self.config.gate.session})
+        return frozenset({"admin", self.checked.setting("gate", "session")})
 
     @property
     def owner_token_path(self) -> Path:
@@ -150,10 +169,12 @@ class Workspace:
 
     @property
     def durability(self) -> str:
-        return self.config.kernel.durability
+        return str(self.checked.setting("kernel", "durability"))
 
     def team(self) -> Team:
         """The FCoP root's fcop.json, else taskkernel.toml's ``[team]``, else the dev-team preset."""
+        from taskkernel.coordinator.fcop.detect import CONFIG_NAME as FCOP_CONFIG
+
         if (data := team_json(self.fcop_dir / FCOP_CONFIG)) is not None:
             return Team.from_fcop_json(data)
         if self.config.team is not None:
@@ -162,8 +183,10 @@ class Workspace:
 
     @classmethod
     def load(cls, root: Path) -> Workspace:
-        """The workspace at ``root``; a taskkernel.toml that cannot be used raises ``ConfigError``."""
-        return cls(root.resolve(), load_config(root / CONFIG_NAME))
+        """The workspace at ``root``; a taskkernel.toml that cannot be used raises ``ConfigError``. Its values
+        come from the cache when this code validated these exact bytes before (``checked_config``)."""
+        root = root.resolve()
+        return cls(root, checked_config(root / CONFIG_NAME, root / STATE_DIR / CONFIG_CACHE_NAME))
 
     @classmethod
     def locate(cls, explicit: str | os.PathLike[str] | None = None) -> Workspace:
@@ -176,6 +199,98 @@ class Workspace:
             if (candidate / CONFIG_NAME).exists():
                 return cls.load(candidate)
         raise WorkspaceNotFound(f"no {CONFIG_NAME} in {start} or its parents; run `taskkernel init`")
+
+
+def checked_config(path: Path, cache: Path) -> CheckedConfig:
+    """taskkernel.toml at ``path``, validated. When ``cache`` (in the owner's 0700 .taskkernel/) holds the values
+    of these exact bytes as this very code validated them, they are taken from it: nothing is parsed, validated or
+    built, and pydantic is not loaded. Otherwise the file is validated as ever (a ``ConfigError``, nothing cached)
+    and its values cached for the next command. A cache that is missing, stale, damaged, foreign or not the
+    owner's private file is never used, so deleting it is always safe (docs/config.md)."""
+    raw = read_bytes(path)
+    key = None if cache.parent.is_symlink() else _cache_key(raw)  # the workspace's own state folder, or none
+    if key is not None and (hit := _cached(cache, key)) is not None:
+        return hit
+    checked = CheckedConfig.of(validate_bytes(raw, path))
+    if key is not None:
+        _write_cache(cache, key, checked)
+    return checked
+
+
+def _cache_key(raw: bytes) -> str | None:
+    """SHA-256 of the file's bytes and of the code that validates them: taskkernel's and Python's versions and
+    the validating sources' and libraries' files (size and mtime: an edit or an upgrade changes them). None: a
+    file of that code cannot be found (nothing is cached then)."""
+    from taskkernel import __version__
+
+    digest = hashlib.sha256(f"{_CACHE_FORMAT}\0{__version__}\0{sys.version}\0".encode())
+    try:
+        for file in _validating_files():
+            if file is None:
+                return None
+            info = os.stat(file)
+            digest.update(f"{file}\0{info.st_size}\0{info.st_mtime_ns}\0".encode())
+    except OSError:
+        return None
+    digest.update(raw)
+    return digest.hexdigest()
+
+
+@cache
+def _validating_files() -> tuple[str | None, ...]:
+    """The files of ``_VALIDATING_SOURCES`` and ``_VALIDATING_LIBRARIES`` (None: a library not found)."""
+    package = Path(__file__).parent.parent  # taskkernel/
+    libraries = (getattr(sys.modules.get(name), "__file__", None) or getattr(find_spec(name), "origin", None)
+                 for name in _VALIDATING_LIBRARIES)
+    return (*(str(package / source) for source in _VALIDATING_SOURCES), *libraries)
+
+
+def _cached(cache: Path, key: str) -> CheckedConfig | None:
+    """The values the cache holds for ``key``: only from the owner's own private regular file, whole (its payload's
+    digest checks) and written for this key."""
+    try:
+        fd = os.open(cache, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            raw = fh.read(_CACHE_MAX_BYTES)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        doc = json.loads(raw)
+        payload = doc["payload"]
+        if (doc["format"], doc["key"], doc["sha256"]) != (_CACHE_FORMAT, key, _sha256(payload)):
+            return None
+        return CheckedConfig.from_plain(json.loads(payload))
+    except (ValueError, KeyError, TypeError, AttributeError):  # not JSON, not our document: validate instead
+        return None
+
+
+def _write_cache(cache: Path, key: str, checked: CheckedConfig) -> None:
+    """Best effort, into the state folder only when it already is one (`init` makes it, 0700): a new 0600 file
+    renamed over the old one, so a reader finds the old cache or the new one, never a part of either."""
+    folder = cache.parent
+    if folder.is_symlink() or not folder.is_dir():
+        return
+    payload = json.dumps(checked.plain(), separators=(",", ":"))
+    doc = json.dumps({"format": _CACHE_FORMAT, "key": key, "sha256": _sha256(payload), "payload": payload})
+    temp = folder / f".{cache.name}.{secrets.token_hex(8)}"
+    try:
+        write_private(temp, doc.encode("utf-8"))
+        os.replace(temp, cache)
+    except OSError:
+        with contextlib.suppress(OSError):
+            temp.unlink()
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -196,6 +311,9 @@ def fcop_root_of(root: Path) -> tuple[Path, bool]:
     ``fcop/`` or ``docs/agents/`` with G2 folders, ``_lifecycle/`` or fcop.json. Raises FcopError
     (ambiguous_workspace_root) when both exist. FCoP folders directly in the project root are no workspace
     (fcop itself only looks in those two places): the layout then goes to ``fcop/``."""
+    from taskkernel.coordinator.fcop.detect import CONFIG_NAME as FCOP_CONFIG
+    from taskkernel.coordinator.fcop.detect import G2_MARKERS, LIFECYCLE_DIR, find_workspace_root
+
     found = find_workspace_root(root)
     if found == root:
         return root / "fcop", False
@@ -209,6 +327,8 @@ def team_from_files(fcop_root: Path) -> Team | None:
 
     Roles: TASK/REPORT sender and recipient, ISSUE reporter and recipient, REVIEW reviewer; never ADMIN,
     SYSTEM or TEAM. Leader: the role ADMIN sends the most TASKs to, else the most frequent sender (ties by name)."""
+    from taskkernel.coordinator.fcop.filenames import EnvelopeKind, parse_filename
+
     roles: set[str] = set()
     senders: Counter[str] = Counter()
     from_admin: Counter[str] = Counter()
@@ -216,7 +336,7 @@ def team_from_files(fcop_root: Path) -> Team | None:
         fn = parse_filename(name)
         if fn is None:
             continue
-        roles.update(r for r in (fn.sender, fn.recipient) if r and r not in _NOT_TEAM and len(r) <= MAX_ROLE_LEN)
+        roles.update(r for r in (fn.sender, fn.recipient) if r and r not in not_team() and len(r) <= MAX_ROLE_LEN)
         if fn.sender and fn.sender in roles:
             senders[fn.sender] += 1
         if fn.kind is EnvelopeKind.TASK and fn.sender == "ADMIN" and fn.recipient in roles:
@@ -260,6 +380,8 @@ def _choose_team(fcop: Path, existing: bool, config: TaskkernelConfig, preset: s
                  g4: bool = False) -> tuple[Team, bool]:
     """The team `init` settles on, and whether it belongs in taskkernel.toml's ``[team]`` (always, for G4: its
     manifest names no team)."""
+    from taskkernel.coordinator.fcop.detect import CONFIG_NAME as FCOP_CONFIG
+
     if not existing:
         return Team.preset(preset or DEFAULT_TEAM), g4  # G3: written as the new layout's fcop.json
     fcop_json = fcop / FCOP_CONFIG
@@ -279,6 +401,8 @@ def _choose_team(fcop: Path, existing: bool, config: TaskkernelConfig, preset: s
 
 def _lay_out(fcop: Path, preset: str) -> None:
     """Today's G3 layout and the preset's fcop.json, in a project without an FCoP workspace."""
+    from taskkernel.coordinator.fcop.detect import CONFIG_NAME as FCOP_CONFIG
+
     for stage in LIFECYCLE_STAGES:
         (fcop / "_lifecycle" / stage).mkdir(parents=True, exist_ok=True)
     for bucket in ("reports", "issues", "reviews", "shared", "ledger/views", "_quarantine"):
@@ -302,6 +426,10 @@ def init_workspace(root: Path, team: str | None = None, database: str | None = N
     repository, ``.taskkernel/`` is added to the workspace's .gitignore (database, run logs, worktrees). Raises
     ValueError (an unknown preset, a ``team`` other than the one already named) and FcopError (both ``fcop/``
     and ``docs/agents/``) before writing anything."""
+    from taskkernel.coordinator.config import TaskkernelConfig, load_config
+    from taskkernel.coordinator.config_template import AgentTeam, config_template, role_tables
+    from taskkernel.coordinator.fcop.detect import Generation, open_workspace
+
     if team is not None and team not in TEAM_PRESETS:
         raise ValueError(f"unknown team preset {team!r}; choose one of {', '.join(TEAM_PRESETS)}")
     root = root.resolve()

@@ -56,7 +56,10 @@ def test_a_command_imports_only_its_own_group(tmp_path: Path) -> None:
 def test_task_show_imports_only_its_read(tmp_path: Path) -> None:
     """Issue 29 goal 4a: `task show` reads the task's document (kernel/queries.py): no command kernel, no
     composition, no runner, no terminal rendering, logging or YAML when its output is JSON; the command and
-    session-log enums from kinds.py, never their pydantic models, nor the session log itself."""
+    session-log enums from kinds.py, never their pydantic models, nor the session log itself; taskkernel.toml's
+    values from the cache `init` wrote (no TOML parser, no model of the file, no FCoP layer); of the task group,
+    only `show` is built; no PostgreSQL dialect for a SQLite store (the partial indexes' PostgreSQL options are
+    named only when a PostgreSQL schema is built)."""
     ws = tmp_path / "ws"
     assert run("init", str(ws), cwd=tmp_path).code == 0
     made = run("task", "create", "--to", "PM", "--subject", "shown", cwd=ws)
@@ -65,9 +68,19 @@ def test_task_show_imports_only_its_read(tmp_path: Path) -> None:
                   "taskkernel.coordinator.runners", "taskkernel.coordinator.worktrees", "taskkernel.kernel.gate",
                   "taskkernel.coordinator.folders", "sqlalchemy.orm", "rich", "structlog", "yaml",
                   "taskkernel.kernel.model.commands", "taskkernel.kernel.sessionlog.models",
-                  "taskkernel.kernel.sessionlog.log")
+                  "taskkernel.kernel.sessionlog.log", "tomllib", "taskkernel.coordinator.config_tables",
+                  "taskkernel.coordinator.agent_profiles", "taskkernel.coordinator.fcop.detect",
+                  "taskkernel.coordinator.fcop.filenames", "sqlalchemy.dialects.postgresql")
     assert loaded_by("task", "show", made.json["task_id"], cwd=ws, watched=("sqlalchemy", *not_needed)) == [
         "sqlalchemy"]
+
+
+def test_a_group_call_builds_only_the_command_it_names() -> None:
+    from taskkernel.coordinator.cli.kernel_cmds import task_app
+
+    shown = groups.only(task_app, "show")
+    assert [c.name for c in shown.registered_commands] == ["show"] and len(task_app.registered_commands) > 10
+    assert groups.only(task_app, "sho") is task_app and groups.only(task_app, None) is task_app
 
 
 def test_up_imports_only_what_its_stages_use(tmp_path: Path) -> None:

@@ -4,10 +4,12 @@ tests/test_cli_lazy.py), so a call pays only for its own libraries."""
 
 from __future__ import annotations
 
+import copy
 import importlib
 from dataclasses import dataclass
 
 import typer
+from typer.models import CommandInfo
 
 
 @dataclass(frozen=True)
@@ -52,14 +54,33 @@ ENTRIES: tuple[Entry, ...] = (
 )
 
 
-def attach(app: typer.Typer, entry: Entry) -> None:
-    """Import the entry's module and attach its real command or group."""
+def attach(app: typer.Typer, entry: Entry, sub: str | None = None) -> None:
+    """Import the entry's module and attach its real command or group: of a group, only its command ``sub`` when
+    the call names one it has (the others never run in this process, and click would build each one's
+    parameters: the task group's twenty other commands cost `task show` ~37 M instructions)."""
     module = importlib.import_module(f"taskkernel.coordinator.cli.{entry.module}")
     target = getattr(module, entry.attr)
     if isinstance(target, typer.Typer):
-        app.add_typer(target, name=entry.name)
+        app.add_typer(only(target, sub), name=entry.name)
     else:
         app.command(entry.name)(target)
+
+
+def only(group: typer.Typer, name: str | None) -> typer.Typer:
+    """A copy of ``group`` holding only its command ``name``; the group itself if it has no such command (help,
+    a misspelled command: click then lists them all) or has groups of its own."""
+    chosen = [c for c in group.registered_commands if _name_of(c) == name]
+    if not chosen or group.registered_groups:
+        return group
+    trimmed = copy.copy(group)
+    trimmed.registered_commands = chosen
+    return trimmed
+
+
+def _name_of(command: CommandInfo) -> str | None:
+    """The name click knows a command by (typer's rule: the function's, underscores as hyphens)."""
+    callback = command.callback
+    return command.name or (callback.__name__.replace("_", "-") if callback is not None else None)
 
 
 def attach_placeholder(app: typer.Typer, entry: Entry) -> None:
@@ -72,7 +93,13 @@ def attach_placeholder(app: typer.Typer, entry: Entry) -> None:
     app.command(entry.name, help=entry.help)(placeholder)
 
 
-def register(app: typer.Typer, wanted: str | None) -> None:
-    """Attach the command ``wanted`` for real and every other one as a placeholder."""
-    for entry in ENTRIES:
-        (attach if entry.name == wanted else attach_placeholder)(app, entry)
+def register(app: typer.Typer, wanted: str | None, sub: str | None = None) -> None:
+    """Attach the command ``wanted`` for real (of a group, its command ``sub``: ``attach``), alone: the call runs
+    it and lists no other. A call that names none of them (help, completion of the first word, a misspelling
+    click answers with the near miss) gets every command as a placeholder instead."""
+    named = [entry for entry in ENTRIES if entry.name == wanted]
+    for entry in named:
+        attach(app, entry, sub)
+    if not named:
+        for entry in ENTRIES:
+            attach_placeholder(app, entry)

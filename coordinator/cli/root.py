@@ -68,17 +68,20 @@ class _called:
     context: CliContext | None = None
 
 
-def command_named(args: list[str]) -> str | None:
-    """The top-level command a command line names: its first word that is not a global option or a value."""
+def commands_named(args: list[str]) -> tuple[str | None, str | None]:
+    """The top-level command a command line names (its first word that is not a global option or a value) and,
+    when the word right after it is not an option, the command of that group it names (``task show`` -> ("task",
+    "show"))."""
     words = iter(args)
     for word in words:
         if word == "--":
-            return next(words, None)
+            return next(words, None), None
         if word in VALUED_GLOBALS:
             next(words, None)
         elif not word.startswith("-"):
-            return word
-    return None
+            sub = next(words, None)
+            return word, sub if sub is not None and not sub.startswith("-") else None
+    return None, None
 
 
 def _completion_words() -> list[str]:
@@ -124,11 +127,12 @@ def _add_json_flags(typer_app: typer.Typer) -> None:
 
 
 def build(args: list[str]) -> Any:
-    """The click command for this call: the named command for real, the others as placeholders."""
+    """The click command for this call: the named command alone, for real (of a group, the command it names);
+    when it names none, every command as a placeholder."""
     from taskkernel.coordinator.cli import groups
 
-    wanted = command_named(_completion_words() if COMPLETE_VAR in os.environ else args)
-    groups.register(app, wanted)
+    wanted, sub = commands_named(_completion_words() if COMPLETE_VAR in os.environ else args)
+    groups.register(app, wanted, sub)
     if wanted is not None:
         from taskkernel.kernel.logging import configure_logging
 
