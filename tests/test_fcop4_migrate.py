@@ -1,6 +1,10 @@
 """`taskkernel fcop migrate --to g4` on every field workspace and the demo's G3 one: fcop 4.0.5's Core validates
 the result, every kernel task is still there under both ids, the old root is kept byte for byte, and the
-workspace goes on working (a pass changes nothing, verify is clean)."""
+workspace goes on working (a pass changes nothing, verify is clean).
+
+fcop's Core validator is quadratic in a workspace's envelopes, so the test's own validation of the two biggest
+field workspaces (``QUADRATIC``) runs under `make soak`; `make test` still migrates them, and the migration
+itself refuses (``fcop_invalid``) a result that validator rejects."""
 
 from __future__ import annotations
 
@@ -11,12 +15,15 @@ import pytest
 from fcop import Project
 from fcop.workspace import validate_workspace
 
-from tests.cli_support import run
+from tests.cli_support import Run, run, taskkernel
 from tests.fcop_oracle import WORKSPACES, copy_workspace, show_tasks, snapshot
 
 
 def migrated(project: Path) -> dict[str, object]:
-    r = run("fcop", "migrate", "--to", "g4", cwd=project)
+    # fcop-d3e870a's migration is ~18 s of CPU (fcop's validator runs in it): on a loaded 2-core machine it
+    # outlasts the helpers' 120 s guard, so the guard against a hang is longer here
+    p = taskkernel("fcop", "migrate", "--to", "g4", cwd=project, timeout=600)
+    r = Run(p.returncode, p.stdout, p.stderr)
     assert (r.code, r.json["status"]) == (0, "ok"), r.out + r.err[-3000:]
     return r.json  # type: ignore[no-any-return]
 
@@ -26,13 +33,16 @@ def kernel_tasks(project: Path) -> dict[str, dict[str, object]]:
     return {t["task_id"]: t for t in map(json.loads, r.out.splitlines()) if isinstance(t, dict)}
 
 
-def assert_migrated(project: Path, before_root: dict[str, str], root_name: str) -> dict[str, str]:
-    """Migrate and check everything the migration promises; returns kernel id -> the file's new id."""
+def assert_migrated(project: Path, before_root: dict[str, str], root_name: str, *,
+                    validate: bool = True) -> dict[str, str]:
+    """Migrate and check everything the migration promises, with fcop's Core validating the result unless
+    ``validate`` is false; returns kernel id -> the file's new id."""
     tasks_before = kernel_tasks(project)
     out = migrated(project)
     aliases: dict[str, str] = out["aliases"]  # type: ignore[assignment]
-    report = validate_workspace(project)
-    assert report["valid"], report["errors"][:5]
+    if validate:
+        report = validate_workspace(project)
+        assert report["valid"], report["errors"][:5]
     assert json.loads((project / "fcop" / "fcop.json").read_bytes())["protocol_version"] == "4.0"
     backup = Path(str(out["backup"]))
     assert backup.name == root_name and snapshot(backup) == before_root, "the old root is kept byte for byte"
@@ -52,14 +62,30 @@ def assert_migrated(project: Path, before_root: dict[str, str], root_name: str) 
     return aliases
 
 
-@pytest.mark.parametrize("name", sorted(WORKSPACES))
-def test_each_field_workspace_migrates_to_g4_and_fcops_core_validates_it(tmp_path: Path, name: str) -> None:
-    project = tmp_path / "proj"
+# the field workspaces with the most files (64 and 122): the test's own validation costs 6 and 23 s of CPU, a third
+# and a half of each test
+QUADRATIC = ("docs-agents-0411ffc", "fcop-d3e870a")
+
+
+def migrate_field_workspace(project: Path, name: str, *, validate: bool) -> None:
     copy_workspace(name, project)
     assert run("init", ".", cwd=project).code == 0
     assert run("up", "--once", cwd=project).code == 0
     root = next(p for p in (project / "fcop", project / "docs" / "agents") if p.is_dir())
-    assert_migrated(project, snapshot(root), root.name)
+    assert_migrated(project, snapshot(root), root.name, validate=validate)
+
+
+@pytest.mark.parametrize("name", sorted(WORKSPACES))
+def test_each_field_workspace_migrates_to_g4_and_fcops_core_validates_it(tmp_path: Path, name: str) -> None:
+    """Every workspace migrates; fcop's Core validates all but ``QUADRATIC`` here (docs-agents-353783a,
+    generated-v3, r1-g2-archive, r2-dup-id, tetris-en-v1), those in the soak test below."""
+    migrate_field_workspace(tmp_path / "proj", name, validate=name not in QUADRATIC)
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("name", QUADRATIC)
+def test_fcops_core_validates_the_biggest_field_workspaces_after_the_migration(tmp_path: Path, name: str) -> None:
+    migrate_field_workspace(tmp_path / "proj", name, validate=True)
 
 
 def test_the_demos_g3_workspace_migrates_with_every_edge_the_kernel_recorded(tmp_path: Path) -> None:

@@ -1,7 +1,9 @@
 """No path from an agent's credential to ADMIN: every state-changing verb checks the caller's credential.
 
 The attacker is another process holding a DEV (or a run's task-scoped) token; everything goes through the
-real CLI. Store-dependent cases run on SQLite and PostgreSQL.
+real CLI. Only the cases where the store matters run on SQLite and PostgreSQL (credentials, per-principal
+idempotency receipts and replays, the chain key): the others are decided above the store, by the same code on
+either, so they run once, on SQLite (``above_the_store``), and say which store-level test covers what they read.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ import pytest
 from tests.cli_support import Run, taskkernel
 
 BOGUS = "tk_" + "x" * 43
+# the `ws` fixture on SQLite only: for checks the CLI and kernel decide above the store, which both backends
+# serve through the same statements (kernel/store/db.py only swaps placeholders)
+above_the_store = pytest.mark.parametrize("any_url", ["sqlite"], indirect=True)
 
 
 class Ws:
@@ -78,6 +83,7 @@ def high_risk_branch_in_review(ws: Ws) -> tuple[str, str]:
     return child, pm
 
 
+@above_the_store  # grants read from the session log on both stores: test_permissions.py
 def test_forged_import_gives_no_grant(ws: Ws, tmp_path: Path) -> None:
     child, pm = high_risk_branch_in_review(ws)
     dev = ws.token("DEV")
@@ -104,6 +110,7 @@ def test_forged_import_gives_no_grant(ws: Ws, tmp_path: Path) -> None:
     assert ws.on("approve", child, "pm-approve-3", pm).json["status"] == "accepted"
 
 
+@above_the_store  # signing is above the store; export/import on both stores: test_sessionlog_accept.py
 def test_signed_export_keeps_provenance_and_a_tampered_line_loses_it(ws: Ws, tmp_path: Path) -> None:
     for i, kind in enumerate(("message", "allow")):
         payload = {"text": "go"} if kind == "message" else {"permission": "approve", "scope": "task:TASK-20260101-001"}
@@ -137,6 +144,7 @@ def test_signed_export_keeps_provenance_and_a_tampered_line_loses_it(ws: Ws, tmp
         "ADMIN:local-owner", "ADMIN:local-owner"]
 
 
+@above_the_store  # who may write a session is the CLI's check; sessions on both stores: test_sessionlog_accept.py
 def test_agents_write_only_their_own_sessions(ws: Ws) -> None:
     dev, pm = ws.token("DEV"), ws.token("PM")
     msg = json.dumps({"text": "hello"})
@@ -165,6 +173,7 @@ def test_agents_write_only_their_own_sessions(ws: Ws) -> None:
     assert exported[-1]["accepted_by"] == "DEV:dev"  # an agent's claim, never a tool's read
 
 
+@above_the_store  # an unknown token is one lookup, on both stores in test_dev_cannot_mint_or_act_as_admin
 def test_bogus_and_empty_tokens_are_refused_everywhere(ws: Ws) -> None:
     tid = ws.submit({"type": "create_task", "idempotency_key": "t",
                      "payload": {"sender": "ADMIN", "recipient": "PM", "subject": "s"}}).json["task_id"]
@@ -191,6 +200,7 @@ def test_bogus_and_empty_tokens_are_refused_everywhere(ws: Ws) -> None:
     assert ws.run("goal", "show", goal).json["state"] == "active"
 
 
+@above_the_store  # file modes and the owner's token file, no store involved
 def test_no_token_means_the_owners_file_or_nothing(ws: Ws) -> None:
     state = ws.root / ".taskkernel"
     assert stat.S_IMODE(state.stat().st_mode) == 0o700
@@ -206,6 +216,7 @@ def test_no_token_means_the_owners_file_or_nothing(ws: Ws) -> None:
     assert ws.run("token", "issue", "DEV", token=owner).code == 0
 
 
+# both stores: issued credentials are stored and looked up
 def test_dev_cannot_mint_or_act_as_admin(ws: Ws) -> None:
     dev = ws.token("DEV")
     rejected(ws.run("token", "issue", "ADMIN", token=dev), "role_not_authorized")
@@ -222,6 +233,7 @@ def test_dev_cannot_mint_or_act_as_admin(ws: Ws) -> None:
     assert ws.run("goal", "cancel", goal).json["state"] == "cancelled"
 
 
+# both stores: per-principal keys are the receipts table's primary key
 def test_idempotency_keys_cannot_be_squatted(ws: Ws) -> None:
     dev = ws.token("DEV")
     pm_task = ws.submit({"type": "create_task", "idempotency_key": "root",
@@ -239,6 +251,7 @@ def test_idempotency_keys_cannot_be_squatted(ws: Ws) -> None:
     assert ws.run("task", "show", r.json["task_id"]).json["subject"] == "owner's"
 
 
+@above_the_store  # scope is checked on the verified credential, above the store
 def test_a_task_scoped_admin_token_has_no_admin_power(ws: Ws) -> None:
     tid = ws.submit({"type": "create_task", "idempotency_key": "t", "payload": {
         "sender": "ADMIN", "recipient": "PM", "subject": "s", "risk_level": "high"}}).json["task_id"]
@@ -254,6 +267,7 @@ def test_a_task_scoped_admin_token_has_no_admin_power(ws: Ws) -> None:
     assert line["accepted_by"] == f"RUN:ADMIN:admin@{tid}"
 
 
+@above_the_store  # session ownership is the CLI's check
 def test_run_tokens_of_one_role_do_not_share_sessions(ws: Ws) -> None:
     ids = [ws.submit({"type": "create_task", "idempotency_key": f"t{i}", "payload": {
         "sender": "ADMIN", "recipient": "DEV", "subject": f"s{i}"}}).json["task_id"] for i in range(2)]
@@ -267,6 +281,7 @@ def test_run_tokens_of_one_role_do_not_share_sessions(ws: Ws) -> None:
     assert ws.run("session", "replay", "task-a", token=run_a).code == 0
 
 
+@above_the_store  # session ownership is the CLI's check
 def test_a_session_named_after_a_principal_is_that_principals_own(ws: Ws) -> None:
     """The MCP server's default sessions are named after their owner (``QA:qa``, ``RUN:DEV:dev@TASK-…``):
     another agent writing first must not become their owner and lock the real one out."""
@@ -283,6 +298,7 @@ def test_a_session_named_after_a_principal_is_that_principals_own(ws: Ws) -> Non
     assert ws.run("session", "replay", "QA:qa", token=qa).code == 0
 
 
+@above_the_store  # the refusal is the gate's, schedules on both stores: test_security_schedule.py
 def test_a_configured_grant_session_is_admins_for_schedules_too(ws: Ws) -> None:
     config = ws.root / "taskkernel.toml"
     config.write_text(config.read_text() + '\n[gate]\nsession = "grants"\n')
@@ -298,6 +314,7 @@ def test_a_configured_grant_session_is_admins_for_schedules_too(ws: Ws) -> None:
     assert not [x for x in lines if x.get("kind") == "message"], lines  # refused when it fired, as from the CLI
 
 
+# both stores: the store signs its chain with that key
 def test_a_missing_chain_key_is_never_silently_replaced(ws: Ws, tmp_path: Path) -> None:
     assert ws.run("session", "accept", "s", "--kind", "message", "--input-id", "i", "--payload",
                   '{"text":"x"}').code == 0
@@ -311,6 +328,7 @@ def test_a_missing_chain_key_is_never_silently_replaced(ws: Ws, tmp_path: Path) 
     assert ws.run("verify").code == 0
 
 
+@above_the_store  # a file write, no store involved
 def test_export_never_writes_through_a_planted_link(ws: Ws, tmp_path: Path) -> None:
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")
@@ -322,6 +340,7 @@ def test_export_never_writes_through_a_planted_link(ws: Ws, tmp_path: Path) -> N
     assert victim.read_text() == "precious"
 
 
+# both stores: a replay is read back from the receipts
 def test_run_tokens_cannot_occupy_or_replay_another_tasks_keys(ws: Ws) -> None:
     ids = [ws.submit({"type": "create_task", "idempotency_key": f"t{i}", "payload": {
         "sender": "ADMIN", "recipient": "DEV", "subject": f"s{i}"}}).json["task_id"] for i in range(2)]
@@ -352,6 +371,7 @@ def refused_naming(r: Run, *allowed: str) -> None:
     assert all(role in r.json["message"] for role in allowed), r.json["message"]
 
 
+@above_the_store  # delegation (kernel/delegation.py) is decided before the store
 def test_a_worker_cannot_make_itself_the_judge_of_its_own_work(ws: Ws) -> None:
     """The finding: DEV named itself driver and done authority of a task it created, to approve its own work.
     A worker gives work only upwards (the leader, ADMIN); it may keep the judging powers over work others do."""
@@ -374,6 +394,7 @@ def test_a_worker_cannot_make_itself_the_judge_of_its_own_work(ws: Ws) -> None:
         "driver": "PM", "done_authority": "ADMIN", "archive_authority": "PM"}
 
 
+@above_the_store  # delegation is decided before the store
 def test_the_lead_delegates_to_anyone_but_never_judges_what_it_drives_and_admin_sets_anything(ws: Ws) -> None:
     """The leader (assign_scope anyone) names any driver and judge but never one judge for its own driver; only the
     owner may make a driver its own judge."""
@@ -401,6 +422,7 @@ def test_the_lead_delegates_to_anyone_but_never_judges_what_it_drives_and_admin_
                    "done_authority DEV may not approve", "ADMIN or PM")
 
 
+@above_the_store  # amend's fields are validated before the store
 def test_amend_cannot_move_a_tasks_authority(ws: Ws) -> None:
     """Authority is fixed when the task is created, where delegation is judged: amend has no such fields."""
     pm = ws.token("PM")
@@ -411,6 +433,7 @@ def test_amend_cannot_move_a_tasks_authority(ws: Ws) -> None:
         "driver": "DEV", "done_authority": "PM", "archive_authority": "PM"}
 
 
+@above_the_store  # the file reaches the same kernel check as the CLI
 def test_a_task_file_gets_the_same_refusal(ws: Ws) -> None:
     """Every entry point submits through the kernel: a TASK file the lead addresses to itself is refused, with
     the reason beside it, and becomes no task."""

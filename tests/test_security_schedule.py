@@ -110,6 +110,8 @@ def create_task_spec(name: str, **user: Any) -> Any:
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def team(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Team]:
+    """Both backends where the store matters; ``above_the_store`` narrows it to SQLite for the refusals the CLI
+    and kernel/delegation.py decide before anything is stored, by the same code on either."""
     env = {} if request.param == "sqlite" else {"TASKKERNEL_DB": str(request.getfixturevalue("pg_url"))}
     t = new_team(tmp_path / "ws", env)
     t.dev = issue_token(t.db, "DEV")
@@ -119,11 +121,15 @@ def team(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Team]:
     t.db.dispose()
 
 
+above_the_store = pytest.mark.parametrize("team", ["sqlite"], indirect=True)
+
+
 def refused(r: Run, reason: str) -> None:
     assert r.code == 2, (r.out, r.err)
     assert (r.json["status"], r.json["reason"]) == ("rejected", reason), r.out
 
 
+@above_the_store  # refused before anything is written
 def test_dev_cannot_act_above_its_role_or_touch_admins_schedule(team: Team) -> None:
     tpl = ("--action", "create_task", "--template", "t.yaml")
     results = team.run(
@@ -139,6 +145,7 @@ def test_dev_cannot_act_above_its_role_or_touch_admins_schedule(team: Team) -> N
     assert (job.name, job.revision, job.paused, team.schedules.outcomes(job)) == ("admin-job", 0, False, [])
 
 
+@above_the_store  # the template is judged before the store
 def test_a_schedule_cannot_hand_a_tasks_powers_beyond_its_owners_reach(team: Team) -> None:
     """Its fires would be refused for ever: the template is judged by kernel/delegation.py at `schedule add`."""
     (team.root / "judge.yaml").write_text("recipient: PM\nsubject: s\ndriver: PM\ndone_authority: PM\n")
@@ -166,6 +173,7 @@ def in_process(team: Team, token: str, *args: str) -> Run:
     return Run(res.exit_code, res.stdout, "")
 
 
+@above_the_store  # credential and role checks come first
 def test_every_schedule_verb_checks_the_credential_and_every_change_the_role(team: Team) -> None:
     for verb in VERBS:
         for token in (BOGUS, ""):
@@ -177,6 +185,7 @@ def test_every_schedule_verb_checks_the_credential_and_every_change_the_role(tea
     assert in_process(team, team.dev, "show", "admin-job").json["created_by"]["role"] == "ADMIN"  # reads are open
 
 
+# both stores: the creator is stored with the schedule and read back when it fires
 def test_a_dev_schedule_creates_its_tasks_as_dev(team: Team) -> None:
     added, = team.run(as_(team.dev, "schedule", "add", "dev-job", "--every", "1h", "--start", "2020-01-01T00:00:00Z",
                           "--action", "create_task", "--template", "t.yaml"))
