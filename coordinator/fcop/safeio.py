@@ -309,13 +309,13 @@ def read_bytes(path: Path, max_bytes: int) -> tuple[bytes, os.stat_result]:
 
 # -- writes --------------------------------------------------------------------------------------
 
-def _create_tmp(dir_fd: int, name: str, shown: Path) -> tuple[int, str]:
+def _create_tmp(dir_fd: int, name: str, shown: Path, flags: int = _TMP_FLAGS) -> tuple[int, str]:
     """A fresh temp file beside ``name``: random, O_EXCL, O_NOFOLLOW, so no existing entry is ever reused."""
     stem = os.fsencode(name)[:_TMP_STEM_BYTES]
     for _ in range(_TMP_ATTEMPTS):
         tmp = os.fsdecode(b"." + stem + f".{secrets.token_hex(8)}.tmp".encode())
         try:
-            return os.open(tmp, _TMP_FLAGS, 0o644, dir_fd=dir_fd), tmp
+            return os.open(tmp, flags, 0o644, dir_fd=dir_fd), tmp
         except FileExistsError:
             continue
         except OSError as exc:
@@ -413,6 +413,99 @@ def rewrite(path: Path, data: bytes, *, expect_sha256: str | None) -> str:
                 os.unlink(tmp, dir_fd=dir_fd)
         os.fsync(dir_fd)
     return sha256_hex(data)
+
+
+class Staged:
+    """A file the kernel derives (the ledger, a view) written a chunk at a time into a temp file beside it, so no
+    writer holds the whole text: ``commit`` puts it in place only if its bytes differ from the file's (as
+    :func:`rewrite` with ``expect_sha256=None``: folders made, a link or a non-regular entry refused)."""
+
+    _CHUNK = 1 << 16
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._dir_fd, self._name = _open_parent(self.path, create=True)
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                mode = os.stat(self._name, dir_fd=self._dir_fd, follow_symlinks=False).st_mode
+                if stat.S_ISLNK(mode):
+                    raise FcopError(FcopReason.SYMLINK_REFUSED, "refusing to replace a symbolic link", self.path)
+                if not stat.S_ISREG(mode):
+                    raise FcopError(FcopReason.NOT_REGULAR_FILE, "refusing to replace what is not a regular file",
+                                    self.path)
+            # read back through this descriptor (``copy_into``), never by its name in a folder agents write
+            self._fd, self._tmp = _create_tmp(self._dir_fd, self._name, self.path,
+                                              _TMP_FLAGS & ~os.O_WRONLY | os.O_RDWR)
+        except BaseException:
+            os.close(self._dir_fd)
+            raise
+        self._hash, self._held, self.size = hashlib.sha256(), 0, 0
+        self._pending: list[bytes] = []
+
+    def write(self, text: str) -> None:
+        self._add(text.encode("utf-8"))
+
+    def _add(self, data: bytes) -> None:
+        self._pending.append(data)
+        self._held += len(data)
+        if self._held >= self._CHUNK:
+            self._flush()
+
+    def copy_into(self, other: Staged) -> None:
+        """Append what was written here to ``other`` (a section written beside the file it ends)."""
+        self._flush()
+        offset = 0
+        while chunk := os.pread(self._fd, self._CHUNK, offset):
+            other._add(chunk)
+            offset += len(chunk)
+
+    def commit(self) -> bool:
+        """Put the new bytes in place unless the file holds them already; True if it was written."""
+        try:
+            self._flush()
+            if self._holds(self._hash.hexdigest()):
+                return False
+            os.fsync(self._fd)
+            os.rename(self._tmp, self._name, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
+            os.fsync(self._dir_fd)
+            return True
+        finally:
+            self.discard()
+
+    def discard(self) -> None:
+        """Drop the temp file (nothing of it is published); idempotent."""
+        if self._dir_fd < 0:
+            return
+        os.close(self._fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._tmp, dir_fd=self._dir_fd)
+        os.close(self._dir_fd)
+        self._dir_fd = -1
+
+    def _flush(self) -> None:
+        for data in self._pending:
+            self._hash.update(data)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view):]
+        self.size += self._held
+        self._pending, self._held = [], 0
+
+    def _holds(self, sha: str) -> bool:
+        """Does the file in place hold exactly the bytes written (read a chunk at a time)?"""
+        try:
+            fd = _open_file(self._dir_fd, self._name, self.path)
+        except FileNotFoundError:
+            return False
+        try:
+            if os.fstat(fd).st_size != self.size:
+                return False
+            digest = hashlib.sha256()
+            while chunk := os.read(fd, self._CHUNK):
+                digest.update(chunk)
+            return digest.hexdigest() == sha
+        finally:
+            os.close(fd)
 
 
 def move_no_overwrite(src: Path, dst: Path) -> Path:

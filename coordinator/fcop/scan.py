@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import os
 import stat
+import struct
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -104,16 +105,32 @@ class ScanBatch:
     refused: dict[str, FcopError] = field(default_factory=dict)  # folders and links not looked into (rel -> why)
 
 
+StatKey = tuple[int, int, int, int]  # size, mtime_ns, inode, ctime_ns
+_PACKED = struct.Struct("<qqQq?d??B32s")  # key, done, first_seen, has sha256, ok, row, sha256 (raw)
+_HANDED_OUT = struct.Struct("<qqQq?")  # its head: an unchanged file handed out is told without unpacking
+NO_ROW, OLD_ROW, SAVED = 0, 1, 2  # what folder_stats holds for a file: nothing, another version, this one
+
+
 @dataclass(slots=True)
 class _Seen:
+    """What the scanner knows of one file. Kept packed (``pack``: about 110 bytes, against some 450 as objects):
+    a workspace's every file stays known between scans, so this is what a scanner holds per file."""
+
     key: StatKey
     first_seen: float
     sha256: str | None
     ok: bool
     done: bool
+    row: int = NO_ROW  # folder_stats' row for the file (NO_ROW, OLD_ROW, SAVED)
 
+    def pack(self) -> bytes:
+        sha = bytes.fromhex(self.sha256) if self.sha256 else b""
+        return _PACKED.pack(*self.key, self.done, self.first_seen, bool(self.sha256), self.ok, self.row, sha)
 
-StatKey = tuple[int, int, int, int]  # size, mtime_ns, inode, ctime_ns
+    @classmethod
+    def unpack(cls, data: bytes) -> _Seen:
+        size, mtime, ino, ctime, done, first, has_sha, ok, row, sha = _PACKED.unpack(data)
+        return cls((size, mtime, ino, ctime), first, sha.hex() if has_sha else None, ok, done, row)
 
 
 def shown_state(area: str, stage: str | None) -> str | None:
@@ -161,7 +178,7 @@ class Listing:
 
 
 def walk_envelope_dirs(ws: FcopWorkspace, listing: Listing,
-                       kinds: Iterable[EnvelopeKind] = tuple(EnvelopeKind)) -> Iterator[tuple[int, list[Listed]]]:
+                       kinds: Iterable[EnvelopeKind] = tuple(EnvelopeKind)) -> Iterator[tuple[int, Iterator[Listed]]]:
     """Every folder files of ``kinds`` live in, ``SCAN_DEPTH`` folders deep, through the safe layer: the one
     definition of which folders are walked (see the module docstring). Yields folder by folder its entries (by
     name) with the folder's checked descriptor, open until the next folder is asked for, so the files are read
@@ -179,7 +196,7 @@ def list_envelope_dirs(ws: FcopWorkspace, kinds: Iterable[EnvelopeKind] = tuple(
 
 
 def _walk(ws: FcopWorkspace, directory: Path, rel_dir: str, depth: int,
-          listing: Listing) -> Iterator[tuple[int, list[Listed]]]:
+          listing: Listing) -> Iterator[tuple[int, Iterator[Listed]]]:
     def refuse(exc: FcopError) -> None:
         listing.refused.setdefault(os.path.relpath(exc.path or ws.root, ws.root), exc)
 
@@ -187,23 +204,20 @@ def _walk(ws: FcopWorkspace, directory: Path, rel_dir: str, depth: int,
     folders: list[str] = []
     try:
         with folder_fd(directory) as fd:
-            entries = sorted(list_fd(fd, directory))
-            wanted = {reason_note_name(name) for name, _ in entries if not is_reason_note(name)}
-            files = []
-            for name, st in entries:
-                if name.startswith(".") or name.endswith(".tmp"):
-                    continue
-                if stat.S_ISDIR(st.st_mode):
+            entries = list_fd(fd, directory)
+            entries.sort(key=_name, reverse=True)  # by name from its end: each file's entry is dropped once made
+            notes = [name for name, st in entries if is_reason_note(name) and stat.S_ISREG(st.st_mode)]
+            if notes:  # a note's file is beside it (only a folder with notes pays for the set)
+                wanted = {reason_note_name(name) for name, _ in entries if not is_reason_note(name)}
+                listing.stale_notes += [directory / name for name in notes if name not in wanted]
+            for name, st in reversed(entries):
+                what = _entry_kind(name, st)
+                if what == "folder":
                     folders.append(name)
-                elif stat.S_ISLNK(st.st_mode) and envelope_prefix(name) is None:
+                elif what == "link":
                     refuse(FcopError(FcopReason.SYMLINK_REFUSED, f"{directory / name} is a symbolic link: never "
                                      "followed", directory / name))
-                elif is_reason_note(name):
-                    if stat.S_ISREG(st.st_mode) and name not in wanted:
-                        listing.stale_notes.append(directory / name)
-                else:
-                    files.append(Listed(directory, name, f"{rel_dir}/{name}", area, stage, st))
-            yield fd, files
+            yield fd, _files(entries, directory, rel_dir, area, stage)
     except FileNotFoundError:
         return
     except FcopError as exc:  # a symlinked folder (or an unreadable one): never followed
@@ -219,6 +233,31 @@ def _walk(ws: FcopWorkspace, directory: Path, rel_dir: str, depth: int,
         else:
             refuse(FcopError(FcopReason.FOLDER_TOO_DEEP, f"{path} is more than {SCAN_DEPTH} folders below an "
                              "envelope folder: files in it are never read", path))
+
+
+def _name(entry: tuple[str, os.stat_result]) -> str:
+    return entry[0]
+
+
+def _files(entries: list[tuple[str, os.stat_result]], directory: Path, rel_dir: str, area: str,
+           stage: str | None) -> Iterator[Listed]:
+    """A folder's files by name, each made as it is asked for and its entry dropped from ``entries`` (sorted from
+    the end): what a large folder's listing holds shrinks as its files are taken."""
+    while entries:
+        name, st = entries.pop()
+        if _entry_kind(name, st) == "file":
+            yield Listed(directory, name, f"{rel_dir}/{name}", area, stage, st)
+
+
+def _entry_kind(name: str, st: os.stat_result) -> str:
+    """What the walk makes of a folder's entry: skipped (in flight), a folder, a refused link, a note, a file."""
+    if name.startswith(".") or name.endswith(".tmp"):
+        return "skipped"
+    if stat.S_ISDIR(st.st_mode):
+        return "folder"
+    if stat.S_ISLNK(st.st_mode) and envelope_prefix(name) is None:
+        return "link"
+    return "note" if is_reason_note(name) else "file"
 
 
 def task_files(ws: FcopWorkspace) -> dict[str, list[tuple[Listed, FcopFilename]]]:
@@ -244,34 +283,73 @@ class Scanner:
         self.max_bytes = max_bytes
         self.clock = clock
         self.legacy_encoding = legacy_encoding  # the import reads GBK history; live input must be UTF-8
-        self._seen: dict[str, _Seen] = {}
+        self._seen: dict[str, bytes] = {}  # rel -> _Seen, packed
+        self._unrows: set[str] = set()  # files gone from ``_seen`` whose folder_stats row is still there
         self._ghosts: set[str] = set()
         self._refused: set[str] = set()
 
+    def _get(self, rel: str) -> _Seen | None:
+        data = self._seen.get(rel)
+        return None if data is None else _Seen.unpack(data)
+
+    def _put(self, rel: str, seen: _Seen) -> None:
+        if rel in self._unrows:  # its row is still there: another version of the file now
+            self._unrows.discard(rel)
+            seen.row = OLD_ROW
+        self._seen[rel] = seen.pack()
+
+    def _drop(self, rel: str) -> None:
+        data = self._seen.pop(rel, None)
+        if data is not None and _Seen.unpack(data).row != NO_ROW:
+            self._unrows.add(rel)
+
     def absorb(self, other: Scanner) -> None:
         """Take over what ``other`` handed out (the import's full scan), so those files are not read again."""
-        self._seen.update({rel: seen for rel, seen in other._seen.items() if seen.done})
+        for rel, data in other._seen.items():
+            seen, mine = _Seen.unpack(data), self._get(rel)
+            if not seen.done:
+                continue
+            if mine is not None and mine.row != NO_ROW:  # folder_stats' row for it stays known
+                same = mine.row == SAVED and (mine.key, mine.sha256) == (seen.key, seen.sha256)
+                seen.row = SAVED if same else OLD_ROW
+            self._put(rel, seen)
 
-    def settled(self, older_than: float) -> dict[str, tuple[StatKey, str]]:
-        """Files handed out (and not forgotten since), last changed before ``older_than`` (a clock time): what
-        a later process may trust without reading them again, as rel -> (stat key, sha256)."""
+    def unsaved(self, older_than: float) -> tuple[Iterator[tuple[str, StatKey, str]], set[str]]:
+        """What folder_stats lacks: (the files handed out, last changed before ``older_than`` (a clock time),
+        whose row is not this version, as (rel, stat key, sha256) — what a later process may trust without
+        reading them again; the rels whose row must go, their files forgotten). ``saved`` marks them done."""
         limit = int(older_than * 1e9)
-        return {rel: (s.key, s.sha256) for rel, s in self._seen.items()
-                if s.done and s.sha256 and s.key[1] < limit and s.key[3] < limit}
 
-    def trust(self, known: dict[str, tuple[StatKey, str]]) -> None:
-        """Files an earlier process handled: one whose stat key is unchanged is not read again (a changed one
-        is looked at afresh)."""
+        def changed() -> Iterator[tuple[str, StatKey, str]]:
+            for rel, data in self._seen.items():
+                s = _Seen.unpack(data)
+                if s.row != SAVED and s.done and s.sha256 and s.key[1] < limit and s.key[3] < limit:
+                    yield rel, s.key, s.sha256
+        return changed(), set(self._unrows)
+
+    def saved(self, changed: Iterable[str], removed: set[str]) -> None:
+        """folder_stats now holds these files as the scanner knows them, and no row of ``removed``."""
+        for rel in changed:
+            seen = _Seen.unpack(self._seen[rel])
+            seen.row = SAVED
+            self._seen[rel] = seen.pack()
+        self._unrows -= removed
+
+    def trust(self, known: Iterable[tuple[str, StatKey, str]]) -> None:
+        """Files an earlier process handled (folder_stats' rows): one whose stat key is unchanged is not read
+        again (a changed one is looked at afresh)."""
         now = self.clock()
-        for rel, (key, sha) in known.items():
-            self._seen.setdefault(rel, _Seen(key=key, first_seen=now, sha256=sha, ok=True, done=True))
-
-    def known(self) -> set[str]:
-        return set(self._seen)
+        for rel, key, sha in known:
+            prev = self._get(rel)
+            if prev is None:
+                self._seen[rel] = _Seen(key, now, sha, ok=True, done=True, row=SAVED).pack()
+            elif prev.row == NO_ROW:
+                prev.row = SAVED if (prev.key, prev.sha256) == (key, sha) else OLD_ROW
+                self._seen[rel] = prev.pack()
 
     def forget(self, rel: str) -> None:
         """Drop what is known about ``rel`` so the next scan looks at it afresh."""
-        self._seen.pop(rel, None)
+        self._drop(rel)
 
     def scan(self) -> ScanBatch:
         batch = ScanBatch()
@@ -304,7 +382,7 @@ class Scanner:
                 report(exc, "scan")
         self._refused = set(listing.refused)
         for rel in [r for r in self._seen if r not in present]:
-            del self._seen[rel]
+            self._drop(rel)
             batch.removed.append(rel)
         self._ghosts &= present
 
@@ -324,9 +402,10 @@ class Scanner:
                 return entry(EntryStatus.GHOST)
             return None
         key = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)  # ctime: a write cannot set it back
-        prev = self._seen.get(rel)
-        if prev is not None and prev.key == key and prev.done:
+        data = self._seen.get(rel)
+        if data is not None and data.startswith(_HANDED_OUT.pack(*key, True)):  # handed out, unchanged since
             return None
+        prev = None if data is None else _Seen.unpack(data)
         now = self.clock()
         if prev is None or prev.key != key:
             env, err, sha = self._look(f, fd, kind)
@@ -337,8 +416,7 @@ class Scanner:
                                                            FcopReason.INVALID_TASK_ID)
             age = now - st.st_mtime_ns / 1e9
             settled = immediate or age >= (self.settle_s if err is None else self.grace_s)
-            prev = _Seen(key=key, first_seen=now, sha256=sha, ok=err is None, done=False)
-            self._seen[rel] = prev
+            prev = _Seen(key, now, sha, ok=err is None, done=False, row=OLD_ROW if prev and prev.row else NO_ROW)
         else:
             if now - prev.first_seen < (self.settle_s if prev.ok else self.grace_s):
                 return entry(EntryStatus.PENDING)
@@ -347,10 +425,11 @@ class Scanner:
                 return None
             settled = sha == prev.sha256 and (err is None) == prev.ok
             if not settled:
-                self._seen[rel] = _Seen(key=key, first_seen=now, sha256=sha, ok=err is None, done=False)
+                prev = _Seen(key, now, sha, ok=err is None, done=False, row=OLD_ROW if prev.row else NO_ROW)
+        prev.done = settled
+        self._put(rel, prev)
         if not settled:
             return entry(EntryStatus.PENDING)
-        self._seen[rel].done = True
         if err is None:
             return entry(EntryStatus.READY, env, sha=sha)
         return entry(EntryStatus.INVALID, err=err, sha=sha)

@@ -130,8 +130,12 @@ class _File:
     rel: str
     area: str
     stage: str | None
-    sha256: str
+    digest: bytes  # the sha256 of its bytes, raw (half its hex text: the plan holds one per file)
     task_id: str | None = None  # a TASK file's id (a refused one is recorded under it)
+
+    @property
+    def sha256(self) -> str:
+        return self.digest.hex()
 
 
 class _Spill:
@@ -144,7 +148,7 @@ class _Spill:
         self._file = tempfile.TemporaryFile(dir=directory)  # noqa: SIM115 - closed by the import's run
         self._end = 0
 
-    def put(self, value: dict[str, Any]) -> tuple[int, int]:
+    def put(self, value: dict[str, Any]) -> int:
         data = json.dumps(value).encode()  # ASCII escapes: any string, a lone surrogate too, comes back whole
         start = self._end
         view, offset = memoryview(data), start
@@ -154,10 +158,10 @@ class _Spill:
                 raise OSError(errno.ENOSPC, "the import's spill file took no more bytes")
             view, offset = view[written:], offset + written
         self._end = offset
-        return start, len(data)
+        return start << 32 | len(data)  # one int per file: where it starts, how long it is
 
-    def get(self, ref: tuple[int, int]) -> dict[str, Any]:
-        offset, size = ref
+    def get(self, ref: int) -> dict[str, Any]:
+        offset, size = ref >> 32, ref & 0xFFFFFFFF
         value: dict[str, Any] = json.loads(os.pread(self._file.fileno(), size, offset))
         return value
 
@@ -175,15 +179,15 @@ class _Task:
     recipient: str
     declared_parent: str | None
     rounds: int  # entries into `active` in its transitions
-    held: tuple[int, int]  # subject, body, priority, references, thread_key, risk_level
+    held: int  # in the spill: subject, body, priority, references, thread_key, risk_level
     state: str = "inbox"
     parent: str | None = None
 
     @classmethod
-    def of(cls, f: _File, env: TaskEnvelope, spill: _Spill) -> _Task:
+    def of(cls, f: _File, task_id: str, env: TaskEnvelope, spill: _Spill) -> _Task:
         held = spill.put({"subject": env.subject, "body": env.body, "priority": env.priority.value,
                           "references": env.references, "thread_key": env.thread_key, "risk_level": env.risk_level})
-        return cls(f, env.id, sys.intern(env.sender), sys.intern(env.recipient), env.parent,  # a few roles, many files
+        return cls(f, task_id, sys.intern(env.sender), sys.intern(env.recipient), env.parent,  # a few roles, many files
                    sum(1 for t in env.transitions if t.to == "active"), held)
 
     @property
@@ -203,7 +207,7 @@ class _Record:
     status: str
     outside_references: bool  # a report naming its task outside `references:`
     order: tuple[str, int]  # a report's (date, sequence): its driver's latest one sets a G2 task's state
-    held: tuple[int, int]  # record_id, body, references (None for a review)
+    held: int  # in the spill: record_id, body, references (None for a review)
 
     @classmethod
     def of(cls, f: _File, env: ReportEnvelope | ReviewEnvelope | IssueEnvelope, spill: _Spill) -> _Record:
@@ -289,7 +293,8 @@ class _Run:
         """Plan from one walk (each file read once; of a file only what planning needs is kept, the rest of its
         command waits in the spill), then commit level by level; ``batch`` gets what the walk found besides files
         (refused folders, stale notes)."""
-        found: dict[str, list[_Task]] = {}
+        found: dict[str, _Task] = {}  # the first file of each id (in walk order)
+        others: dict[str, list[_Task]] = {}  # the further files of an id, if any
         records: list[_Record] = []
         for entry in scanner.stream(batch):
             if entry.status is EntryStatus.INVALID and self._new(entry):
@@ -300,23 +305,25 @@ class _Run:
             elif entry.status is EntryStatus.READY and self._new(entry):
                 env = entry.envelope
                 assert env is not None and entry.sha256 is not None
-                f = _File(entry.rel, entry.area, entry.stage, entry.sha256)
+                f = _File(entry.rel, entry.area, entry.stage, bytes.fromhex(entry.sha256))
                 if FcopWarning.LEGACY_ENCODING in env.warnings:
                     self._warn(f, FcopWarning.LEGACY_ENCODING.value, "not UTF-8: read as GB18030, or with damaged "
                                "bytes replaced (U+FFFD) in the kernel's copy; the file keeps its bytes")
                 if isinstance(env, TaskEnvelope):
-                    f.task_id = env.id
-                    found.setdefault(env.id, []).append(_Task.of(f, env, self.spill))
+                    f.task_id = env.id  # one string for the file, the task and its group
+                    t = _Task.of(f, f.task_id, env, self.spill)
+                    if found.setdefault(t.id, t) is not t:
+                        others.setdefault(t.id, []).append(t)
                 else:
                     records.append(_Record.of(f, env, self.spill))
         for rel, exc in sorted(batch.refused.items()):  # a folder or a link: no file the kernel read, no record
             self.report.skipped.append({"file": rel, "reason": exc.reason.value, "message": exc.message})
-        tasks_by_id = self._tasks(found)
+        self._tasks(found, others)
         by_task = self._reports_by_task(records)
-        for task in tasks_by_id.values():
+        for task in found.values():
             task.state = self._state(task, by_task.get(task.id, []))
         del by_task
-        self._adopt(tasks_by_id)
+        self._adopt(found)
         self._attach(records)
         self._flush()
         self.report.skipped.sort(key=lambda s: s["file"].encode())
@@ -335,14 +342,16 @@ class _Run:
         return self.tracked.get(entry.rel) != (entry.sha256 or "")
 
     # -- planning ----------------------------------------------------------------------------
-    def _tasks(self, groups: dict[str, list[_Task]]) -> dict[str, _Task]:
-        """One task per id (see the module docstring); the other files with that id are refused."""
-        found: dict[str, _Task] = {}
-        for task_id, group in groups.items():
+    def _tasks(self, found: dict[str, _Task], others: dict[str, list[_Task]]) -> None:
+        """One task per id (see the module docstring), in ``found``; the other files with that id are refused."""
+        for task_id, first in found.items():  # ids in walk order; a winner replaces its id's value only
+            if task_id not in others:
+                continue
+            group = [first, *others[task_id]]
             group.sort(key=lambda t: (t.name.encode(), t.file.rel.encode()))
-            winner, *others = group  # a known id too: the kernel replays an interrupted import's adoption
+            winner, *rest = group  # a known id too: the kernel replays an interrupted import's adoption
             found[task_id] = winner
-            for t in others:
+            for t in rest:
                 self._refuse(t.file, FcopReason.DUPLICATE_TASK_ID,
                              f"{task_id} is already the task of {winner.file.rel} (the first file of that id by "
                              "name); this file is not applied and never written into")
@@ -353,7 +362,6 @@ class _Run:
             elif parent:
                 self._warn(task.file, "parent_not_found", f"parent {parent} is in no TASK file; imported as a root")
         self._break_cycles(found)
-        return found
 
     def _break_cycles(self, found: dict[str, _Task]) -> None:
         """Each task's chain walked once in all (a task already walked ends a walk): where a walk comes back to a
@@ -396,8 +404,11 @@ class _Run:
         """Level by level (a task's parent one level up), a batch of commands built and committed at a time."""
         levels: dict[int, list[_Task]] = {}
         depths: dict[str, int] = {}
+        parents = {t.parent for t in found.values() if t.parent}
         for task_id in sorted(found):
-            levels.setdefault(_depth(found, task_id, depths), []).append(found[task_id])
+            task = found[task_id]
+            depth = 0 if task.parent is None and task_id not in parents else _depth(found, task_id, depths)
+            levels.setdefault(depth, []).append(task)  # a task outside every chain is at 0, remembered nowhere
         failed: set[str] = set()
         for n in sorted(levels):
             level = levels.pop(n)

@@ -51,7 +51,7 @@ from taskkernel.coordinator.fcop.filenames import EnvelopeKind, parse_filename, 
 from taskkernel.coordinator.fcop.numbering import max_sequence
 from taskkernel.coordinator.fcop.quarantining import sweep_notes
 from taskkernel.coordinator.fcop.safeio import rewrite
-from taskkernel.coordinator.fcop.scan import StatKey, shown_state
+from taskkernel.coordinator.fcop.scan import shown_state
 from taskkernel.coordinator.folders.tracking import FileTracker, Origin
 from taskkernel.kernel.commands import TaskCommandKernel
 from taskkernel.kernel.logging import get_logger
@@ -138,7 +138,7 @@ class Ingest:
         self.scanner = scanner
         self.submit_on_done_report = submit_on_done_report
         self.failing: dict[str, str] = {}  # the previous pass's failures: a traceback is logged once, not every pass
-        self.trusted: dict[str, tuple[StatKey, str]] | None = None  # what folder_stats says, as last saved
+        self.trusted: bool | None = None  # folder_stats read into the scanner (None: not yet, in this process)
         self._walked: ScanBatch | None = None  # this pass's walk, when the import made it
 
     def took_over(self, scanner: Scanner, batch: ScanBatch) -> None:
@@ -151,8 +151,9 @@ class Ingest:
         stats = IngestStats()
         walked, self._walked = self._walked, None  # taken first: a failure below never leaves a stale walk behind
         if self.trusted is None:  # a new process: files an earlier one handled, unchanged, are not read again
-            self.trusted = self.tracker.stats()
-            self.scanner.trust(self.trusted)
+            rows = self.tracker.stats()
+            self.scanner.trust(rows)
+            self.trusted = True
         batch = walked or self.scanner.scan()
         self._sweep_notes(batch.stale_notes)
         for entry in batch.invalid:
@@ -171,16 +172,11 @@ class Ingest:
 
     def _save_settled(self) -> None:
         """Remember what this pass handled (only changes): a pass costs what changed, not what exists. A file
-        changed in the last seconds is left out (a coarse clock could hide a rewrite in the same tick)."""
-        assert self.trusted is not None
-        settled = self.scanner.settled(older_than=time.time() - 2.0)
-        changed = {rel: v for rel, v in settled.items() if self.trusted.get(rel) != v}
-        known = self.scanner.known()
-        removed = {rel for rel in self.trusted if rel not in settled and rel not in known}
-        self.tracker.save_stats(changed, removed)
-        self.trusted.update(changed)
-        for rel in removed:
-            del self.trusted[rel]
+        changed in the last seconds is left out (a coarse clock could hide a rewrite in the same tick). The
+        scanner knows which of its files folder_stats holds as they are: nothing per file is copied here."""
+        changed, removed = self.scanner.unsaved(older_than=time.time() - 2.0)
+        saved = self.tracker.save_stats(changed, removed)
+        self.scanner.saved(saved, removed)
 
     def _contained(self, entry: ScanEntry, stats: IngestStats,
                    step: Callable[[ScanEntry, IngestStats], None]) -> None:

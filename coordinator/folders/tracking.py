@@ -7,6 +7,8 @@ requests.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import PurePosixPath
@@ -18,6 +20,8 @@ from taskkernel.coordinator.tables import folder_files, folder_stats
 from taskkernel.coordinator.tables import metadata as folders_metadata
 from taskkernel.kernel.canonical import utc_now_iso
 from taskkernel.kernel.store.db import Database
+
+STATS_CHUNK = 500  # rows per statement: a first pass saves every file of the workspace
 
 
 class Origin(StrEnum):
@@ -63,22 +67,35 @@ class FileTracker:
         with self.db.read() as conn:
             return dict(conn.execute(sa.select(folder_files.c.rel, folder_files.c.sha256)).all())
 
-    def stats(self) -> dict[str, tuple[StatKey, str]]:
+    def stats(self) -> Iterator[tuple[str, StatKey, str]]:
+        """(rel, stat key, sha256) of every file a pass saved, a row at a time (a workspace's every file)."""
         with self.db.read() as conn:
-            rows = conn.execute(sa.select(folder_stats.c.rel, folder_stats.c.stat, folder_stats.c.sha256)).all()
-        return {rel: (_key(stat), sha) for rel, stat, sha in rows}
+            rows = conn.execute(sa.select(folder_stats.c.rel, folder_stats.c.stat, folder_stats.c.sha256)
+                                .execution_options(yield_per=STATS_CHUNK))
+            for rel, stat, sha in rows:
+                yield rel, _key(stat), sha
 
-    def save_stats(self, changed: dict[str, tuple[StatKey, str]], removed: set[str]) -> None:
-        """One transaction per pass, and only for what changed since the last one."""
-        if not changed and not removed:
-            return
-        gone = [*removed, *changed]
+    def save_stats(self, changed: Iterable[tuple[str, StatKey, str]], removed: set[str]) -> list[str]:
+        """One transaction per pass, and only for what changed since the last one, written a chunk at a time (a
+        first pass saves every file); returns the rels saved."""
+        saved: list[str] = []
+        chunks = iter(lambda: list(itertools.islice(changed, STATS_CHUNK)), [])
+        first = next(chunks, [])
+        if not first and not removed:
+            return saved
         with self.db.write() as uow:
-            for start in range(0, len(gone), 500):
-                uow.conn.execute(folder_stats.delete().where(folder_stats.c.rel.in_(gone[start:start + 500])))
-            if changed:
+            gone = list(removed)
+            for start in range(0, len(gone), STATS_CHUNK):
+                uow.conn.execute(folder_stats.delete().where(folder_stats.c.rel.in_(gone[start:start + STATS_CHUNK])))
+            for chunk in itertools.chain([first], chunks):
+                if not chunk:
+                    continue
+                rels = [rel for rel, _, _ in chunk]
+                uow.conn.execute(folder_stats.delete().where(folder_stats.c.rel.in_(rels)))
                 uow.conn.execute(folder_stats.insert(), [{"rel": rel, "stat": ":".join(map(str, key)), "sha256": sha}
-                                                         for rel, (key, sha) in changed.items()])
+                                                         for rel, key, sha in chunk])
+                saved += rels
+        return saved
 
     def record_many(self, rows: list[tuple[str, str, str | None, Origin, str | None]]) -> None:
         """(rel, sha256, task_id, origin, note) rows in one transaction: an import records thousands."""

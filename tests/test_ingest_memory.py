@@ -1,0 +1,183 @@
+"""Issue 29, goal 3: what `up --once` holds per file. The scanner keeps one packed record per file (the live scans
+need it), the live ingest no copy of folder_stats, the ledger and views are written as the tasks are read.
+Memory is measured with tracemalloc at two sizes (bytes per extra file: deterministic, not a timing)."""
+
+from __future__ import annotations
+
+import gc
+import sys
+import time
+import tracemalloc
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from taskkernel.coordinator.cli.common import CliContext
+from taskkernel.coordinator.fcop import FcopError, FcopReason, Scanner, open_workspace
+from taskkernel.coordinator.fcop.safeio import Staged
+from taskkernel.coordinator.folders.tracking import FileTracker
+from taskkernel.coordinator.loop import Coordinator
+from taskkernel.coordinator.workspace import Workspace
+from tests.cli_support import run
+
+
+def history(project: Path, n: int) -> int:
+    """``n`` TASK files over three stages (one folder holding most of them) and a REPORT on every second one."""
+    lc = project / "fcop" / "_lifecycle"
+    for i in range(1, n + 1):
+        tid = f"TASK-202601{1 + (i - 1) // 999:02d}-{(i - 1) % 999 + 1:03d}"
+        stage = "archive" if i % 10 == 0 else "done" if i % 10 == 8 else "inbox"
+        (lc / stage).mkdir(parents=True, exist_ok=True)
+        (lc / stage / f"{tid}-ADMIN-to-DEV.md").write_text(
+            f"---\nprotocol: fcop\nversion: 1\nsender: ADMIN\nrecipient: DEV\nsubject: Job {i}\n---\n"
+            + "Do the work. " * 40 + "\n", encoding="utf-8")
+        if i % 2 == 0:
+            (project / "fcop" / "reports").mkdir(parents=True, exist_ok=True)
+            (project / "fcop" / "reports" / f"REPORT{tid[4:]}-DEV-to-ADMIN.md").write_text(
+                f"---\nprotocol: fcop\nversion: 1\nsender: DEV\nrecipient: ADMIN\nstatus: done\n"
+                f"references:\n- {tid}\n---\ndone\n", encoding="utf-8")
+    return n + n // 2
+
+
+def traced(fn: Callable[[], object]) -> tuple[int, int]:
+    """(peak, retained) bytes allocated by ``fn`` and still held after it (what it returns included)."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        kept = fn()
+        gc.collect()
+        retained, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    del kept
+    return peak - base, retained - base
+
+
+def per_extra_file(tmp_path: Path, measure: Callable[[Path], tuple[int, int]]) -> tuple[float, float]:
+    """(peak, retained) bytes per extra file between 200 and 800 tasks (300 and 1,200 files)."""
+    sizes = []
+    for n in (10, 200, 800):  # the first, discarded, loads what a first run imports
+        project = tmp_path / f"p{n}"
+        assert run("init", str(project), cwd=tmp_path).code == 0
+        files = history(project, n)
+        sizes.append((files, *measure(project)))
+    (small, small_peak, small_kept), (large, large_peak, large_kept) = sizes[1:]
+    return (large_peak - small_peak) / (large - small), (large_kept - small_kept) / (large - small)
+
+
+def test_the_scanner_keeps_a_packed_record_per_file(tmp_path: Path) -> None:
+    """Its stat key, digest and flags in one bytes object (about 110 bytes, was ≈ 450 as objects) beside the
+    file's path: what later scans need to leave an unchanged file unread."""
+    def scanned(project: Path) -> tuple[int, int]:
+        scanner = Scanner(open_workspace(project), settle_s=0, grace_s=0)
+
+        def scan() -> Scanner:
+            batch = scanner.scan()
+            assert not batch.invalid and len(batch.ready) == len(scanner._seen)
+            return scanner
+        return traced(scan)
+
+    _, kept = per_extra_file(tmp_path, scanned)
+    assert kept < 300, f"{kept:.0f} bytes held per file after a scan"  # was 529
+    scanner = Scanner(open_workspace(tmp_path / "p200"), settle_s=0, grace_s=0)
+    scanner.scan()
+    assert all(type(v) is bytes and sys.getsizeof(v) <= 120 for v in scanner._seen.values())
+
+
+def test_up_once_holds_little_per_file_to_the_end(tmp_path: Path) -> None:
+    """The whole first `up --once` (import, live ingest, folder_stats, ledger and views): the peak grows by a small
+    bound per extra file and, once done, little more than the scanner's packed record is held."""
+    def up_once(project: Path) -> tuple[int, int]:
+        coordinator = Coordinator(Workspace.load(project), CliContext(workspace_path=str(project)).database(),
+                                  settle_s=0.0, grace_s=0.0)
+        coordinator.folders.importer.batch_size = 100  # type: ignore[union-attr] # a batch: the same at both sizes
+
+        def once() -> Coordinator:
+            coordinator.run_once()
+            return coordinator
+        measured = traced(once)
+        assert sum(coordinator.folders.last_import.tasks.values()) > 0  # type: ignore[union-attr]
+        return measured
+
+    peak, kept = per_extra_file(tmp_path, up_once)
+    assert peak < 1000, f"{peak:.0f} peak bytes per extra file"
+    assert kept < 500, f"{kept:.0f} bytes per extra file held after `up --once`"  # was 809 (peak 1,419)
+
+
+def test_folder_stats_follow_the_files_without_a_copy_in_the_ingest(tmp_path: Path) -> None:
+    """A pass saves what it handled (every file first, then only changes), a file gone loses its row, and a new
+    process trusts the rows: an unchanged file is not read again."""
+    project = tmp_path / "p"
+    assert run("init", str(project), cwd=tmp_path).code == 0
+    files = history(project, 20)
+    db = CliContext(workspace_path=str(project)).database()
+
+    def coordinator() -> Coordinator:
+        return Coordinator(Workspace.load(project), db, settle_s=0.0, grace_s=0.0)
+
+    def rows() -> dict[str, tuple[tuple[int, int, int, int], str]]:
+        return {rel: (key, sha) for rel, key, sha in FileTracker(db).stats()}
+
+    time.sleep(2.1)  # a pass saves a file changed (its ctime) 2 s before it at the latest
+    first = coordinator()
+    first.run_once()
+    assert first.folders.ingest.trusted is True  # type: ignore[union-attr]
+    saved = rows()
+    assert len(saved) == files
+    changed, removed = first.folders.ingest.scanner.unsaved(older_than=2e9)  # type: ignore[union-attr]
+    assert not list(changed) and not removed, "nothing left to save after the pass"
+
+    inbox = project / "fcop" / "_lifecycle" / "inbox"
+    gone = inbox / "TASK-20260101-001-ADMIN-to-DEV.md"
+    gone.unlink()
+    first.run_once()
+    after = rows()
+    assert "_lifecycle/inbox/TASK-20260101-001-ADMIN-to-DEV.md" in saved
+    assert "_lifecycle/inbox/TASK-20260101-001-ADMIN-to-DEV.md" not in after
+    assert len(after) == files - 1 and all(after[rel] == saved[rel] for rel in after)
+
+    from taskkernel.coordinator.fcop import scan
+    reads = []
+    real = scan.read_at
+    later = coordinator()
+    try:
+        scan.read_at = lambda *a: reads.append(a[1]) or real(*a)  # type: ignore[assignment]
+        later.run_once()
+    finally:
+        scan.read_at = real
+    assert reads == [], "an unchanged file is trusted from folder_stats, never read again"
+
+
+def test_staged_writes_only_changed_bytes_and_never_through_a_link(tmp_path: Path) -> None:
+    target = tmp_path / "ledger" / "tasks.jsonl"
+    staged = Staged(target)
+    staged.write("a\n" * 50_000)  # above one chunk: written as it comes
+    assert staged.commit() and target.read_text() == "a\n" * 50_000
+    inode = target.stat().st_ino
+    again = Staged(target)
+    again.write("a\n" * 50_000)
+    assert not again.commit() and target.stat().st_ino == inode, "the same bytes: the file is left as it is"
+    other = Staged(target)
+    other.write("b\n")
+    assert other.commit() and target.read_text() == "b\n"
+    section, whole = Staged(target), Staged(target)  # a section written beside the file it ends
+    whole.write("# head\n")
+    section.write("- é\n" * 30_000)
+    section.copy_into(whole)
+    section.discard()
+    assert whole.commit() and target.read_text() == "# head\n" + "- é\n" * 30_000
+    assert sorted(p.name for p in target.parent.iterdir()) == ["tasks.jsonl"], "no temp file is left behind"
+
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    (tmp_path / "ledger" / "views").symlink_to(tmp_path)
+    with pytest.raises(FcopError) as info:
+        Staged(tmp_path / "ledger" / "views" / "victim")
+    assert info.value.reason is FcopReason.SYMLINK_REFUSED and victim.read_text() == "keep"
+    link = tmp_path / "ledger" / "linked.md"
+    link.symlink_to(victim)
+    with pytest.raises(FcopError) as info:
+        Staged(link)
+    assert info.value.reason is FcopReason.SYMLINK_REFUSED and victim.read_text() == "keep"
