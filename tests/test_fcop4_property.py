@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from taskkernel.coordinator.workspace import Workspace, init_workspace
@@ -63,6 +63,8 @@ EXAMPLES = int(os.environ.get("TASKKERNEL_G4_EXAMPLES", "10"))  # `make soak` st
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(actions=ACTIONS)
+# an agent claims and submits between two passes: the kernel's claim finds the file already in review/
+@example(actions=[("fcop_create", 0), ("pass", 0), ("fcop_claim", 0), ("fcop_submit", 0)])
 def test_fcop_agents_and_the_kernel_interleaved_never_split_a_task_nor_break_the_core(
         tmp_path_factory: Any, actions: list[tuple[str, int]]) -> None:
     project = tmp_path_factory.mktemp("g4")

@@ -334,7 +334,10 @@ class G4Adapter:
         stage = self.edges.state(file_id)[0]
         if stage == edge[1]:
             return  # already there: an fcop agent made this move and the kernel took it in
-        if stage != edge[0]:  # behind (an earlier edge is still to be retried) or moved without the kernel
+        if stage != edge[0]:
+            if reached_by_later_edges(self.kernel.history(task_id), event.global_pos, stage):
+                return  # an fcop agent made this move and the next ones between two passes; the kernel took them in
+            # behind (an earlier edge is still to be retried) or moved without the kernel
             raise ProjectionBehind(f"{task_id}: the kernel's {event.type} needs its file in {edge[0]}/, it is in "
                                    f"{stage}/; retried after the task's earlier edges (a dead letter if it stays)")
         self.edges.step(file_id, task_id, doc["authority"], *edge,
@@ -359,6 +362,21 @@ class G4Adapter:
 
     def _written(self, path: Path, task_id: str) -> None:
         self.tracker.record(self.fcop.relative(path), _sha(path), task_id, Origin.PROJECTED)
+
+
+def reached_by_later_edges(history: list[Any], position: int, stage: str) -> bool:
+    """Whether the kernel's own edges from ``position`` on, each starting where the last ended, reach ``stage``:
+    the file is ahead of this event, not behind it or moved without the kernel."""
+    at: str | None = None
+    for event in history:
+        if event.global_pos < position or (edge := EDGE_OF_EVENT.get(event.type)) is None:
+            continue
+        if at is not None and edge[0] != at:
+            return False
+        at = edge[1]
+        if at == stage:
+            return True
+    return False
 
 
 def report_before(history: list[Any], position: int) -> str:
