@@ -226,11 +226,12 @@ class CheckedConfig:
     Only ever made from a ``TaskkernelConfig`` that validated, or from the plain data of one."""
 
     def __init__(self, values: dict[str, Any], given: dict[str, Any], lines: list[list[Any]],
-                 config: TaskkernelConfig | None = None) -> None:
+                 config: TaskkernelConfig | None = None, source: tuple[bytes, Path] | None = None) -> None:
         self.values = values  # model_dump(mode="json"): every table, defaults included
         self.given = given  # the fields the file set, at every level (model_fields_set)
         self.lines = lines  # [table, key, line] (TaskkernelConfig.line_of)
         self._config = config
+        self.source = source  # the file's bytes and path, to validate in full if the plain data will not build
 
     @classmethod
     def of(cls, config: TaskkernelConfig) -> CheckedConfig:
@@ -238,13 +239,13 @@ class CheckedConfig:
                    config)
 
     @classmethod
-    def from_plain(cls, data: Any) -> CheckedConfig:
+    def from_plain(cls, data: Any, source: tuple[bytes, Path] | None = None) -> CheckedConfig:
         """From ``plain()``'s data; raises ValueError when it is not shaped so (a damaged or foreign cache)."""
         if not (isinstance(data, dict) and isinstance(data.get("values"), dict) and isinstance(data.get("given"), dict)
                 and isinstance(data.get("lines"), list)
                 and all(isinstance(data["values"].get(t), dict) for t in ("kernel", "gate"))):
             raise ValueError("not a validated configuration")
-        return cls(data["values"], data["given"], data["lines"])
+        return cls(data["values"], data["given"], data["lines"], source=source)
 
     def plain(self) -> dict[str, Any]:
         return {"values": self.values, "given": self.given, "lines": self.lines}
@@ -259,7 +260,16 @@ class CheckedConfig:
         if self._config is None:
             from taskkernel.coordinator.config_tables import TaskkernelConfig
 
-            config = _construct(TaskkernelConfig, self.values, self.given)
+            try:
+                config = _construct(TaskkernelConfig, self.values, self.given)
+            except (KeyError, ValueError, TypeError, AttributeError):
+                if self.source is None:
+                    raise
+                # plain data that no longer fits the models (code changed under a running process): validate
+                rebuilt = CheckedConfig.of(validate_bytes(*self.source))
+                self.values, self.given, self.lines = rebuilt.values, rebuilt.given, rebuilt.lines
+                self._config = rebuilt._config
+                return rebuilt.config
             config._lines = {(t, k): n for t, k, n in self.lines}
             for spec in config.roles.values():  # as _profile_problems links them
                 spec._profile = config.profiles.get(spec.runner) if spec.is_preset else None

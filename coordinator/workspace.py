@@ -208,19 +208,28 @@ def checked_config(path: Path, cache: Path) -> CheckedConfig:
     and its values cached for the next command. A cache that is missing, stale, damaged, foreign or not the
     owner's private file is never used, so deleting it is always safe (docs/config.md)."""
     raw = read_bytes(path)
-    key = None if cache.parent.is_symlink() else _cache_key(raw)  # the workspace's own state folder, or none
-    if key is not None and (hit := _cached(cache, key)) is not None:
+    stamp = _code_stamp()
+    # the workspace's own state folder, or none
+    key = None if stamp is None or cache.parent.is_symlink() else hashlib.sha256(stamp.encode() + raw).hexdigest()
+    if key is not None and (hit := _cached(cache, key, (raw, path))) is not None:
         return hit
     checked = CheckedConfig.of(validate_bytes(raw, path))
-    if key is not None:
+    if key is not None and _code_digest() == stamp:  # else this process runs code replaced since: not the key's
         _write_cache(cache, key, checked)
     return checked
 
 
-def _cache_key(raw: bytes) -> str | None:
-    """SHA-256 of the file's bytes and of the code that validates them: taskkernel's and Python's versions and
-    the validating sources' and libraries' files (size and mtime: an edit or an upgrade changes them). None: a
-    file of that code cannot be found (nothing is cached then)."""
+@cache
+def _code_stamp() -> str | None:
+    """The validating code as this process found it at its first configuration read, before it loaded that code:
+    what it validates with, all its life, whatever is installed meanwhile."""
+    return _code_digest()
+
+
+def _code_digest() -> str | None:
+    """SHA-256 of the code that validates the file: taskkernel's and Python's versions and the validating
+    sources' and libraries' files (size and mtime: an edit or an upgrade changes them). None: a file of that code
+    cannot be found (nothing is cached then)."""
     from taskkernel import __version__
 
     digest = hashlib.sha256(f"{_CACHE_FORMAT}\0{__version__}\0{sys.version}\0".encode())
@@ -232,7 +241,6 @@ def _cache_key(raw: bytes) -> str | None:
             digest.update(f"{file}\0{info.st_size}\0{info.st_mtime_ns}\0".encode())
     except OSError:
         return None
-    digest.update(raw)
     return digest.hexdigest()
 
 
@@ -245,11 +253,11 @@ def _validating_files() -> tuple[str | None, ...]:
     return (*(str(package / source) for source in _VALIDATING_SOURCES), *libraries)
 
 
-def _cached(cache: Path, key: str) -> CheckedConfig | None:
+def _cached(cache: Path, key: str, source: tuple[bytes, Path]) -> CheckedConfig | None:
     """The values the cache holds for ``key``: only from the owner's own private regular file, whole (its payload's
     digest checks) and written for this key."""
     try:
-        fd = os.open(cache, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(cache, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO never blocks
     except OSError:
         return None
     try:
@@ -267,7 +275,7 @@ def _cached(cache: Path, key: str) -> CheckedConfig | None:
         payload = doc["payload"]
         if (doc["format"], doc["key"], doc["sha256"]) != (_CACHE_FORMAT, key, _sha256(payload)):
             return None
-        return CheckedConfig.from_plain(json.loads(payload))
+        return CheckedConfig.from_plain(json.loads(payload), source)
     except (ValueError, KeyError, TypeError, AttributeError):  # not JSON, not our document: validate instead
         return None
 

@@ -4,6 +4,7 @@ file's exact bytes and the validating code; anything else about the cache means 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 from pydantic import BaseModel
 
 import taskkernel
+from taskkernel.coordinator import config as config_module
 from taskkernel.coordinator import workspace as workspace_module
 from taskkernel.coordinator.config import CheckedConfig, ConfigError, Isolation, load_config, parse_config
 from taskkernel.coordinator.config_template import config_template
@@ -105,8 +107,48 @@ def test_a_damaged_or_foreign_cache_is_ignored_and_rewritten(root: Path, validat
 def test_other_validating_code_means_another_key(root: Path, validations: list[Path],
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(taskkernel, "__version__", "0.0.0+another")
-    Workspace.load(root)
-    assert validations == [root / CONFIG_NAME]
+    workspace_module._code_stamp.cache_clear()  # a new process: it stamps the code it finds
+    try:
+        Workspace.load(root)
+        assert validations == [root / CONFIG_NAME]
+    finally:
+        workspace_module._code_stamp.cache_clear()
+
+
+def test_a_process_whose_code_was_replaced_meanwhile_writes_nothing(root: Path, validations: list[Path],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long-running process validates with the code it loaded: after an upgrade on disk its validation must not
+    land under the new code's key (a new process would take it for its own)."""
+    config = root / CONFIG_NAME
+    cache_of(root).unlink()
+    monkeypatch.setattr(workspace_module, "_code_digest", lambda: "the code installed since")
+    config.write_bytes(config.read_bytes() + b"\n[mcp]\noutput_budget = 2048\n")
+    assert Workspace.load(root).config.mcp.output_budget == 2048 and validations == [config]
+    assert not cache_of(root).exists()
+
+
+def test_cached_values_the_models_no_longer_take_are_validated_in_full(root: Path, validations: list[Path],
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whole and for this key, yet not what the models need (a field the code added since): validated, not an
+    internal error."""
+    real = config_module.validate_bytes
+    monkeypatch.setattr(config_module, "validate_bytes", lambda raw, path: validations.append(path) or real(raw, path))
+    def drop_a_field(doc: dict[str, Any]) -> None:
+        payload = json.loads(doc["payload"])
+        del payload["values"]["kernel"]["max_runs"]
+        doc["payload"] = json.dumps(payload, separators=(",", ":"))
+        doc["sha256"] = hashlib.sha256(doc["payload"].encode()).hexdigest()
+
+    tamper(root, drop_a_field)
+    ws = Workspace.load(root)
+    assert validations == []
+    assert ws.config.kernel.max_runs > 0 and validations == [root / CONFIG_NAME]
+
+
+def test_a_fifo_in_the_cache_s_place_is_ignored_not_waited_on(root: Path, validations: list[Path]) -> None:
+    cache_of(root).unlink()
+    os.mkfifo(cache_of(root), 0o600)
+    assert Workspace.load(root).require_token and validations == [root / CONFIG_NAME]
 
 
 def test_the_cache_lives_only_in_the_workspace_s_own_state_folder(tmp_path: Path, validations: list[Path]) -> None:
