@@ -5,6 +5,7 @@ Memory is measured with tracemalloc at two sizes (bytes per extra file: determin
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import time
 import tracemalloc
@@ -148,6 +149,29 @@ def test_folder_stats_follow_the_files_without_a_copy_in_the_ingest(tmp_path: Pa
     finally:
         scan.read_at = real
     assert reads == [], "an unchanged file is trusted from folder_stats, never read again"
+    changed, removed = later.folders.ingest.scanner.unsaved(older_than=2e9)  # type: ignore[union-attr]
+    assert not list(changed) and not removed, "the rows a new process trusts are saved, never written again"
+
+
+@pytest.mark.parametrize("mtime_ns", [10**19, -(10**18)], ids=["year-2286", "year-1938"])
+def test_any_mtime_an_agent_sets_is_ingested_and_stops_nothing(tmp_path: Path, mtime_ns: int) -> None:
+    """The scanner packs a file's stat key into 64-bit words: a date beyond them (``touch -d 2286-11-20``) or
+    before 1970 must neither stop the pass nor hide the other files."""
+    project = tmp_path / "p"
+    assert run("init", str(project), cwd=tmp_path).code == 0
+    history(project, 1)
+    assert run("up", "--once", cwd=project).code == 0
+    inbox = project / "fcop" / "_lifecycle" / "inbox"
+    os.utime(inbox / "TASK-20260101-001-ADMIN-to-DEV.md", ns=(0, mtime_ns))
+    (inbox / "TASK-20260101-002-ADMIN-to-DEV.md").write_text(
+        "---\nprotocol: fcop\nversion: 1\nsender: ADMIN\nrecipient: DEV\nsubject: Next\n---\nDo it.\n",
+        encoding="utf-8")
+    for _ in range(2):  # the pass that finds the date and the one after it
+        up = run("up", "--once", cwd=project)
+        assert up.code == 0 and "Traceback" not in up.err, (up.out, up.err)
+    listed = run("task", "list", "--json", cwd=project)
+    assert listed.code == 0, listed.err
+    assert {"TASK-20260101-001", "TASK-20260101-002"} <= {t["task_id"] for t in listed.json}
 
 
 def test_staged_writes_only_changed_bytes_and_never_through_a_link(tmp_path: Path) -> None:

@@ -106,8 +106,9 @@ class ScanBatch:
 
 
 StatKey = tuple[int, int, int, int]  # size, mtime_ns, inode, ctime_ns
-_PACKED = struct.Struct("<qqQq?d??B32s")  # key, done, first_seen, has sha256, ok, row, sha256 (raw)
-_HANDED_OUT = struct.Struct("<qqQq?")  # its head: an unchanged file handed out is told without unpacking
+_PACKED = struct.Struct("<QQQQ?d??B32s")  # key, done, first_seen, has sha256, ok, row, sha256 (raw)
+_HANDED_OUT = struct.Struct("<QQQQ?")  # its head: an unchanged file handed out is told without unpacking
+_U64 = (1 << 64) - 1  # a key's fields as 64-bit words: an agent may set any mtime (year 2286 or 1901) on its file
 NO_ROW, OLD_ROW, SAVED = 0, 1, 2  # what folder_stats holds for a file: nothing, another version, this one
 
 
@@ -401,7 +402,8 @@ class Scanner:
                 log.warning("fcop.ghost_file", path=rel, warning=FcopWarning.GHOST_FILE.value)
                 return entry(EntryStatus.GHOST)
             return None
-        key = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)  # ctime: a write cannot set it back
+        # ctime: a write cannot set it back
+        key = (st.st_size & _U64, st.st_mtime_ns & _U64, st.st_ino & _U64, st.st_ctime_ns & _U64)
         data = self._seen.get(rel)
         if data is not None and data.startswith(_HANDED_OUT.pack(*key, True)):  # handed out, unchanged since
             return None
