@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import os
+import subprocess
 import sys
 import time
 import tracemalloc
@@ -20,7 +21,7 @@ from taskkernel.coordinator.fcop.safeio import Staged
 from taskkernel.coordinator.folders.tracking import FileTracker
 from taskkernel.coordinator.loop import Coordinator
 from taskkernel.coordinator.workspace import Workspace
-from tests.cli_support import run
+from tests.cli_support import cli_env, run
 
 
 def history(project: Path, n: int) -> int:
@@ -186,12 +187,18 @@ def test_staged_writes_only_changed_bytes_and_never_through_a_link(tmp_path: Pat
     other = Staged(target)
     other.write("b\n")
     assert other.commit() and target.read_text() == "b\n"
-    section, whole = Staged(target), Staged(target)  # a section written beside the file it ends
-    whole.write("# head\n")
-    section.write("- é\n" * 30_000)
-    section.copy_into(whole)
-    section.discard()
-    assert whole.commit() and target.read_text() == "# head\n" + "- é\n" * 30_000
+    dropped = Staged(target)
+    dropped.write("c\n")
+    dropped.discard()
+    assert target.read_text() == "b\n"
+    swapped = Staged(target)  # someone who may write ledger/ puts its own file under the temp name
+    swapped.write("mine\n")
+    (tmp_path / "theirs").write_text("x")
+    os.replace(tmp_path / "theirs", target.parent / swapped._tmp)
+    with pytest.raises(FcopError) as info:
+        swapped.commit()
+    assert info.value.reason is FcopReason.CONTENT_CHANGED
+    target.write_text("b\n")
     assert sorted(p.name for p in target.parent.iterdir()) == ["tasks.jsonl"], "no temp file is left behind"
 
     victim = tmp_path / "victim"
@@ -205,3 +212,25 @@ def test_staged_writes_only_changed_bytes_and_never_through_a_link(tmp_path: Pat
     with pytest.raises(FcopError) as info:
         Staged(link)
     assert info.value.reason is FcopReason.SYMLINK_REFUSED and victim.read_text() == "keep"
+
+
+def test_views_of_many_roles_are_written_within_a_small_descriptor_budget(tmp_path: Path) -> None:
+    """Every role's view is written one file at a time: a team of some hundred roles must not run the process out
+    of file descriptors (one staged file per role held two each, and the ledger failed with EMFILE)."""
+    project = tmp_path / "p"
+    assert run("init", str(project), cwd=tmp_path).code == 0
+    inbox = project / "fcop" / "_lifecycle" / "inbox"
+    inbox.mkdir(parents=True, exist_ok=True)
+    roles = [f"R{i:03d}" for i in range(1, 81)]
+    for i, role in enumerate(roles, 1):
+        (inbox / f"TASK-20260101-{i:03d}-ADMIN-to-{role}.md").write_text(
+            f"---\nprotocol: fcop\nversion: 1\nsender: ADMIN\nrecipient: {role}\nsubject: Job {i}\n---\nDo it.\n",
+            encoding="utf-8")
+    limit = "import resource; resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))"
+    up = subprocess.run([sys.executable, "-c", f"{limit}; import runpy, sys; sys.argv = ['taskkernel', 'up', "
+                         "'--once']; runpy.run_module('taskkernel', run_name='__main__')"],
+                        cwd=project, capture_output=True, text=True, env=cli_env(), timeout=300)
+    assert up.returncode == 0 and "Too many open files" not in up.stdout + up.stderr, (up.stdout, up.stderr)
+    views = project / "fcop" / "ledger" / "views"
+    assert {p.name for p in views.iterdir()} >= {f"{role}.todo.md" for role in roles}
+    assert "Job 80" in (views / "R080.todo.md").read_text(encoding="utf-8")

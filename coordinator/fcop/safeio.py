@@ -309,13 +309,13 @@ def read_bytes(path: Path, max_bytes: int) -> tuple[bytes, os.stat_result]:
 
 # -- writes --------------------------------------------------------------------------------------
 
-def _create_tmp(dir_fd: int, name: str, shown: Path, flags: int = _TMP_FLAGS) -> tuple[int, str]:
+def _create_tmp(dir_fd: int, name: str, shown: Path) -> tuple[int, str]:
     """A fresh temp file beside ``name``: random, O_EXCL, O_NOFOLLOW, so no existing entry is ever reused."""
     stem = os.fsencode(name)[:_TMP_STEM_BYTES]
     for _ in range(_TMP_ATTEMPTS):
         tmp = os.fsdecode(b"." + stem + f".{secrets.token_hex(8)}.tmp".encode())
         try:
-            return os.open(tmp, flags, 0o644, dir_fd=dir_fd), tmp
+            return os.open(tmp, _TMP_FLAGS, 0o644, dir_fd=dir_fd), tmp
         except FileExistsError:
             continue
         except OSError as exc:
@@ -433,9 +433,7 @@ class Staged:
                 if not stat.S_ISREG(mode):
                     raise FcopError(FcopReason.NOT_REGULAR_FILE, "refusing to replace what is not a regular file",
                                     self.path)
-            # read back through this descriptor (``copy_into``), never by its name in a folder agents write
-            self._fd, self._tmp = _create_tmp(self._dir_fd, self._name, self.path,
-                                              _TMP_FLAGS & ~os.O_WRONLY | os.O_RDWR)
+            self._fd, self._tmp = _create_tmp(self._dir_fd, self._name, self.path)
         except BaseException:
             os.close(self._dir_fd)
             raise
@@ -451,14 +449,6 @@ class Staged:
         if self._held >= self._CHUNK:
             self._flush()
 
-    def copy_into(self, other: Staged) -> None:
-        """Append what was written here to ``other`` (a section written beside the file it ends)."""
-        self._flush()
-        offset = 0
-        while chunk := os.pread(self._fd, self._CHUNK, offset):
-            other._add(chunk)
-            offset += len(chunk)
-
     def commit(self) -> bool:
         """Put the new bytes in place unless the file holds them already; True if it was written."""
         try:
@@ -468,6 +458,10 @@ class Staged:
             os.fsync(self._fd)
             os.rename(self._tmp, self._name, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
             os.fsync(self._dir_fd)
+            mine, placed = os.fstat(self._fd), os.stat(self._name, dir_fd=self._dir_fd, follow_symlinks=False)
+            if (mine.st_dev, mine.st_ino) != (placed.st_dev, placed.st_ino):  # another file put under the temp name
+                raise FcopError(FcopReason.CONTENT_CHANGED, "the staged file was replaced before it was put in place",
+                                self.path)
             return True
         finally:
             self.discard()
