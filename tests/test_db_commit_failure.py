@@ -6,6 +6,7 @@ every later Core write on it failed with PendingRollbackError until the process 
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -53,3 +54,25 @@ def test_an_interrupted_write_releases_the_write_lock(db: Database) -> None:
         uow.sql("INSERT INTO p (id) VALUES (51)")
     with db.read() as conn:
         assert conn.exec_driver_sql("SELECT id FROM p").scalars().all() == [51]
+
+
+def test_an_interrupt_once_begin_took_the_lock_releases_it(db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C landing after BEGIN IMMEDIATE but before the block runs (the write's UnitOfWork being made) rolls
+    back at once: no `__exit__` will, and a lock kept until the garbage collector ran would stall every writer."""
+    from taskkernel.kernel.store import db as db_module
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    with db.write() as earlier:  # its connection goes back idle and serves the next write; `earlier` keeps it alive
+        earlier.sql("INSERT INTO p (id) VALUES (1)")
+    monkeypatch.setattr(db_module, "UnitOfWork", interrupted)
+    with pytest.raises(KeyboardInterrupt), db.write():
+        pass
+    monkeypatch.undo()
+    other = sqlite3.connect(str(db.engine.url.database), isolation_level=None, timeout=0)  # fails at once if held
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        other.execute("ROLLBACK")
+    finally:
+        other.close()

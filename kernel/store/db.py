@@ -387,12 +387,12 @@ class _Write:
                 driver: Any = conn.connection.driver_connection
                 self.driver = driver
                 _on_driver(driver.execute, "BEGIN IMMEDIATE")
+            # the UnitOfWork opens its cursor on the driver (PostgreSQL: it finds the driver connection itself)
+            uow = self.uow = UnitOfWork(conn, db.dialect, db.chain, _driver=self.driver)
+            return uow
         except BaseException as exc:  # an interrupt while BEGIN waits for the lock may arrive once it is taken
             self._abandon(exc)
             raise
-        # the UnitOfWork opens its cursor on the driver (PostgreSQL: it finds the driver connection itself)
-        uow = self.uow = UnitOfWork(conn, db.dialect, db.chain, _driver=self.driver)
-        return uow
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
         if exc is None:
@@ -431,7 +431,10 @@ class _Write:
     def _rollback(self, exc: BaseException) -> None:
         conn, pg, self.pg = self.conn, self.pg, None
         if pg is not None:
-            pg.__exit__(type(exc), exc, exc.__traceback__)  # as ``with conn.begin()`` ends on an error
+            try:
+                pg.__exit__(type(exc), exc, exc.__traceback__)  # as ``with conn.begin()`` ends on an error
+            except Exception:
+                conn.invalidate()  # one that cannot roll back is never handed to another write
             return
         driver = self.driver
         if driver is None:  # PostgreSQL, whose transaction has ended (or never began)
