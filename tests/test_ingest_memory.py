@@ -12,6 +12,7 @@ import time
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -234,3 +235,56 @@ def test_views_of_many_roles_are_written_within_a_small_descriptor_budget(tmp_pa
     views = project / "fcop" / "ledger" / "views"
     assert {p.name for p in views.iterdir()} >= {f"{role}.todo.md" for role in roles}
     assert "Job 80" in (views / "R080.todo.md").read_text(encoding="utf-8")
+
+
+def test_a_row_saved_with_a_pre_1970_or_far_future_key_is_trusted_or_reread_never_a_stop(tmp_path: Path) -> None:
+    """folder_stats rows an earlier release saved hold the raw stat values (a negative mtime for a file an agent
+    dated 1938, 10**19 for 2286): a new process packs them without error."""
+    scanner = Scanner(open_workspace(tmp_path / "fcop"))
+    rows = [("a.md", (10, -(10**18), 7, 5), "a" * 64), ("b.md", (10, 10**19, 8, 10**19), "b" * 64)]
+    scanner.trust(rows)  # raised struct.error ("argument out of range") on the year-2286 row
+    changed, removed = scanner.unsaved(older_than=0)
+    assert not list(changed) and not removed, "trusted rows are what folder_stats holds"
+
+
+def test_a_view_that_cannot_be_written_is_refused_and_the_others_still_are(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk while one view is written: that view is refused (io_error), its temp file and descriptors are
+    gone, the other views are written."""
+    from taskkernel.coordinator.folders import projection
+
+    ledger = tmp_path / "ledger"
+    before = len(os.listdir("/proc/self/fd"))
+    out = projection._LedgerFiles(ledger)
+    out.ledger("{}\n")
+    for role, size in (("AAA", 80_000), ("BBB", 10)):
+        out.view(role).todo(role, "x" * size + "\n")
+    real_write = os.write
+
+    def full_disk(fd: int, data: Any) -> int:
+        if len(data) > 70_000:
+            raise OSError(28, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", full_disk)
+    written = out.commit()
+    monkeypatch.undo()
+    out.discard()
+    assert written == 2 and len(os.listdir("/proc/self/fd")) == before
+    assert sorted(p.name for p in (ledger / "views").iterdir()) == ["BBB.todo.md"]
+    assert [str(p) for p in out.refused] == [str(ledger / "views" / "AAA.todo.md")]
+
+
+def test_a_temp_file_swapped_for_a_folder_is_refused_and_leaks_nothing(tmp_path: Path) -> None:
+    target = tmp_path / "ledger" / "tasks.jsonl"
+    staged = Staged(target)
+    staged.write("mine\n")
+    tmp = target.parent / staged._tmp
+    tmp.unlink()
+    tmp.mkdir()
+    before = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(FcopError) as info:
+        staged.commit()
+    assert info.value.reason in (FcopReason.CONTENT_CHANGED, FcopReason.IO_ERROR)
+    assert len(os.listdir("/proc/self/fd")) == before - 2 and not target.exists()
+    staged.discard()  # idempotent: no descriptor closed twice

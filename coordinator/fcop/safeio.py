@@ -450,31 +450,42 @@ class Staged:
             self._flush()
 
     def commit(self) -> bool:
-        """Put the new bytes in place unless the file holds them already; True if it was written."""
+        """Put the new bytes in place unless the file holds them already; True if it was written. Raises FcopError:
+        content_changed when the temp name no longer holds this file (someone who may write the folder replaced
+        it), io_error when the file system refuses."""
         try:
             self._flush()
             if self._holds(self._hash.hexdigest()):
                 return False
             os.fsync(self._fd)
+            self._check_own(self._tmp)
             os.rename(self._tmp, self._name, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
             os.fsync(self._dir_fd)
-            mine, placed = os.fstat(self._fd), os.stat(self._name, dir_fd=self._dir_fd, follow_symlinks=False)
-            if (mine.st_dev, mine.st_ino) != (placed.st_dev, placed.st_ino):  # another file put under the temp name
-                raise FcopError(FcopReason.CONTENT_CHANGED, "the staged file was replaced before it was put in place",
-                                self.path)
+            self._check_own(self._name)  # a swap between the check and the rename is reported, if not prevented
             return True
+        except OSError as exc:
+            raise FcopError(FcopReason.IO_ERROR, f"cannot put the file in place: {exc.strerror}", self.path) from exc
         finally:
             self.discard()
 
+    def _check_own(self, name: str) -> None:
+        mine, found = os.fstat(self._fd), os.stat(name, dir_fd=self._dir_fd, follow_symlinks=False)
+        if (mine.st_dev, mine.st_ino) != (found.st_dev, found.st_ino):
+            raise FcopError(FcopReason.CONTENT_CHANGED, "the staged file was replaced before it was put in place",
+                            self.path)
+
     def discard(self) -> None:
-        """Drop the temp file (nothing of it is published); idempotent."""
-        if self._dir_fd < 0:
+        """Drop the temp file (nothing of it is published); idempotent, and both descriptors are closed whatever
+        the folder holds under the temp name by now."""
+        dir_fd, self._dir_fd = self._dir_fd, -1
+        if dir_fd < 0:
             return
-        os.close(self._fd)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self._tmp, dir_fd=self._dir_fd)
-        os.close(self._dir_fd)
-        self._dir_fd = -1
+        try:
+            os.close(self._fd)
+            with contextlib.suppress(OSError):
+                os.unlink(self._tmp, dir_fd=dir_fd)
+        finally:
+            os.close(dir_fd)
 
     def _flush(self) -> None:
         for data in self._pending:

@@ -106,9 +106,14 @@ class ScanBatch:
 
 
 StatKey = tuple[int, int, int, int]  # size, mtime_ns, inode, ctime_ns
-_PACKED = struct.Struct("<QQQQ?d??B32s")  # key, done, first_seen, has sha256, ok, row, sha256 (raw)
-_HANDED_OUT = struct.Struct("<QQQQ?")  # its head: an unchanged file handed out is told without unpacking
-_U64 = (1 << 64) - 1  # a key's fields as 64-bit words: an agent may set any mtime (year 2286 or 1901) on its file
+_PACKED = struct.Struct("<qqqq?d??B32s")  # key, done, first_seen, has sha256, ok, row, sha256 (raw)
+_HANDED_OUT = struct.Struct("<qqqq?")  # its head: an unchanged file handed out is told without unpacking
+
+
+def _word(value: int) -> int:
+    """A stat field as a signed 64-bit word, which the packed record holds: an agent may date its file in 2286 (past
+    2**63 ns); the identity for every value a real clock and file system give, a pre-1970 mtime included."""
+    return (value + (1 << 63)) % (1 << 64) - (1 << 63)
 NO_ROW, OLD_ROW, SAVED = 0, 1, 2  # what folder_stats holds for a file: nothing, another version, this one
 
 
@@ -126,7 +131,8 @@ class _Seen:
 
     def pack(self) -> bytes:
         sha = bytes.fromhex(self.sha256) if self.sha256 else b""
-        return _PACKED.pack(*self.key, self.done, self.first_seen, bool(self.sha256), self.ok, self.row, sha)
+        return _PACKED.pack(*map(_word, self.key), self.done, self.first_seen, bool(self.sha256), self.ok, self.row,
+                            sha)
 
     @classmethod
     def unpack(cls, data: bytes) -> _Seen:
@@ -403,7 +409,7 @@ class Scanner:
                 return entry(EntryStatus.GHOST)
             return None
         # ctime: a write cannot set it back
-        key = (st.st_size & _U64, st.st_mtime_ns & _U64, st.st_ino & _U64, st.st_ctime_ns & _U64)
+        key = (_word(st.st_size), _word(st.st_mtime_ns), _word(st.st_ino), _word(st.st_ctime_ns))
         data = self._seen.get(rel)
         if data is not None and data.startswith(_HANDED_OUT.pack(*key, True)):  # handed out, unchanged since
             return None
