@@ -5,8 +5,8 @@ prompt reaches it, how the run's MCP configuration reaches it (a file named by a
 in a per-run configuration home), which of the coordinator's variables it may receive, which output parser reads
 its usage and failures, and named variants (model, reasoning effort, sandbox). The built-in profiles are
 coordinator/agents.toml; a `[profiles.<name>]` table of taskkernel.toml adds one, validated by the same
-model (``AgentProfile``, in taskkernel.coordinator.config_tables with the file's other tables, re-exported here) when
-the file loads. Nothing here runs anything: taskkernel.coordinator.runners.presets does.
+model (``AgentProfile``, in taskkernel.coordinator.config_tables with the file's other tables) when the file
+loads. Nothing here runs anything: taskkernel.coordinator.runners.presets does.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ import tomllib
 from enum import StrEnum
 from functools import cache
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from taskkernel.coordinator.config_tables import AgentProfile, Variant
+    from taskkernel.coordinator.config_tables import AgentProfile
 
-__all__ = ["PROFILE_NAME", "AgentProfile", "McpFormat", "OutputKind", "Variant", "builtin_profiles"]
+__all__ = ["PROFILE_NAME", "McpFormat", "OutputKind", "builtin_profiles"]
 PROFILE_NAME = re.compile(r"[a-z][a-z0-9-]{0,39}")
 
 
@@ -63,12 +63,3 @@ def builtin_profiles() -> dict[str, AgentProfile]:
         return {name: AgentProfile.model_validate(table) for name, table in data.items()}
     except ValidationError as exc:  # a packaging defect, never a user's: say which
         raise RuntimeError(f"the built-in agent profiles are invalid: {exc}") from None
-
-
-def __getattr__(name: str) -> Any:
-    """The profile's models, loaded with pydantic on first use (PEP 562)."""
-    if name in ("AgentProfile", "Variant"):
-        from taskkernel.coordinator import config_tables
-
-        return getattr(config_tables, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

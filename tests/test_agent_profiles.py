@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from taskkernel.coordinator.agent_profiles import AgentProfile, builtin_profiles
+from taskkernel.coordinator.agent_profiles import builtin_profiles
 from taskkernel.coordinator.config import parse_config
+from taskkernel.coordinator.config_tables import AgentProfile
 from taskkernel.coordinator.runners.launch import LaunchProblem, prepare
 from taskkernel.coordinator.runners.presets import McpServer, RunFiles, preset_of
 from tests.agents_support import Team, git, role

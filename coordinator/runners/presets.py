@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from taskkernel.coordinator.agent_profiles import AgentProfile, McpFormat, OutputKind, Variant
+from taskkernel.coordinator.agent_profiles import McpFormat, OutputKind
 from taskkernel.coordinator.config import RunnerKind, RunnerSpec
+from taskkernel.coordinator.config_tables import AgentProfile, Variant
 from taskkernel.kernel.logging import get_logger
 
 log = get_logger(__name__)
