@@ -131,8 +131,7 @@ class _Seen:
 
     def pack(self) -> bytes:
         sha = bytes.fromhex(self.sha256) if self.sha256 else b""
-        return _PACKED.pack(*map(_word, self.key), self.done, self.first_seen, bool(self.sha256), self.ok, self.row,
-                            sha)
+        return _PACKED.pack(*self.key, self.done, self.first_seen, bool(self.sha256), self.ok, self.row, sha)
 
     @classmethod
     def unpack(cls, data: bytes) -> _Seen:
@@ -347,6 +346,7 @@ class Scanner:
         again (a changed one is looked at afresh)."""
         now = self.clock()
         for rel, key, sha in known:
+            key = (_word(key[0]), _word(key[1]), _word(key[2]), _word(key[3]))  # an earlier release's row: raw values
             prev = self._get(rel)
             if prev is None:
                 self._seen[rel] = _Seen(key, now, sha, ok=True, done=True, row=SAVED).pack()
