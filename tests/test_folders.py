@@ -332,3 +332,40 @@ def test_a_linked_fcop_folder_is_refused_by_init_as_by_up_with_the_reason_said_o
     assert r.stderr.replace(str(project), "<ws>").count("symlink_refused") == 1, r.stderr
     if command[0] == "init":
         assert not (project / "taskkernel.toml").exists() and not (project / ".taskkernel").exists()
+
+
+LEDGER_WRITER = """
+import sys, pathlib
+from taskkernel.coordinator.fcop.safeio import drain_refusals
+from taskkernel.coordinator.workspace import Workspace
+from tests.coord_support import admin_task, coordinator
+c = coordinator(Workspace.load(pathlib.Path(sys.argv[1])))
+projection = c.folders.projection
+go = pathlib.Path(sys.argv[2])
+while not go.exists():
+    pass
+for i in range(int(sys.argv[3])):
+    admin_task(c, f"{sys.argv[4]} {i}")  # the views change on every pass
+    projection.dirty = True
+    projection.refresh_ledger()
+    assert not projection.dirty and not drain_refusals(), "a ledger write was refused"
+"""
+
+
+def test_coordinators_sharing_a_folder_write_its_ledger_in_turn(tmp_path: Path) -> None:
+    """Two coordinators on one workspace (hosts sharing a store and a folder) rewrite the ledger and views over
+    and over at once: neither sees its staged file replaced by the other's (CI found `content_changed` on
+    ADMIN.todo.md with two `up` on one PostgreSQL workspace), so neither reports a failed stage."""
+    import subprocess
+    import sys
+
+    ws, _, _ = one_task_ingested(tmp_path)
+    go = tmp_path / "go"
+    root = Path(__file__).resolve().parents[1]
+    writers = [subprocess.Popen([sys.executable, "-c", LEDGER_WRITER, str(ws.root), str(go), "40", name], cwd=root,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for name in ("A", "B")]
+    go.touch()
+    for writer in writers:
+        out, _ = writer.communicate(timeout=120)
+        assert writer.returncode == 0, out
+    assert "B 39" in (ws.root / "fcop" / "ledger" / "views" / "PM.todo.md").read_text()

@@ -314,6 +314,17 @@ class Projection:
         whole text."""
         if not self.dirty:
             return 0
+        try:
+            with locked(self.fcop.lock_dir / "ledger.lock"):
+                return self._write_ledger()
+        except FcopError as exc:  # a symlinked or irregular lock: reported, tried again next pass
+            report(exc, "ledger")
+            return 0
+
+    def _write_ledger(self) -> int:
+        """Under the ledger lock: coordinators sharing this folder (hosts on one store) write in turn, each from
+        the store as it is when it holds the lock, so a later writer never puts an older ledger in place and
+        none sees its staged file replaced by the other's."""
         out = _LedgerFiles(self.fcop.root / "ledger")
         try:
             with self.kernel.db.read() as conn:
