@@ -15,7 +15,10 @@ disk noise hits them alike:
 (a8c, cc) raw's 8 threads and the group committer's 8 submitters again on create-only commands (one create each):
     the workload issue 29 measured the group commit's 5x on, where the goal is kept; the lifecycle's ratio is
     reported beside it, without a target;
-(e) `eventsourcing` 9.5.6 (its SQLite persistence) running an aggregate with the same six transitions.
+(e) `eventsourcing` 9.5.6 (its SQLite persistence) running an aggregate with the same six transitions;
+(f) the kernel's own rows in plain sqlite3 (``KernelRows``): the read, HMAC link, head seal, receipt and document
+    every accepted command writes, without a check: ``cpu_ratio_kernel_rows_vs_raw`` is what the design's record
+    costs against raw's, ``cpu_ratio_vs_kernel_rows`` what the checks and the Python around them add.
 
 CPU per command (``time.process_time``) is measured for the sequential variants; ``targets`` holds issue 29's goal
 1 (kernel CPU per command against raw's, throughput against eventsourcing, group commit against raw's 8 threads on
@@ -40,6 +43,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -93,8 +98,9 @@ class Raw:
     """Same schema, same rows as the kernel's lifecycle, plain sqlite3, one transaction per command, each of
     ``threads`` threads on its own connection (more than one: the chain's tail is read in each transaction)."""
 
-    def __init__(self, tmp: Path, durability: str, threads: int = 1, create_only: bool = False) -> None:
-        path = tmp / f"raw-{threads}{'-create' if create_only else ''}.db"
+    def __init__(self, tmp: Path, durability: str, threads: int = 1, create_only: bool = False,
+                 label: str = "raw") -> None:
+        path = tmp / f"{label}-{threads}{'-create' if create_only else ''}.db"
         self.steps = 1 if create_only else STEPS  # commands per unit of work
         fresh_db(tmp, path.name, durability).dispose()
         self.cons = [sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=60)
@@ -156,6 +162,59 @@ class Raw:
 
     def run(self, units: int) -> None:
         _spread(units, [lambda con=con: self.lifecycle(con) for con in self.cons])
+
+
+class KernelRows(Raw):
+    """The floor of the kernel's own design, in plain sqlite3: every statement and digest an accepted command
+    writes and no check may drop (issue 29, goal 1), and no check. Per command: the one read of receipt, task
+    document and sealed head; the event (HMAC-SHA256 link), the task row (its document read back and decoded),
+    the receipt (semantic digest, result JSON); the head row re-sealed (a second HMAC) -- the meta the kernel
+    records (actor, role, causation, correlation). What is left between this and the kernel is the checks, the
+    command's validation and the Python around them."""
+
+    def __init__(self, tmp: Path, durability: str) -> None:
+        super().__init__(tmp, durability, label="kernel-rows")
+        self.key = ChainKey(os.urandom(32))
+        self.head = ChainHead(0, "0" * 64, self.key.head_seal(0, "0" * 64)).encode()
+        self.cons[0].execute("INSERT INTO store_meta (name, value) VALUES ('head', ?)", (self.head,))
+
+    def _commit(self, con: sqlite3.Connection, stream: str, version: int, kind: str, data: dict, key: str,
+                doc: dict) -> None:
+        at = utc_now_iso()
+        semantic = hashlib.sha256(canonical_json({"type": kind, "key": key, "data": data}).encode()).hexdigest()
+        con.execute("BEGIN IMMEDIATE")
+        _, _, text, head = con.execute(
+            "SELECT r.semantic_digest, r.result, (SELECT doc FROM tasks WHERE task_id = ?), (SELECT value FROM "
+            "store_meta WHERE name = 'head') FROM (SELECT 1) AS one LEFT JOIN receipts r ON r.idempotency_key = ?",
+            (doc["task_id"], key)).fetchone()
+        if text is not None:
+            orjson.loads(text)
+        pos, prev = self.tail
+        if head != self.head:
+            raise AssertionError("the head row changed under the floor")
+        data_text = canonical_json(data)
+        meta = canonical_json({"actor": "dev-1", "role": "DEV", "command_id": key, "command_type": kind,
+                               "causation_id": key, "correlation_id": doc["root"], "recorded_at": at})
+        h = self.key.link(prev, pos + 1, stream, version, kind, 1, data_text, meta, at)
+        con.execute("INSERT INTO events VALUES (?, ?, ?, ?, 1, ?, ?, ?, ?)",
+                    (pos + 1, stream, version, kind, data_text, meta, at, h))
+        doc.update(revision=version, updated_at=at)
+        text = canonical_json(doc)
+        if version == 1:
+            con.execute("INSERT INTO tasks VALUES (?, 'inbox', 1, 0, NULL, ?, 'DEV', ?, ?)",
+                        (doc["task_id"], doc["task_id"], text, pos + 1))
+        else:
+            con.execute("UPDATE tasks SET state = ?, revision = ?, round = ?, recipient = ?, doc = ?, last_pos = ? "
+                        "WHERE task_id = ?", (doc["state"], version, doc["round"], "DEV", text, pos + 1,
+                                              doc["task_id"]))
+        result = canonical_json({"status": "accepted", "message": f"{kind} accepted", "task_id": doc["task_id"],
+                                 "revision": version, "round": doc["round"], "events": [pos + 1]})
+        con.execute("INSERT INTO receipts VALUES (?, ?, ?, 'ADMIN:local-owner', ?, ?, ?, ?, ?)",
+                    (key, kind, semantic, doc["task_id"], result, pos + 1, pos + 1, at))
+        self.head = ChainHead(pos + 1, h, self.key.head_seal(pos + 1, h)).encode()
+        con.execute("UPDATE store_meta SET value = ? WHERE name = 'head'", (self.head,))
+        con.execute("COMMIT")
+        self.tail = (pos + 1, h)
 
 
 class Sequential:
@@ -413,7 +472,8 @@ def main() -> None:
         args.n, args.events, rounds, tries = 240, 5000, 4, 1
     with tempfile.TemporaryDirectory(dir=os.environ.get("TASKKERNEL_BENCH_DIR")) as d:
         tmp = Path(d)
-        runners = {"raw": Raw(tmp, args.durability), "seq": Sequential(tmp, args.durability),
+        runners = {"raw": Raw(tmp, args.durability), "floor": KernelRows(tmp, args.durability),
+                   "seq": Sequential(tmp, args.durability),
                    "seq_legacy": Sequential(tmp, args.durability, keyed=False), "es": EventSourcing(tmp),
                    "raw_8": Raw(tmp, args.durability, threads=8), "group": Grouped(tmp, args.durability),
                    "raw_8_create": Raw(tmp, args.durability, threads=8, create_only=True),
@@ -423,6 +483,7 @@ def main() -> None:
         runners["group_create"].gc.close()
         statements = statements_per_command(runners["seq"].kernel)
         (raw, raw_cpu), (seq, seq_cpu), (legacy, _) = rates["raw"], rates["seq"], rates["seq_legacy"]
+        floor_cpu = rates["floor"][1]
         es, raw8, grp = rates["es"][0], rates["raw_8"][0], rates["group"][0]
         raw8_create, grp_create = rates["raw_8_create"][0], rates["group_create"][0]
         rebuild = bench_rebuild(tmp, args.events)
@@ -433,7 +494,8 @@ def main() -> None:
               "workload": "create, claim, report, submit, approve, archive",
               "raw_sqlite3_per_s": round(raw), "kernel_sequential_per_s": round(seq),
               "eventsourcing_per_s": round(es),
-              "cpu_us_per_command": {"raw_sqlite3": round(raw_cpu, 1), "kernel": round(seq_cpu, 1),
+              "cpu_us_per_command": {"raw_sqlite3": round(raw_cpu, 1), "kernel_rows_floor": round(floor_cpu, 1),
+                                     "kernel": round(seq_cpu, 1),
                                      "eventsourcing": round(rates["es"][1], 1)},
               "statements_per_command": {"raw_sqlite3": 5, "kernel": round(statements, 2)},
               "kernel_sequential_legacy_chain_per_s": round(legacy),
@@ -445,7 +507,10 @@ def main() -> None:
               "create_only_kernel_group_commit_8_per_s": round(grp_create),
               "store_append_per_s": appends, "head_us": round(head_us(), 2),
               "ratio_sequential": round(seq / raw, 3), "ratio_group_commit": round(grp / raw, 3),
-              "cpu_ratio_vs_raw": round(seq_cpu / raw_cpu, 3), "vs_eventsourcing": round(seq / es, 3),
+              "cpu_ratio_vs_raw": round(seq_cpu / raw_cpu, 3),
+              # what the kernel's rows alone cost against raw's, and the checks on top of them (no target)
+              "cpu_ratio_kernel_rows_vs_raw": round(floor_cpu / raw_cpu, 3),
+              "cpu_ratio_vs_kernel_rows": round(seq_cpu / floor_cpu, 3), "vs_eventsourcing": round(seq / es, 3),
               # the goal, on create-only commands as issue 29 measured it; the lifecycle's figure beside it
               "group_vs_raw_8_threads": round(grp_create / raw8_create, 3),
               "group_vs_raw_8_threads_lifecycle": round(grp / raw8, 3),
