@@ -170,3 +170,20 @@ agent_sessions = sa.Table(
     sa.Column("run_id", sa.Text, nullable=False),
     sa.Column("recorded_at", sa.Text, nullable=False),
 )
+
+# The board's sign-ins (web/auth.py), shared by every `serve` on the store: any server answers a person signed in
+# on another, and a restart signs no one out. A cookie is known by its SHA-256 alone and stands for the SHA-256 of
+# the credential it signed in with: reading this table gives neither a cookie nor a token.
+sign_in_metadata = sa.MetaData()
+
+sign_ins = sa.Table(
+    "sign_ins",
+    sign_in_metadata,
+    sa.Column("sid_hash", sa.Text, primary_key=True),
+    sa.Column("token_hash", sa.Text, nullable=False),
+    sa.Column("principal", sa.Text, nullable=False),  # Principal.provenance: whose sign-ins are bounded together
+    sa.Column("created_at", sa.Text, nullable=False),
+    sa.Column("expires_at", sa.Text, nullable=False),
+    sa.Index("ix_sign_ins_principal", "principal", "created_at"),
+    sa.Index("ix_sign_ins_expires", "expires_at"),
+)

@@ -78,13 +78,23 @@ def well_formed(token: str) -> bool:
 def authenticate(db: Database, token: str) -> Principal:
     """The principal a token stands for, or ``KernelError``: ``actor_unverified`` for an empty, malformed,
     unknown or revoked token, ``stale_lease`` for a run token the coordinator fenced out."""
+    return authenticate_hashed(db, checked_hash(token))
+
+
+def checked_hash(token: str) -> str:
+    """The stored hash of a token of the right shape; ``KernelError`` actor_unverified for any other value."""
     if not well_formed(token):
         raise KernelError(ReasonCode.ACTOR_UNVERIFIED,
                           "malformed credential: a token is 'tk_' followed by 20-128 URL-safe characters")
+    return token_hash(token)
+
+
+def authenticate_hashed(db: Database, hashed: str) -> Principal:
+    """``authenticate`` for a well-formed token known by its stored hash only (a board's sign-in keeps no token)."""
     with db.read() as conn:
         row = conn.execute(sa.select(credentials.c.role, credentials.c.agent, credentials.c.task_id,
                                      credentials.c.round, credentials.c.revoked_at, credentials.c.revoked_reason)
-                           .where(credentials.c.token_hash == token_hash(token))).first()
+                           .where(credentials.c.token_hash == hashed)).first()
     if row is None:
         raise KernelError(ReasonCode.ACTOR_UNVERIFIED, "unknown credential")
     if row.revoked_at is not None:

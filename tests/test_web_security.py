@@ -215,3 +215,58 @@ def test_a_full_board_refuses_a_new_sign_in_instead_of_signing_someone_out(tmp_p
             assert not reads_as_signed_in(url, first[0])  # its own oldest made room
     finally:
         stop_server(proc)
+
+
+def test_a_sign_in_holds_on_every_board_of_the_store_and_through_a_restart(tmp_path: Path) -> None:
+    """Issue 30: sign-ins live in the store, hashed. A person signed in on board A reads as signed in on board B,
+    B accepts A's CSRF token and refuses another, a restart of A signs no one out, a sign-out on B signs out on A;
+    the store holds neither the cookie nor the token."""
+    ws = new_workspace(tmp_path)
+    token = owner_token(ws)
+    first, url_a = start(ws)
+    second, url_b = start(ws)
+    try:
+        client, csrf = sign_in(url_a, token)
+        cookie = client.cookies["tk_session"]
+        assert reads_as_signed_in(url_b, cookie)
+        stop_server(first)
+        first, url_a = start(ws)
+        assert reads_as_signed_in(url_a, cookie), "a restart signed the person out"
+        with httpx2.Client(base_url=url_b, timeout=30, cookies={"tk_session": cookie}) as on_b:
+            assert on_b.post("/logout", data={"csrf_token": "x" * 64}).status_code == 403
+            assert on_b.post("/logout", data={"csrf_token": csrf}).status_code == 303
+        assert not reads_as_signed_in(url_a, cookie) and not reads_as_signed_in(url_b, cookie)
+        again, _ = sign_in(url_b, token)
+        stored = b"".join(p.read_bytes() for p in (ws / ".taskkernel").glob("*.db*"))
+        assert b"SQLite format 3" in stored
+        for secret in (cookie, again.cookies["tk_session"], token, csrf):
+            assert secret.encode() not in stored
+        db = Database(Workspace.load(ws).database_url, "process")
+        with db.read() as conn:
+            rows = conn.exec_driver_sql("SELECT sid_hash, token_hash FROM sign_ins").all()
+        db.dispose()
+        assert [(r[0], r[1]) for r in rows] == [(hashlib.sha256(again.cookies["tk_session"].encode()).hexdigest(),
+                                                 hashlib.sha256(token.encode()).hexdigest())]
+        client.close()
+        again.close()
+    finally:
+        stop_server(first)
+        stop_server(second)
+
+
+def test_a_sign_in_ends_at_its_time_and_makes_room(tmp_path: Path) -> None:
+    """A sign-in is live until its (wall-clock) end, then reads as none; the next sign-in removes the ended rows."""
+    from taskkernel.coordinator import schema
+    from taskkernel.coordinator.web.auth import SignIns
+
+    db = Database(f"sqlite:///{tmp_path / 'k.db'}", "process")
+    schema.ensure(db)
+    brief = SignIns(db, lifetime=0.3)
+    sid, made = brief.create("a" * 64, "DEV:dev")
+    assert brief.get(sid) == made and made.csrf != sid
+    time.sleep(0.4)
+    assert brief.get(sid) is None
+    brief.create("b" * 64, "QA:qa")
+    with db.read() as conn:
+        assert conn.exec_driver_sql("SELECT principal FROM sign_ins").scalars().all() == ["QA:qa"]
+    db.dispose()

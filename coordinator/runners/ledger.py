@@ -21,7 +21,7 @@ import sqlalchemy as sa
 
 from taskkernel.coordinator.tables import metadata, runs
 from taskkernel.kernel.canonical import utc_now_iso
-from taskkernel.kernel.credentials import authenticate, token_hash
+from taskkernel.kernel.credentials import authenticate_hashed, checked_hash
 from taskkernel.kernel.model.principal import Principal
 from taskkernel.kernel.store.db import Database, UnitOfWork
 
@@ -257,9 +257,14 @@ class RunLedger:
 def authenticate_agent(db: Database, token: str) -> Principal:
     """``authenticate``, and for a run's token a heartbeat of that run: any CLI verb or MCP call an agent makes
     says it is alive (its supervisor's heartbeat_timeout counts from the last one)."""
-    principal = authenticate(db, token)
+    return authenticate_agent_hashed(db, checked_hash(token))
+
+
+def authenticate_agent_hashed(db: Database, hashed: str) -> Principal:
+    """``authenticate_agent`` for a token known by its stored hash (a board's sign-in)."""
+    principal = authenticate_hashed(db, hashed)
     if principal.task_id is not None:
-        _heartbeat(db, token_hash(token))
+        _heartbeat(db, hashed)
     return principal
 
 

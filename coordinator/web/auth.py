@@ -2,9 +2,10 @@
 
 Two ways to carry a credential: ``Authorization: Bearer <token>`` (scripts; a browser never adds it by itself, so
 no CSRF check is needed) or the session cookie a sign-in sets (``tk_session``: HttpOnly, SameSite=Strict, Path=/;
-Secure behind HTTPS). A cookie stands for a token held in this server's memory, never sent back to the browser;
-every request authenticates that token again, so a credential revoked while someone is signed in stops working at
-their next click, and a restart signs everyone out. A change made with the cookie must carry the sign-in's CSRF
+Secure behind HTTPS). A cookie stands for the credential it signed in with, known to the store by hashes only
+(table ``sign_ins``, shared by every server on the store; the token never goes back to the browser); every request
+authenticates that credential again, so a credential revoked while someone is signed in stops working at their
+next click, on every server; a restart signs no one out. A change made with the cookie must carry the sign-in's CSRF
 token (``X-CSRF-Token`` header or a ``csrf_token`` form field) and, when the browser names one, an Origin of this
 server: else 403 ``csrf_failed``. No credential on a change: 401 ``actor_unverified``, decided before the
 request's body is read. Without a credential the board reads; with ``[serve] require_login = true`` it does not even
@@ -13,17 +14,20 @@ do that. Sign-ins are bounded per principal and in all, and no one's sign-in mak
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import hmac
 import secrets
-import threading
-import time
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from urllib.parse import urlsplit
 
+import sqlalchemy as sa
 from fastapi import Request
 
-from taskkernel.coordinator.runners.ledger import authenticate_agent
-from taskkernel.kernel.credentials import authenticate
+from taskkernel.coordinator.runners.ledger import authenticate_agent_hashed
+from taskkernel.coordinator.tables import sign_ins
+from taskkernel.kernel.credentials import authenticate_hashed, checked_hash
 from taskkernel.kernel.model.principal import Principal
 from taskkernel.kernel.reasons import KernelError, ReasonCode
 from taskkernel.kernel.store.db import Database
@@ -34,7 +38,7 @@ CSRF_FIELD = "csrf_token"
 CSRF_FAILED = "csrf_failed"
 TOO_MANY_SIGN_INS = "too_many_sign_ins"
 SIGN_IN_SECONDS = 12 * 3600
-MAX_SIGN_INS = 1000  # in all: memory stays bounded whatever a client does
+MAX_SIGN_INS = 1000  # in all: the table stays bounded whatever a client does
 MAX_SIGN_INS_EACH = 20  # of one principal: its own oldest is dropped past this, never anyone else's
 
 
@@ -48,71 +52,76 @@ class Refused(Exception):
 
 @dataclass(frozen=True)
 class SignIn:
-    token: str
+    token_hash: str  # the stored hash of the credential it signed in with: authenticated again at every request
     csrf: str
-    expires: float
+    expires_at: str
     principal: str  # who signed in (``Principal.provenance``: a run's token is its own principal)
 
 
+def _sid_hash(sid: str) -> str:
+    return hashlib.sha256(sid.encode()).hexdigest()
+
+
+def csrf_of(sid: str) -> str:
+    """A sign-in's CSRF token, derived from its cookie (which a page of another site cannot read) so that no
+    server stores it: the table's hash of the cookie does not give it either."""
+    return hashlib.sha256(f"taskkernel csrf\x1f{sid}".encode()).hexdigest()
+
+
 class SignIns:
-    """The server's sign-ins: cookie value -> the token it stands for and its CSRF token.
+    """The sign-ins of every board on the store (table ``sign_ins``): any server answers a person signed in on
+    another, and a restart signs no one out. A row holds the SHA-256 of the cookie and of the credential.
 
     Bounded without letting one credential sign the others out: a principal holds at most ``each`` sign-ins (its
-    own oldest is dropped for a new one), and when ``most`` are held a new principal's sign-in is refused (503
-    ``too_many_sign_ins``) rather than dropping someone else's."""
+    own oldest is dropped for a new one), and when ``most`` are live a new principal's sign-in is refused (503
+    ``too_many_sign_ins``) rather than dropping someone else's. The bounds hold across servers: they are decided
+    in one write transaction."""
 
-    def __init__(self, lifetime: float = SIGN_IN_SECONDS, most: int = MAX_SIGN_INS,
+    def __init__(self, db: Database, lifetime: float = SIGN_IN_SECONDS, most: int = MAX_SIGN_INS,
                  each: int = MAX_SIGN_INS_EACH) -> None:
-        self.lifetime, self.most, self.each = lifetime, most, each
-        self._by_id: dict[str, SignIn] = {}  # in the order made, so in the order they expire
-        self._by_principal: dict[str, dict[str, None]] = {}  # principal -> its sign-ins, oldest first
-        self._lock = threading.Lock()
+        self.db, self.lifetime, self.most, self.each = db, lifetime, most, each
 
-    def create(self, token: str, principal: str) -> tuple[str, SignIn]:
+    def create(self, token_hash: str, principal: str) -> tuple[str, SignIn]:
         """A new sign-in for ``principal`` (past ``each``, its own oldest is dropped); Refused (503
-        ``too_many_sign_ins``) when the server holds ``most`` and only another principal's could make room."""
+        ``too_many_sign_ins``) when ``most`` are live and only another principal's could make room."""
         sid = secrets.token_urlsafe(32)
-        now = time.monotonic()
-        entry = SignIn(token, secrets.token_urlsafe(32), now + self.lifetime, principal)
-        with self._lock:
-            while self._by_id:  # the ended ones first: they are the oldest
-                first = next(iter(self._by_id))
-                if self._by_id[first].expires >= now:
-                    break
-                self._forget(first)
-            own = self._by_principal.get(principal, {})
-            while len(own) >= self.each:
-                self._forget(next(iter(own)))
-            if len(self._by_id) >= self.most:
+        now = datetime.now(UTC)
+        at, expires = _iso(now), _iso(now + timedelta(seconds=self.lifetime))
+        with self.db.write() as uow:
+            conn = uow.conn
+            conn.execute(sign_ins.delete().where(sign_ins.c.expires_at < at))  # the ended ones make room first
+            own = conn.execute(sa.select(sign_ins.c.sid_hash).where(sign_ins.c.principal == principal)
+                               .order_by(sign_ins.c.created_at, sign_ins.c.sid_hash)).scalars().all()
+            if len(own) >= self.each:
+                conn.execute(sign_ins.delete().where(sign_ins.c.sid_hash.in_(own[:len(own) - self.each + 1])))
+            if conn.execute(sa.select(sa.func.count()).select_from(sign_ins)).scalar_one() >= self.most:
                 raise Refused(503, TOO_MANY_SIGN_INS, f"this board holds {self.most} sign-ins, the most it keeps; "
                               f"sign in again when some have ended ({self.lifetime / 3600:g} hours after they began, "
-                              "at sign-out or at a restart), or send Authorization: Bearer <token>")
-            self._by_id[sid] = entry
-            self._by_principal.setdefault(principal, {})[sid] = None
-        return sid, entry
+                              "or at sign-out), or send Authorization: Bearer <token>")
+            conn.execute(sign_ins.insert().values(sid_hash=_sid_hash(sid), token_hash=token_hash,
+                                                  principal=principal, created_at=at, expires_at=expires))
+        return sid, SignIn(token_hash, csrf_of(sid), expires, principal)
 
     def get(self, sid: str | None) -> SignIn | None:
+        """The live sign-in a cookie stands for (None: none, or it ended)."""
         if not sid:
             return None
-        with self._lock:
-            entry = self._by_id.get(sid)
-            if entry is not None and entry.expires < time.monotonic():
-                self._forget(sid)
-                return None
-            return entry
+        with self.db.read() as conn:
+            row = conn.execute(sa.select(sign_ins.c.token_hash, sign_ins.c.expires_at, sign_ins.c.principal)
+                               .where(sign_ins.c.sid_hash == _sid_hash(sid))).first()
+        if row is None or row.expires_at < _iso(datetime.now(UTC)):
+            return None
+        return SignIn(row.token_hash, csrf_of(sid), row.expires_at, row.principal)
 
     def drop(self, sid: str | None) -> None:
-        with self._lock:
-            self._forget(sid or "")
+        """Sign out: on every server at once."""
+        if sid:
+            with self.db.write() as uow:
+                uow.conn.execute(sign_ins.delete().where(sign_ins.c.sid_hash == _sid_hash(sid)))
 
-    def _forget(self, sid: str) -> None:
-        entry = self._by_id.pop(sid, None)
-        if entry is None:
-            return
-        own = self._by_principal[entry.principal]
-        del own[sid]
-        if not own:
-            del self._by_principal[entry.principal]
+
+def _iso(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 @dataclass(frozen=True)
@@ -146,9 +155,10 @@ class Gatekeeper:
         if entry is None:
             return None
         try:
-            return Caller(self.authenticate(entry.token, heartbeat), "cookie", entry.csrf)
+            return Caller(self._authenticate(entry.token_hash, heartbeat), "cookie", entry.csrf)
         except Refused:
-            self.sign_ins.drop(sid)  # revoked since sign-in: signed out
+            with contextlib.suppress(sa.exc.SQLAlchemyError):  # a busy store: refused all the same, dropped later
+                self.sign_ins.drop(sid)  # revoked since sign-in: signed out
             raise
 
     def reader(self, request: Request, heartbeat: bool = True) -> Caller | None:
@@ -180,8 +190,16 @@ class Gatekeeper:
                           f"the {CSRF_FIELD} form field) of this sign-in")
 
     def authenticate(self, token: str, heartbeat: bool = True) -> Principal:
+        """The principal a presented token stands for; Refused (401 with the kernel's reason) otherwise."""
         try:
-            return authenticate_agent(self.db, token) if heartbeat else authenticate(self.db, token)
+            hashed = checked_hash(token)
+        except KernelError as exc:
+            raise Refused(401, exc.reason.value, exc.message) from None
+        return self._authenticate(hashed, heartbeat)
+
+    def _authenticate(self, hashed: str, heartbeat: bool) -> Principal:
+        try:
+            return authenticate_agent_hashed(self.db, hashed) if heartbeat else authenticate_hashed(self.db, hashed)
         except KernelError as exc:
             raise Refused(401, exc.reason.value, exc.message) from None
 

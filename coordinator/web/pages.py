@@ -28,6 +28,7 @@ from taskkernel.coordinator.web import reads
 from taskkernel.coordinator.web.api import RISKS, session_inputs_for
 from taskkernel.coordinator.web.auth import COOKIE, CSRF_FIELD, Caller, Refused, check_same_origin
 from taskkernel.coordinator.web.state import Board, board_of
+from taskkernel.kernel.credentials import token_hash
 from taskkernel.kernel.goals import GoalService
 from taskkernel.kernel.instructions import IN_WORK, check_instructor
 from taskkernel.kernel.model.commands import CommandType
@@ -254,7 +255,7 @@ async def login(request: Request) -> Response:
     token, target = str(form.get("token") or "").strip(), _local(str(form.get("next") or "/"))
     try:
         principal = await anyio.to_thread.run_sync(board.gate.authenticate, token)
-        sid, _ = board.sign_ins.create(token, principal.provenance)
+        sid, _ = await anyio.to_thread.run_sync(board.sign_ins.create, token_hash(token), principal.provenance)
     except Refused as exc:
         return render(request, "login.html", None, exc.status, next=target, error=f"{exc.reason}: {exc.message}")
     response = RedirectResponse(target, 303)
@@ -271,7 +272,7 @@ async def logout(request: Request) -> Response:
     caller = board.gate.actor(request)
     sent = (await request.form()).get(CSRF_FIELD)
     board.gate.check_csrf(request, caller, sent if isinstance(sent, str) else None)
-    board.sign_ins.drop(request.cookies.get(COOKIE))
+    await anyio.to_thread.run_sync(board.sign_ins.drop, request.cookies.get(COOKIE))
     response = RedirectResponse("/", 303)
     response.delete_cookie(COOKIE, path="/")
     return response

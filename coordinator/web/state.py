@@ -24,9 +24,10 @@ class Board:
     kernel: TaskCommandKernel
     require_login: bool = False
     hosts: list[str] = field(default_factory=lambda: ["*"])  # the Host names requests may carry (DNS rebinding)
-    sign_ins: SignIns = field(default_factory=SignIns)
+    sign_ins: SignIns = field(init=False)  # the store's: every server on it shares them
 
     def __post_init__(self) -> None:
+        self.sign_ins = SignIns(self.db)
         self.grant_sessions = self.ws.grant_sessions if self.ws is not None else None
         self.gate = Gatekeeper(self.db, self.sign_ins, self.require_login)
         self.hub = EventHub(self.db)

@@ -24,7 +24,8 @@ from taskkernel.kernel.reasons import KernelError, ReasonCode
 # (tests/test_migrations.py checks that both say the same).
 REVISIONS: tuple[str, ...] = ("0001_baseline", "0002_tasks_by_state", "0003_run_outcomes", "0004_blocked_documents",
                               "0005_task_worktrees", "0006_outbox_dead_letters",
-                              "0007_task_aliases", "0008_people_in_the_loop", "0009_blocked_index")
+                              "0007_task_aliases", "0008_people_in_the_loop", "0009_blocked_index",
+                              "0010_sign_ins")
 BASELINE = REVISIONS[0]
 HEAD = REVISIONS[-1]
 
