@@ -194,6 +194,9 @@ class Isolation(StrEnum):
     SHARED = "shared"  # every run works in the workspace (or cwd)
 
 
+HOST_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"  # [hosts.NAME], `up --host NAME` (docs/hosts.md)
+
+
 class OnApprove(StrEnum):
     MERGE = "merge"  # merge the task branch into the base when the task is approved
     KEEP = "keep"  # leave the branch for a person to merge
@@ -202,8 +205,8 @@ class OnApprove(StrEnum):
 # -- loading -----------------------------------------------------------------------------------------
 
 # The models live in config_tables.py (the file's one pydantic module), loaded on first use: re-exported here.
-_MODELS = ("DEFAULT_EXCLUDES", "TABLES", "FoldersTable", "GateTable", "KernelTable", "McpTable", "RunnerSpec",
-           "SchedulerTable", "ServeTable", "Table", "TaskkernelConfig", "TeamTable", "WorktreesTable")
+_MODELS = ("DEFAULT_EXCLUDES", "TABLES", "FoldersTable", "GateTable", "HostTable", "KernelTable", "McpTable",
+           "RunnerSpec", "SchedulerTable", "ServeTable", "Table", "TaskkernelConfig", "TeamTable", "WorktreesTable")
 __all__ = [*_MODELS, "CONFIG_NAME", "CheckedConfig", "ConfigError", "KeyProblem", "NOT_TEAM", "Problem",
            "WorkspaceNotFound", "load_config", "parse_config", "read_bytes", "validate_bytes"]
 
@@ -401,6 +404,29 @@ def file_problems(config: TaskkernelConfig) -> list[Problem]:
     for name in config.gate.roles:
         if why := _not_a_team_role(name):
             out.append(config.problem("gate", "roles", f"roles: {name} {why}"))
+    return out + _host_problems(config)
+
+
+def _host_problems(config: TaskkernelConfig) -> list[Problem]:
+    """[hosts.NAME]: a host name, roles that have a runner here ([roles.X]), slots only for those roles."""
+    out: list[Problem] = []
+    for name, host in config.hosts.items():
+        table = f"hosts.{name}"
+        if not re.fullmatch(HOST_NAME, name):
+            out.append(config.problem(table, None, f"{json.dumps(name)} is not a host name (letters, digits, "
+                                      "'.', '_' and '-', at most 63)"))
+        for role in host.roles:
+            if role not in config.roles:
+                guess = near(role, list(config.roles))
+                out.append(config.problem(table, "roles", f"roles: {role} has no [roles.{role}] table, so no agent "
+                                          "of it could run anywhere" + (f"; did you mean {guess}?" if guess else ""),
+                                          guess))
+        if len(set(host.roles)) != len(host.roles):
+            out.append(config.problem(table, "roles", "roles: a role is listed twice"))
+        for role in host.slots:
+            if role not in host.roles:
+                out.append(config.problem(table, "slots", f"slots: {role} is not one of this host's roles "
+                                          f"{host.roles}"))
     return out
 
 

@@ -154,6 +154,17 @@ class ServeTable(Table):
         default_factory=list)
 
 
+class HostTable(Table):
+    """``[hosts.NAME]``: one machine of a team whose coordinators share a PostgreSQL store (`taskkernel up --host
+    NAME`, docs/hosts.md). A host runs agents only for the roles it lists; without a ``[hosts]`` table every
+    coordinator runs every role."""
+
+    roles: list[str] = Field(min_length=1)  # [roles.X] tables whose agents run on this host
+    slots: dict[str, Annotated[int, Field(ge=1, le=256)]] = Field(default_factory=dict)  # per role; default its
+    # concurrency
+    max_runs: int | None = Field(default=None, ge=1, le=256)  # runs at once on this host; default [kernel] max_runs
+
+
 # Untracked files a worktree never commits (gitignore syntax), on top of the repository's own ignore rules: the
 # caches and environments tools write while an agent works (pytest, mypy, ruff, tox, pip, npm), which no
 # repository means to track. A tracked file stays tracked: ignore rules only apply to untracked files.
@@ -429,6 +440,7 @@ class TaskkernelConfig(Table):
     mcp: McpTable = Field(default_factory=McpTable)
     serve: ServeTable = Field(default_factory=ServeTable)
     worktrees: WorktreesTable = Field(default_factory=WorktreesTable)
+    hosts: dict[str, HostTable] = Field(default_factory=dict)  # the team's machines on one shared store
     _lines: dict[tuple[str, str | None], int] = PrivateAttr(default_factory=dict)
 
     def line_of(self, table: str | None, key: str | None = None) -> int | None:
@@ -442,4 +454,4 @@ class TaskkernelConfig(Table):
 TABLES: dict[str, type[BaseModel]] = {
     "kernel": KernelTable, "team": TeamTable, "roles": RunnerSpec, "profiles": AgentProfile, "gate": GateTable,
     "folders": FoldersTable, "scheduler": SchedulerTable, "mcp": McpTable, "serve": ServeTable,
-    "worktrees": WorktreesTable}
+    "worktrees": WorktreesTable, "hosts": HostTable}

@@ -118,6 +118,12 @@ require_token = true
 # [worktrees]
 # exclude = ["build/", "*.log"]             # more untracked files never committed (gitignore patterns)
 # drop_defaults = ["*.egg-info/"]           # defaults this repository does commit
+
+# A team across machines on one PostgreSQL store (docs/hosts.md): `up --host buildbox` runs only its roles' agents.
+# [hosts.buildbox]
+# roles = ["DEV"]                           # the roles whose agents run on this host ([roles.X] tables)
+# slots = {{ DEV = 2 }}                     # runs of a role at once here (default: the role's concurrency)
+# max_runs = 8                              # runs at once here, all roles (default: [kernel] max_runs)
 """
 ROLE_KEYS = """\
 # Preset options: the CLI's model, extra arguments for its command line, and tools of its own it may use unasked.

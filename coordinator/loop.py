@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from taskkernel.coordinator.compose import build_kernel
 from taskkernel.coordinator.fcop import safeio
 from taskkernel.coordinator.folders.adapter import FolderAdapter, open_folders
 from taskkernel.coordinator.folders.projection import PROJECT_EFFECT
+from taskkernel.coordinator.hosts import HostRegistry, plan_for
 from taskkernel.coordinator.runners.config import runner_specs
 from taskkernel.coordinator.runners.dispatcher import Dispatcher
 from taskkernel.coordinator.runners.pool import Running
@@ -103,27 +103,31 @@ SCHEDULE_TABLE = "schedule"
 
 class Coordinator:
     def __init__(self, workspace: Workspace, db: Database, *, owner: str | None = None, settle_s: float = 1.0,
-                 grace_s: float = 5.0) -> None:
+                 grace_s: float = 5.0, host: str | None = None) -> None:
         self.workspace = workspace
         self.db = db
         self.kernel = build_kernel(db, workspace)
         team = workspace.team()
-        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
         roles = self.kernel.roles
         handlers = {code: spec.handler for code in roles.codes() if (spec := roles.get(code)).handler}
-        # A runner for a role the team lacks, a program not installed, an OS user it cannot become: refused
-        # here (ConfigError, a ValueError: `up` exits 64), never found out when a task's run fails.
+        # A runner for a role the team lacks, a program not installed, an OS user it cannot become, a host name
+        # taskkernel.toml's [hosts] lacks: refused here (ConfigError, a ValueError: `up` exits 64), never found out
+        # when a task's run fails.
         specs = runner_specs(workspace.config, root=workspace.root, roles=roles)
+        self.host = plan_for(workspace.config, host, {role: spec.concurrency for role, spec in specs.items()})
+        self.owner = owner or f"{self.host.name}:{os.getpid()}"
         self._wake_soon: Callable[[], None] = lambda: None  # set by `run`: a finished run wakes the loop
         self._once_stopped = threading.Event()  # `run_once` waiting for a retry ends at once on a signal
         self.dispatcher = Dispatcher(self.kernel, workspace.root, specs,
                                      owner=self.owner, leader=team.leader, handlers=handlers,
-                                     task_file=self._task_file, max_runs=workspace.config.kernel.max_runs,
+                                     task_file=self._task_file, max_runs=self.host.max_runs,
+                                     slots=dict(self.host.slots),
                                      on_run_done=lambda: self._wake_soon(), settled=self._projected,
                                      files_taken=self._files_taken,
                                      worktree_excludes=workspace.config.worktrees.patterns())
         self.stages: dict[str, Stage] = {}  # further adapters (scheduler) register here
         self.failing: dict[str, StageFailure] = {}  # by StageFailure.key: what fails now, for logs and the live view
+        self.add_stage("host", HostRegistry(db, self.host, self.owner).beat)
         folder_cfg = workspace.config.folders
         self.folders: FolderAdapter | G4Adapter | None = None
         self._settle_s = settle_s
@@ -290,7 +294,7 @@ class Coordinator:
         pending (the ledger says which). A shutdown (``interrupt_once``) ends it once the running agents are
         stopped."""
         limit = ONCE_WAIT_MAX_S if once_wait is None else once_wait
-        pool, roles = self.dispatcher.pool, list(self.dispatcher.specs)
+        pool, roles = self.dispatcher.pool, list(self.dispatcher.slots)  # the roles whose runs this host takes
         history = []
         for _ in range(max_passes):
             finished = pool.finished

@@ -45,7 +45,8 @@ def metadatas() -> tuple[sa.MetaData, ...]:
 
     return (core_tables.metadata, sessionlog_tables.metadata, scheduler_tables.metadata, coordinator_tables.metadata,
             coordinator_tables.worktree_metadata, coordinator_tables.alias_metadata,
-            coordinator_tables.loop_metadata, coordinator_tables.sign_in_metadata)
+            coordinator_tables.loop_metadata, coordinator_tables.sign_in_metadata,
+            coordinator_tables.host_metadata)
 
 
 class Status(NamedTuple):

@@ -187,3 +187,21 @@ sign_ins = sa.Table(
     sa.Index("ix_sign_ins_principal", "principal", "created_at"),
     sa.Index("ix_sign_ins_expires", "expires_at"),
 )
+
+# The team's machines on one store (coordinator/hosts.py, docs/hosts.md): each coordinator's last heartbeat, what it
+# serves, for `taskkernel hosts` and the board. A row per host name, kept when the host stops (listed not live).
+host_metadata = sa.MetaData()
+
+hosts = sa.Table(
+    "hosts",
+    host_metadata,
+    sa.Column("name", sa.Text, primary_key=True),  # `up --host NAME`, else the machine's name
+    sa.Column("owner", sa.Text, nullable=False),  # NAME:pid, the lease owner its runs carry
+    sa.Column("pid", sa.Integer, nullable=False),
+    sa.Column("roles", sa.Text, nullable=False),  # JSON: the roles it runs agents for; null: every role
+    sa.Column("slots", sa.Text, nullable=False),  # JSON: role -> runs at once there
+    sa.Column("max_runs", sa.Integer, nullable=False),
+    sa.Column("version", sa.Text, nullable=False),
+    sa.Column("started_at", sa.Text, nullable=False),
+    sa.Column("heartbeat_at", sa.Text, nullable=False),
+)

@@ -165,7 +165,7 @@ def test_init_writes_every_table_and_key_as_a_commented_example_that_validates(w
     document = tomllib.loads(full)
     for table, model in TABLES.items():
         assert re.search(rf"^# \[{table}[.\]]", written, re.M) or table == "kernel", table
-        keys = ({k for each in document[table].values() for k in each} if table in ("roles", "profiles")
+        keys = ({k for each in document[table].values() for k in each} if table in ("roles", "profiles", "hosts")
                 else set(document[table]))
         assert set(model.model_fields) == keys, (table, set(model.model_fields) ^ keys)
     assert 'database = "sqlite:///x.db"' in config_template("sqlite:///x.db")

@@ -360,6 +360,7 @@ def test_a_task_blocked_before_the_upgrade_is_listed_blocked_after_it(tmp_path: 
             conn.exec_driver_sql(f"DROP TABLE {table}")
         conn.exec_driver_sql("DROP INDEX ix_tasks_blocked")  # 0009's
         conn.exec_driver_sql("DROP TABLE sign_ins")  # 0010's
+        conn.exec_driver_sql("DROP TABLE hosts")  # 0011's
         for column in ("failed_at", "retried_by", "retried_at"):  # 0006's columns
             conn.exec_driver_sql(f"ALTER TABLE outbox DROP COLUMN {column}")
     assert run("db", "upgrade", cwd=ws).code == 0

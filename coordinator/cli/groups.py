@@ -28,6 +28,8 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("log", "kernel_cmds", "log", "Events in global (commit) order (JSON: one line per event)."),
     Entry("token", "kernel_cmds", "token_app", "Credentials."),
     Entry("up", "up", "up", "Run the coordinator: folders, dispatcher, agents and automations."),
+    Entry("hosts", "hosts_cmd", "hosts", "The team's machines on one store: each host's heartbeat, roles, slots and "
+          "running runs."),
     Entry("demo", "demo", "demo", "Run the coordinator demo on a fresh dev-team workspace (embedded SQLite, scripted "
           "agents, no network)."),
     Entry("verify", "verify", "verify", "Check the database file, the hash chain, every read model and the task "

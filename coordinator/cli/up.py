@@ -10,6 +10,7 @@ coordinator logs each failure as a structured line either way).
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import sys
 import time
@@ -20,7 +21,7 @@ import typer
 
 from taskkernel.coordinator.cli.common import Exit, emit, fail, fail_config, get_ctx, say
 from taskkernel.coordinator.cli.output import oneline, people
-from taskkernel.coordinator.config import ConfigError
+from taskkernel.coordinator.config import HOST_NAME, ConfigError
 from taskkernel.coordinator.fcop import FcopError
 from taskkernel.coordinator.loop import Coordinator, PassStats, Shutdown, StageFailure
 from taskkernel.coordinator.workspace import Workspace, WorkspaceNotFound
@@ -37,10 +38,17 @@ def up(ctx: typer.Context, workspace: Path = typer.Argument(None, help="Workspac
        once: bool = typer.Option(False, "--once", help="Process everything pending, then exit."),
        once_wait: float = typer.Option(None, "--once-wait", min=0, max=86400,
                                        help="With --once: wait up to this many seconds for retries that fall due "
-                                            "(default: the longest backoff a role's retry can have, at most 300).")
+                                            "(default: the longest backoff a role's retry can have, at most 300)."),
+       host: str = typer.Option(None, "--host", envvar="TASKKERNEL_HOST",
+                                help="This machine's name in a team on one shared store: with [hosts.NAME] tables "
+                                     "it runs agents only for that table's roles (default: the machine's name; "
+                                     "docs/hosts.md).")
        ) -> None:
     """Run the coordinator: folders, dispatcher, agents and automations."""
     c = get_ctx(ctx)
+    if host is not None and not re.fullmatch(HOST_NAME, host):
+        fail(Exit.USAGE, f"--host {host!r} is not a host name (letters, digits, '.', '_' and '-', at most 63)",
+             error="invalid_host_name")
     prefer_level("INFO")  # a line per run start, end, retry and block, unless TASKKERNEL_LOG_LEVEL says otherwise
     if workspace is not None:
         c.workspace_path = str(workspace)
@@ -52,10 +60,11 @@ def up(ctx: typer.Context, workspace: Path = typer.Argument(None, help="Workspac
         fail(Exit.USAGE, str(exc))
     db = c.current_database()  # refused while the schema is behind (or ahead of) this code
     try:
-        coordinator = Coordinator(ws, db, settle_s=0.0 if once else 1.0, grace_s=0.0 if once else 5.0)
+        coordinator = Coordinator(ws, db, settle_s=0.0 if once else 1.0, grace_s=0.0 if once else 5.0, host=host)
     except FcopError as exc:  # e.g. unsupported_workspace_generation (G4), mixed or ambiguous roots
         fail(Exit.REJECTED, str(exc), reason=exc.reason.value)
-    except ConfigError as exc:  # a [roles.X] table for a role the team lacks, a runner that cannot run
+    except ConfigError as exc:  # a [roles.X] table for a role the team lacks, a runner that cannot run, a host
+        # [hosts] lacks
         fail_config(exc)
     except ValueError as exc:  # a bad team (fcop.json)
         fail(Exit.USAGE, str(exc))

@@ -88,7 +88,8 @@ class Dispatcher:
                  on_run_done: Callable[[], None] | None = None,
                  settled: Callable[[int, threading.Event], None] | None = None,
                  worktree_excludes: list[str] | None = None,
-                 files_taken: Callable[[float, threading.Event], None] | None = None) -> None:
+                 files_taken: Callable[[float, threading.Event], None] | None = None,
+                 slots: dict[str, int] | None = None) -> None:
         self.kernel = kernel
         self.db = kernel.db
         self.workspace = workspace
@@ -106,7 +107,10 @@ class Dispatcher:
         self.worktrees = Worktrees(self.db, workspace, worktree_excludes)
         self.relay = OutboxRelay(self.db, {WAKE_EFFECT: self._on_wake,
                                            WORKTREE_EFFECT: WorktreeEffects(kernel, self.worktrees, specs)})
-        self.pool = RunPool(max_runs, {role: spec.concurrency for role, spec in specs.items()}, on_run_done)
+        # The roles whose runs this host takes, with its slots (coordinator/hosts.py); wake-ups, merges and inbox
+        # claims are every role's, whichever host relays them.
+        self.slots = slots if slots is not None else {role: spec.concurrency for role, spec in specs.items()}
+        self.pool = RunPool(max_runs, self.slots, on_run_done)
         self.inputs = RunInputs(self.db, SessionLog(self.db), specs)
         self.accepting = True  # False once a shutdown began: running agents finish, none starts
         self.warned: set[str] = set()  # roles `up` said have waiting tasks and no runner

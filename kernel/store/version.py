@@ -25,7 +25,7 @@ from taskkernel.kernel.reasons import KernelError, ReasonCode
 REVISIONS: tuple[str, ...] = ("0001_baseline", "0002_tasks_by_state", "0003_run_outcomes", "0004_blocked_documents",
                               "0005_task_worktrees", "0006_outbox_dead_letters",
                               "0007_task_aliases", "0008_people_in_the_loop", "0009_blocked_index",
-                              "0010_sign_ins")
+                              "0010_sign_ins", "0011_hosts")
 BASELINE = REVISIONS[0]
 HEAD = REVISIONS[-1]
 

@@ -1,0 +1,118 @@
+"""Hosts of a team on one store (issue 30, docs/hosts.md): `up --host NAME` runs agents only for the roles its
+[hosts.NAME] table lists, each coordinator keeps its heartbeat in the store, `taskkernel hosts` lists them; a host
+name the file lacks, a malformed one, and [hosts] tables naming roles without a runner are refused."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cli_support import CLI, append_config, cli_env, new_workspace, run
+from tests.coord_support import admin_task, coordinator, make_workspace
+
+HOSTS = """
+[hosts.alpha]
+roles = ["DEV"]
+
+[hosts.beta]
+roles = ["QA"]
+slots = { QA = 2 }
+"""
+
+
+def agent_script(tmp_path: Path) -> Path:
+    """A command agent that reports its task done with its run's token."""
+    agent = tmp_path / "agent.py"
+    agent.write_text(textwrap.dedent("""
+        import os, subprocess, sys
+        subprocess.run([sys.executable, "-m", "taskkernel", "task", "report", os.environ["TASKKERNEL_TASK_ID"],
+                        "--status", "done", "--body", "ok"], check=True, capture_output=True)
+    """), encoding="utf-8")
+    return agent
+
+
+def reported(doc: dict[str, Any] | None) -> bool:
+    return doc is not None and any(r["status"] == "done" for r in doc["reports"])
+
+
+def test_two_hosts_on_one_postgres_store_each_run_their_own_roles(pg_url: str, tmp_path: Path) -> None:
+    """Two long-running `up --host` on one PostgreSQL store: every DEV task runs on alpha, every QA task on beta
+    (two at once there), each once; `taskkernel hosts` lists both live, with their roles, slots and heartbeat."""
+    argv = [sys.executable, str(agent_script(tmp_path))]
+    ws = make_workspace(tmp_path / "ws", {"DEV": {"runner": "command", "argv": argv},
+                                          "QA": {"runner": "command", "argv": argv}}, database=pg_url)
+    append_config(ws.root, HOSTS)
+    c = coordinator(ws)
+    made = {admin_task(c, subject=f"job {i}", recipient=("DEV", "QA")[i % 2]): ("DEV", "QA")[i % 2]
+            for i in range(10)}
+    logs = {name: (tmp_path / f"{name}.log").open("w") for name in ("alpha", "beta")}
+    procs = {name: subprocess.Popen([*CLI, "up", str(ws.root), "--host", name], cwd=tmp_path, env=cli_env(),
+                                    stdout=log, stderr=subprocess.STDOUT, text=True) for name, log in logs.items()}
+    try:
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline:
+            if all(reported(c.kernel.task(t)) for t in made):
+                break
+            assert all(p.poll() is None for p in procs.values()), [p.returncode for p in procs.values()]
+            time.sleep(0.3)
+        listed = run("hosts", "--json", cwd=ws.root)
+    finally:
+        for p in procs.values():
+            p.send_signal(signal.SIGTERM)
+        for name, p in procs.items():
+            assert p.wait(timeout=60) == 0, (tmp_path / f"{name}.log").read_text()[-3000:]
+            logs[name].close()
+    assert all(reported(c.kernel.task(t)) for t in made), "every task ran and reported"
+    started = {name: [json.loads(line)["task_id"] for line in (tmp_path / f"{name}.log").read_text().splitlines()
+                      if '"run_started"' in line] for name in procs}
+    assert sorted(started["alpha"]) == sorted(t for t, role in made.items() if role == "DEV")
+    assert sorted(started["beta"]) == sorted(t for t, role in made.items() if role == "QA")
+    assert listed.code == 0, listed.err
+    hosts = {h["host"]: h for h in listed.json["hosts"]}
+    assert set(hosts) == {"alpha", "beta"}
+    assert (hosts["alpha"]["roles"], hosts["alpha"]["slots"]) == (["DEV"], {"DEV": 1})
+    assert (hosts["beta"]["roles"], hosts["beta"]["slots"]) == (["QA"], {"QA": 2})
+    assert all(h["live"] and h["heartbeat_age_s"] < 30 and h["owner"].startswith(f"{name}:")
+               for name, h in hosts.items())
+
+
+def test_a_host_serves_only_its_roles_and_says_which_it_is(tmp_path: Path) -> None:
+    """`up --once --host beta` leaves DEV's run pending for alpha; a host name the file lacks is refused with the
+    hosts it has (exit 64, unknown_host), a malformed one too (invalid_host_name); without [hosts] every
+    coordinator runs every role and is listed under the machine's name."""
+    root = new_workspace(tmp_path)
+    append_config(root, '[roles.DEV]\nrunner = "scripted"\n[roles.QA]\nrunner = "scripted"\n' + HOSTS)
+    created = {role: json.loads(run("task", "create", "--to", role, "--subject", f"{role} job", "--json",
+                                    cwd=root).out)["task_id"] for role in ("DEV", "QA")}
+    beta = run("up", "--once", "--host", "beta", "--json", cwd=root)
+    assert beta.code == 0, beta.err
+    assert [r["task_id"] for r in beta.json["pending"]] == [created["DEV"]], "DEV's run waits for alpha"
+    unknown = run("up", "--once", "--host", "gamma", "--json", cwd=root)
+    assert unknown.code == 64 and unknown.json["code"] == "unknown_host"
+    assert "alpha, beta" in unknown.json["message"]
+    bad = run("up", "--once", "--host", "no such/host", "--json", cwd=root)
+    assert bad.code == 64 and bad.json["code"] == "invalid_host_name"
+    alpha = run("up", "--once", "--host", "alpha", "--json", cwd=root)
+    assert alpha.code == 0 and alpha.json["pending"] == [], alpha.err
+    assert [h["host"] for h in run("hosts", "--json", cwd=root).json["hosts"]] == ["alpha", "beta"]
+
+
+@pytest.mark.parametrize(("table", "problem"), [
+    ('[hosts.alpha]\nroles = ["OPS"]\n', "OPS has no [roles.OPS] table"),
+    ('[hosts.alpha]\nroles = ["DEV"]\nslots = { QA = 1 }\n', "QA is not one of this host's roles"),
+    ('[hosts."al pha"]\nroles = ["DEV"]\n', "is not a host name"),
+    ('[hosts.alpha]\nroles = []\n', "roles"),
+])
+def test_a_hosts_table_that_cannot_work_is_refused(tmp_path: Path, table: str, problem: str) -> None:
+    ws = make_workspace(tmp_path / "ws", {"DEV": {"runner": "scripted"}, "QA": {"runner": "scripted"}})
+    append_config(ws.root, table)
+    doctor = run("doctor", "--json", cwd=ws.root)
+    assert doctor.code != 0 and problem in doctor.out, doctor.out
