@@ -17,6 +17,7 @@ import pytest
 
 from tests.cli_support import CLI, append_config, cli_env, new_workspace, run
 from tests.coord_support import admin_task, coordinator, make_workspace
+from tests.web_support import issue
 
 HOSTS = """
 [hosts.alpha]
@@ -116,3 +117,52 @@ def test_a_hosts_table_that_cannot_work_is_refused(tmp_path: Path, table: str, p
     append_config(ws.root, table)
     doctor = run("doctor", "--json", cwd=ws.root)
     assert doctor.code != 0 and problem in doctor.out, doctor.out
+
+
+def test_a_host_joins_the_store_with_a_bundle_never_through_the_database(pg_url: str, tmp_path: Path) -> None:
+    """`invite` (the owner) writes the chain key and owner credential into a 0600 bundle; `join` in another host's
+    workspace (a clone's taskkernel.toml, no .taskkernel/) writes them 0600, after which that host acts on the
+    shared store and `verify` proves it. A bundle others can read, one that is not a bundle, a workspace holding
+    another store's key, and a caller without the owner's credential are refused."""
+    first = tmp_path / "first"
+    assert run("--db", pg_url, "init", str(first), cwd=tmp_path).code == 0
+    made = run("task", "create", "--to", "DEV", "--subject", "from the first host", "--json", cwd=first)
+    assert made.code == 0, made.err
+    worker = issue(first, "DEV", "dev-1")
+    refused = subprocess.run([*CLI, "invite", "--out", str(tmp_path / "x.json"), "--json"], cwd=first,
+                             env=cli_env(TASKKERNEL_TOKEN=worker), capture_output=True, text=True)
+    assert refused.returncode == 2 and json.loads(refused.stdout)["reason"] == "role_not_authorized"
+    bundle = tmp_path / "bundle.json"
+    invited = run("invite", "--out", str(bundle), "--json", cwd=first)
+    assert invited.code == 0 and bundle.stat().st_mode & 0o777 == 0o600, invited.err
+    assert run("invite", "--out", str(bundle), "--json", cwd=first).json["code"] == "bundle_exists"
+
+    second = tmp_path / "second"
+    second.mkdir()
+    (second / "taskkernel.toml").write_bytes((first / "taskkernel.toml").read_bytes())  # as a clone has it
+    bundle.chmod(0o644)
+    assert run("join", str(bundle), "--json", cwd=second).json["code"] == "bundle_exposed"
+    bundle.chmod(0o600)
+    joined = run("join", str(bundle), "--json", cwd=second)
+    assert joined.code == 0 and joined.json["wrote"] == ["chain.key", "owner.token"], joined.err
+    for name in ("chain.key", "owner.token"):
+        assert (second / ".taskkernel" / name).read_bytes() == (first / ".taskkernel" / name).read_bytes()
+        assert (second / ".taskkernel" / name).stat().st_mode & 0o777 == 0o600
+    assert run("join", str(bundle), "--json", cwd=second).json["wrote"] == [], "joining again changes nothing"
+    there = run("task", "create", "--to", "DEV", "--subject", "from the second host", "--json", cwd=second)
+    assert there.code == 0, there.err
+    listed = {t["subject"] for t in json.loads(run("task", "list", "--json", cwd=first).out)}
+    assert listed == {"from the first host", "from the second host"}
+    assert run("verify", cwd=second).code == 0 and run("verify", cwd=first).code == 0
+
+    (tmp_path / "junk.json").write_text('{"format": "taskkernel-join/1"}')
+    (tmp_path / "junk.json").chmod(0o600)
+    assert run("join", str(tmp_path / "junk.json"), "--json", cwd=second).json["code"] == "invalid_bundle"
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "taskkernel.toml").write_bytes((first / "taskkernel.toml").read_bytes())
+    (other / ".taskkernel").mkdir(mode=0o700)
+    (other / ".taskkernel" / "chain.key").write_text("ab" * 32 + "\n")
+    conflict = run("join", str(bundle), "--json", cwd=other)
+    assert conflict.code == 2 and conflict.json["reason"] == "join_conflict"
+    assert (other / ".taskkernel" / "chain.key").read_text() == "ab" * 32 + "\n", "another store's key is kept"

@@ -30,6 +30,10 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("up", "up", "up", "Run the coordinator: folders, dispatcher, agents and automations."),
     Entry("hosts", "hosts_cmd", "hosts", "The team's machines on one store: each host's heartbeat, roles, slots and "
           "running runs."),
+    Entry("invite", "join", "invite", "Write a join bundle for a new host: this workspace's chain key and owner "
+          "credential (unscoped ADMIN)."),
+    Entry("join", "join", "join", "Give this host's workspace the shared store's chain key and owner credential from "
+          "a join bundle."),
     Entry("demo", "demo", "demo", "Run the coordinator demo on a fresh dev-team workspace (embedded SQLite, scripted "
           "agents, no network)."),
     Entry("verify", "verify", "verify", "Check the database file, the hash chain, every read model and the task "
