@@ -220,8 +220,8 @@ class KernelRows(Raw):
 class Sequential:
     steps = STEPS
 
-    def __init__(self, tmp: Path, durability: str, keyed: bool = True) -> None:
-        self.kernel = make_kernel(fresh_db(tmp, f"seq-{keyed}.db", durability, keyed))
+    def __init__(self, db: Database) -> None:
+        self.kernel = make_kernel(db)
         self.i = 0
 
     def run(self, lifecycles: int) -> None:
@@ -234,9 +234,8 @@ class Grouped:
     """`submitters` threads, each running its own tasks' lifecycles (or only creating tasks: ``create_only``),
     through the group committer."""
 
-    def __init__(self, tmp: Path, durability: str, submitters: int = 8, create_only: bool = False) -> None:
-        name = "group-create.db" if create_only else "group.db"
-        self.gc = GroupCommitter(make_kernel(fresh_db(tmp, name, durability)))
+    def __init__(self, db: Database, submitters: int = 8, create_only: bool = False) -> None:
+        self.gc = GroupCommitter(make_kernel(db))
         self.submitters, self.i, self.counter = submitters, 0, threading.Lock()
         self.steps = 1 if create_only else STEPS
 
@@ -473,11 +472,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=os.environ.get("TASKKERNEL_BENCH_DIR")) as d:
         tmp = Path(d)
         runners = {"raw": Raw(tmp, args.durability), "floor": KernelRows(tmp, args.durability),
-                   "seq": Sequential(tmp, args.durability),
-                   "seq_legacy": Sequential(tmp, args.durability, keyed=False), "es": EventSourcing(tmp),
-                   "raw_8": Raw(tmp, args.durability, threads=8), "group": Grouped(tmp, args.durability),
+                   "seq": Sequential(fresh_db(tmp, "seq.db", args.durability)),
+                   "seq_legacy": Sequential(fresh_db(tmp, "seq-legacy.db", args.durability, keyed=False)),
+                   "es": EventSourcing(tmp), "raw_8": Raw(tmp, args.durability, threads=8),
+                   "group": Grouped(fresh_db(tmp, "group.db", args.durability)),
                    "raw_8_create": Raw(tmp, args.durability, threads=8, create_only=True),
-                   "group_create": Grouped(tmp, args.durability, create_only=True)}
+                   "group_create": Grouped(fresh_db(tmp, "group-create.db", args.durability), create_only=True)}
         rates = interleaved(runners, args.n // STEPS, rounds)
         runners["group"].gc.close()
         runners["group_create"].gc.close()
