@@ -13,11 +13,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import pytest
 
 from tests.cli_support import CLI, append_config, cli_env, new_workspace, run
 from tests.coord_support import admin_task, coordinator, make_workspace
-from tests.web_support import issue
+from tests.web_support import board, issue
 
 HOSTS = """
 [hosts.alpha]
@@ -103,7 +104,14 @@ def test_a_host_serves_only_its_roles_and_says_which_it_is(tmp_path: Path) -> No
     assert bad.code == 64 and bad.json["code"] == "invalid_host_name"
     alpha = run("up", "--once", "--host", "alpha", "--json", cwd=root)
     assert alpha.code == 0 and alpha.json["pending"] == [], alpha.err
-    assert [h["host"] for h in run("hosts", "--json", cwd=root).json["hosts"]] == ["alpha", "beta"]
+    listed = run("hosts", "--json", cwd=root).json["hosts"]
+    assert [h["host"] for h in listed] == ["alpha", "beta"]
+    with board(root) as url:  # the board lists them as the CLI does, on the Runs page too
+        shown = httpx2.get(url + "api/hosts").json()
+        page = httpx2.get(url + "runs").text
+    assert [(h["host"], h["roles"], h["slots"]) for h in shown] == [(h["host"], h["roles"], h["slots"])
+                                                                    for h in listed]
+    assert '<tr class="host-live"><td>alpha</td>' in page and "QA 2" in page
 
 
 @pytest.mark.parametrize(("table", "problem"), [

@@ -30,6 +30,7 @@ from taskkernel.coordinator.web.models import (
     CommandOutcome,
     EventSummary,
     Health,
+    HostView,
     InstructionOutcome,
     InterruptOutcome,
     LiveOutput,
@@ -232,6 +233,16 @@ async def runs(request: Request) -> Any:
     board = board_of(request)
     board.gate.reader(request)
     return await anyio.to_thread.run_sync(reads.runs_view, board.db, board.ws)
+
+
+@router.get("/hosts", response_model=list[HostView])
+async def hosts(request: Request) -> Any:
+    """The team's machines on this store, as `taskkernel hosts`: heartbeat, live, roles, slots, running runs."""
+    from taskkernel.coordinator.hosts import listing
+
+    board = board_of(request)
+    board.gate.reader(request)
+    return await anyio.to_thread.run_sync(listing, board.db)
 
 
 @router.get("/schedules", response_model=list[ScheduleView])

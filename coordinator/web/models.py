@@ -177,6 +177,29 @@ class EventSummary(SQLModel):
     at: str | None = None
 
 
+class HostRun(SQLModel):
+    run_id: str
+    task_id: str
+    role: str
+    lease_until: str | None = None
+
+
+class HostView(SQLModel):
+    """A machine of the team on this store, as `taskkernel hosts` prints it (docs/hosts.md)."""
+
+    host: str
+    owner: str
+    live: bool
+    heartbeat_at: str
+    heartbeat_age_s: float
+    started_at: str
+    version: str
+    roles: list[str] | None = None  # None: every role (no [hosts] tables)
+    slots: dict[str, int]
+    max_runs: int
+    running: list[HostRun]
+
+
 class RunRow(SQLModel):
     """A run as `runs list` prints it."""
 

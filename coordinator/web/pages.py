@@ -171,8 +171,11 @@ async def task_file(request: Request, task_id: str) -> Response:
 @router.get("/runs", response_class=HTMLResponse)
 async def runs_page(request: Request) -> Response:
     board, caller = await reading(request)
+    from taskkernel.coordinator.hosts import listing
+
     view = await anyio.to_thread.run_sync(reads.runs_view, board.db, board.ws)
-    return await page(request, "runs.html", caller, runs=view)
+    hosts = await anyio.to_thread.run_sync(listing, board.db)
+    return await page(request, "runs.html", caller, runs=view, hosts=hosts)
 
 
 @router.get("/schedules", response_class=HTMLResponse)
