@@ -107,7 +107,7 @@ def listing(db: Database, now: datetime | None = None) -> list[dict[str, Any]]:
     for r in rows:
         age = (t - datetime.strptime(r.heartbeat_at, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)).total_seconds()
         held = [{"run_id": x.run_id, "task_id": x.task_id, "role": x.role, "lease_until": x.lease_until}
-                for x in running if (x.lease_owner or "").rsplit(":", 1)[0] == r.name]
+                for x in running if x.lease_owner == r.owner or (x.lease_owner or "").rsplit(":", 1)[0] == r.name]
         out.append({"host": r.name, "owner": r.owner, "live": age <= LIVE_FOR_S, "heartbeat_at": r.heartbeat_at,
                     "heartbeat_age_s": round(age, 1), "started_at": r.started_at, "version": r.version,
                     "roles": json.loads(r.roles), "slots": json.loads(r.slots), "max_runs": r.max_runs,

@@ -174,3 +174,42 @@ def test_a_host_joins_the_store_with_a_bundle_never_through_the_database(pg_url:
     conflict = run("join", str(bundle), "--json", cwd=other)
     assert conflict.code == 2 and conflict.json["reason"] == "join_conflict"
     assert (other / ".taskkernel" / "chain.key").read_text() == "ab" * 32 + "\n", "another store's key is kept"
+
+
+def test_hosts_lists_the_runs_a_host_holds_while_they_run(tmp_path: Path) -> None:
+    """While a DEV agent works on alpha, `taskkernel hosts` lists its run under alpha (and nothing under beta);
+    once it reported, nothing."""
+    go = tmp_path / "go"
+    agent = tmp_path / "waiting_agent.py"
+    agent.write_text(textwrap.dedent(f"""
+        import os, pathlib, subprocess, sys, time
+        deadline = time.time() + 60
+        while not pathlib.Path({str(go)!r}).exists() and time.time() < deadline:
+            time.sleep(0.1)
+        subprocess.run([sys.executable, "-m", "taskkernel", "task", "report", os.environ["TASKKERNEL_TASK_ID"],
+                        "--status", "done", "--body", "ok"], check=True, capture_output=True)
+    """), encoding="utf-8")
+    argv = [sys.executable, str(agent)]
+    ws = make_workspace(tmp_path / "ws", {"DEV": {"runner": "command", "argv": argv},
+                                          "QA": {"runner": "command", "argv": argv}})
+    append_config(ws.root, HOSTS)
+    c = coordinator(ws)
+    task = admin_task(c, subject="slow job", recipient="DEV")
+    with (tmp_path / "alpha.log").open("w") as log:
+        alpha = subprocess.Popen([*CLI, "up", str(ws.root), "--host", "alpha"], cwd=tmp_path, env=cli_env(),
+                                 stdout=log, stderr=subprocess.STDOUT, text=True)
+        try:
+            deadline, held = time.monotonic() + 60, []
+            while time.monotonic() < deadline and not held:
+                listed = {h["host"]: h for h in run("hosts", "--json", cwd=ws.root).json["hosts"]}
+                held = listed.get("alpha", {}).get("running", [])
+                time.sleep(0.2)
+            assert [(r["task_id"], r["role"]) for r in held] == [(task, "DEV")]
+            go.touch()
+            while time.monotonic() < deadline and not reported(c.kernel.task(task)):
+                time.sleep(0.2)
+            assert reported(c.kernel.task(task))
+        finally:
+            alpha.send_signal(signal.SIGTERM)
+            assert alpha.wait(timeout=60) == 0, (tmp_path / "alpha.log").read_text()[-3000:]
+    assert run("hosts", "--json", cwd=ws.root).json["hosts"][0]["running"] == []
