@@ -15,13 +15,14 @@ import json
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import sqlalchemy as sa
 
 from taskkernel.kernel.canonical import utc_now_iso
 from taskkernel.kernel.logging import get_logger
+from taskkernel.kernel.store.clock import iso, store_now
 from taskkernel.kernel.store.db import Database
 from taskkernel.kernel.store.schema import outbox
 
@@ -67,11 +68,11 @@ class OutboxRelay:
         return done
 
     def _claim(self, limit: int) -> list[tuple[str, str, str, str]]:
-        now = utc_now_iso()
-        until = (datetime.now(UTC) + self.lease).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        due = sa.or_(outbox.c.status == "pending",
-                     sa.and_(outbox.c.status == "claimed", outbox.c.claimed_until < now))
         with self.db.write() as uow:
+            t = store_now(uow.conn)  # every relay, on any host, compares claims with one clock
+            now, until = iso(t), iso(t + self.lease)
+            due = sa.or_(outbox.c.status == "pending",
+                         sa.and_(outbox.c.status == "claimed", outbox.c.claimed_until < now))
             rows = uow.conn.execute(
                 sa.select(outbox.c.effect_key, outbox.c.effect, outbox.c.payload)
                 .where(due, outbox.c.effect.in_(list(self.handlers)))

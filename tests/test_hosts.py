@@ -213,3 +213,60 @@ def test_hosts_lists_the_runs_a_host_holds_while_they_run(tmp_path: Path) -> Non
             alpha.send_signal(signal.SIGTERM)
             assert alpha.wait(timeout=60) == 0, (tmp_path / "alpha.log").read_text()[-3000:]
     assert run("hosts", "--json", cwd=ws.root).json["hosts"][0]["running"] == []
+
+
+BEHIND = """
+import datetime as _dt, runpy, sys
+
+class _Behind(_dt.datetime):  # this host's clock runs an hour behind the others'
+    @classmethod
+    def now(cls, tz=None):
+        return super().now(tz) - _dt.timedelta(hours=1)
+
+_dt.datetime = _Behind
+sys.argv = ["taskkernel", *sys.argv[1:]]
+runpy.run_module("taskkernel", run_name="__main__")
+"""
+
+
+def test_a_host_whose_clock_runs_behind_keeps_its_runs(pg_url: str, tmp_path: Path) -> None:
+    """Leases are written and compared by the store's clock: a host an hour behind claims a run whose lease the
+    other host reads as live, so the other never takes it over while it runs (by the hosts' own clocks the lease
+    had ended an hour before it began: the run was taken over and the agent ran twice)."""
+    journal = tmp_path / "journal.log"
+    agent = tmp_path / "slow_agent.py"
+    agent.write_text(textwrap.dedent(f"""
+        import os, subprocess, sys, time
+        with open({str(journal)!r}, "a") as fh:
+            fh.write(os.environ["TASKKERNEL_TASK_ID"] + "\\n")
+        time.sleep(6)
+        subprocess.run([sys.executable, "-m", "taskkernel", "task", "report", os.environ["TASKKERNEL_TASK_ID"],
+                        "--status", "done", "--body", "ok"], check=True, capture_output=True)
+    """), encoding="utf-8")
+    ws = make_workspace(tmp_path / "ws", {"DEV": {"runner": "command", "argv": [sys.executable, str(agent)],
+                                                  "timeout": 60, "lease": 30}}, database=pg_url)
+    c = coordinator(ws)
+    task = admin_task(c, subject="long job", recipient="DEV")
+    procs, logs = {}, {}
+    try:
+        for name, argv in (("behind", [sys.executable, "-c", BEHIND]), ("fine", CLI)):
+            logs[name] = (tmp_path / f"{name}.log").open("w")
+            procs[name] = subprocess.Popen([*argv, "up", str(ws.root), "--host", name], cwd=tmp_path, env=cli_env(),
+                                           stdout=logs[name], stderr=subprocess.STDOUT, text=True)
+            deadline = time.monotonic() + 60
+            while name == "behind" and not journal.exists() and time.monotonic() < deadline:
+                time.sleep(0.1)  # the late host holds the run before the other starts
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not reported(c.kernel.task(task)):
+            time.sleep(0.2)
+    finally:
+        for p in procs.values():
+            p.send_signal(signal.SIGTERM)
+        for name, p in procs.items():
+            p.wait(timeout=60)
+            logs[name].close()
+    assert reported(c.kernel.task(task))
+    assert journal.read_text().split() == [task], "the agent ran once"
+    assert '"run_started"' not in (tmp_path / "fine.log").read_text(), "the other host took the run over"
+    with c.db.read() as conn:
+        assert conn.exec_driver_sql("SELECT attempt FROM runs").scalars().all() == [1]

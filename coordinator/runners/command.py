@@ -101,7 +101,7 @@ class Supervision:
     heartbeat: Callable[[], bool]
     every_s: float
     beat: Callable[[], bool] = lambda: True  # the agent printed HEARTBEAT_LINE
-    last_beat: Callable[[], float | None] = lambda: None  # epoch seconds of the last recorded heartbeat
+    since_beat: Callable[[], float | None] = lambda: None  # seconds since the last recorded heartbeat (store clock)
     stop: threading.Event = field(default_factory=threading.Event)
     output: Callable[[bytes], None] | None = None
     interrupted: Callable[[], str | None] = lambda: None
@@ -273,9 +273,9 @@ def _supervise(proc: subprocess.Popen[bytes], spec: RunnerSpec, supervision: Sup
                             supervision.beat()
                     elif supervision is not None and now >= read_beats_at:
                         read_beats_at = now + EXTERNAL_BEAT_EVERY_S
-                        last = supervision.last_beat()
-                        if last is not None:
-                            beat_at = max(beat_at, now - max(0.0, time.time() - last))
+                        since = supervision.since_beat()
+                        if since is not None:
+                            beat_at = max(beat_at, now - max(0.0, since))
                     if now - beat_at > spec.heartbeat_timeout:
                         raise _Stopped(f"no heartbeat for {spec.heartbeat_timeout:g}s "
                                        f"({_terminate(proc, spec.kill_grace)})", ErrorCode.HEARTBEAT_TIMEOUT)

@@ -364,7 +364,7 @@ class Dispatcher:
             supervision = Supervision(
                 on_start=lambda pgid, start: self.ledger.attach_agent(run, self.host, pgid, start),
                 heartbeat=lambda: self.ledger.renew(run), every_s=max(0.2, spec.lease_seconds / 3),
-                beat=lambda: self.ledger.beat(run), last_beat=lambda: self.ledger.last_beat(run), stop=stop,
+                beat=lambda: self.ledger.beat(run), since_beat=lambda: self.ledger.since_beat(run), stop=stop,
                 output=output.feed, interrupted=lambda: self.inputs.interrupted_by(run.run_id, run.attempt))
             try:
                 outcome = run_command(spec, launch, log_dir, supervision)

@@ -12,7 +12,7 @@ so it can terminate the agent and revoke its token before running the task again
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -23,6 +23,7 @@ from taskkernel.coordinator.tables import metadata, runs
 from taskkernel.kernel.canonical import utc_now_iso
 from taskkernel.kernel.credentials import authenticate_hashed, checked_hash
 from taskkernel.kernel.model.principal import Principal
+from taskkernel.kernel.store.clock import iso, store_now
 from taskkernel.kernel.store.db import Database, UnitOfWork
 
 HEARTBEAT_EVERY_S = 1.0  # an agent's calls record at most one heartbeat a second
@@ -78,10 +79,6 @@ class ClaimedRun:
         return int(last) if last.isdigit() else None
 
 
-def _iso(t: datetime) -> str:
-    return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
 class RunLedger:
     def __init__(self, db: Database, owner: str, lease_seconds: float = 120.0,
                  role_leases: Mapping[str, float] | None = None) -> None:
@@ -120,7 +117,7 @@ class RunLedger:
         """A run due now, in the caller's write transaction (False: a run of that id exists)."""
         if conn.execute(sa.select(runs.c.run_id).where(runs.c.run_id == run_id)).first():
             return False
-        now = utc_now_iso()
+        now = iso(store_now(conn))
         conn.execute(runs.insert().values(
             run_id=run_id, task_id=task_id, round=round_, role=role, purpose=purpose.value,
             state=RunState.PENDING.value, max_attempts=max_attempts, not_before=now, created_at=now))
@@ -131,18 +128,18 @@ class RunLedger:
         """Take pending runs that are due, and running ones whose holder's lease expired (a crash counts
         as a spent attempt), oldest first: at most ``limit``, and with ``slots`` at most that many of each role
         (a role not in it gets none). Runs in ``held`` (running in this process) are never taken over."""
-        t = now or datetime.now(UTC)
-        stamp = _iso(t)
-        due = sa.or_(sa.and_(runs.c.state == RunState.PENDING.value, runs.c.not_before <= stamp),
-                     sa.and_(runs.c.state == RunState.RUNNING.value, runs.c.lease_until < stamp))
         free = dict(slots) if slots is not None else None
         if limit <= 0 or (free is not None and not any(n > 0 for n in free.values())):
             return []
-        query = sa.select(runs).where(due).order_by(runs.c.created_at, runs.c.run_id)
-        if free is not None:
-            query = query.where(runs.c.role.in_([role for role, n in free.items() if n > 0]))
         claimed: list[ClaimedRun] = []
         with self.db.write() as uow:
+            t = now or store_now(uow.conn)  # one clock for every host's leases
+            stamp = iso(t)
+            due = sa.or_(sa.and_(runs.c.state == RunState.PENDING.value, runs.c.not_before <= stamp),
+                         sa.and_(runs.c.state == RunState.RUNNING.value, runs.c.lease_until < stamp))
+            query = sa.select(runs).where(due).order_by(runs.c.created_at, runs.c.run_id)
+            if free is not None:
+                query = query.where(runs.c.role.in_([role for role, n in free.items() if n > 0]))
             for r in uow.conn.execute(query.limit(limit if free is None else max(limit, 64))).all():
                 if len(claimed) >= limit:
                     break
@@ -157,7 +154,7 @@ class RunLedger:
                 # dealing with the orphan, the next takeover still finds it.
                 uow.conn.execute(runs.update().where(runs.c.run_id == r.run_id).values(
                     state=RunState.RUNNING.value, attempt=attempt, fencing=fencing, lease_owner=self.owner,
-                    lease_until=_iso(t + self.lease_for(r.role)), heartbeat_at=None))
+                    lease_until=iso(t + self.lease_for(r.role)), heartbeat_at=None))
                 orphan = None
                 if r.state == RunState.RUNNING.value and (r.token_hash or r.agent_pgid):
                     orphan = Orphan(r.token_hash, r.agent_host, r.agent_pgid, r.agent_start)
@@ -182,7 +179,7 @@ class RunLedger:
 
     def renew(self, run: ClaimedRun) -> bool:
         """The coordinator's own lease renewal while the agent runs (not a heartbeat of the agent)."""
-        return self._fenced(run, lease_until=_iso(datetime.now(UTC) + self.lease_for(run.role)))
+        return self._fenced_at(run, lambda t: {"lease_until": iso(t + self.lease_for(run.role))})
 
     def attach_token(self, run: ClaimedRun, token_hash: str) -> bool:
         """Record the run's token before the agent can hold it (replacing whatever an orphan left)."""
@@ -193,15 +190,19 @@ class RunLedger:
 
     def beat(self, run: ClaimedRun) -> bool:
         """The agent said it is alive: recorded (heartbeat_timeout counts from it) and the lease renewed."""
-        now = datetime.now(UTC)
-        return self._fenced(run, heartbeat_at=_iso(now), lease_until=_iso(now + self.lease_for(run.role)))
+        return self._fenced_at(run, lambda t: {"heartbeat_at": iso(t),
+                                               "lease_until": iso(t + self.lease_for(run.role))})
 
-    def last_beat(self, run: ClaimedRun) -> float | None:
-        """Epoch seconds of the run's last heartbeat, whoever recorded it (None: none yet)."""
+    def since_beat(self, run: ClaimedRun) -> float | None:
+        """Seconds since the run's last heartbeat, whoever recorded it, by the store's clock (which recorded it;
+        None: none yet)."""
         with self.db.read() as conn:
             stamp = conn.execute(sa.select(runs.c.heartbeat_at).where(runs.c.run_id == run.run_id,
                                                                      runs.c.fencing == run.fencing)).scalar()
-        return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp() if stamp else None
+            if not stamp:
+                return None
+            beat = datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+            return (store_now(conn) - beat).total_seconds()
 
     def succeed(self, run: ClaimedRun, exit_code: int | None) -> bool:
         return self._fenced(run, state=RunState.SUCCEEDED.value, exit_code=exit_code, ended_at=utc_now_iso(),
@@ -209,17 +210,17 @@ class RunLedger:
 
     def retry_later(self, run: ClaimedRun, delay_s: float, error: str, exit_code: int | None,
                     code: str | None = None) -> bool:
-        not_before = _iso(datetime.now(UTC) + timedelta(seconds=delay_s))
-        return self._fenced(run, state=RunState.PENDING.value, not_before=not_before, last_error=error,
-                            exit_code=exit_code, error_code=code, lease_owner=None, lease_until=None, **_CLEARED)
+        return self._fenced_at(run, lambda t: {
+            "state": RunState.PENDING.value, "not_before": iso(t + timedelta(seconds=delay_s)), "last_error": error,
+            "exit_code": exit_code, "error_code": code, "lease_owner": None, "lease_until": None, **_CLEARED})
 
     def interrupt(self, run: ClaimedRun, error: str) -> bool:
         """A shutdown stopped the agent: the run is due again at the next start, and one more attempt is allowed
         (a person's stop says nothing of the agent). The attempt keeps its number: its usage and logs stay
         its own, beside the next attempt's."""
-        return self._fenced(run, state=RunState.PENDING.value, not_before=utc_now_iso(), last_error=error,
-                            error_code="interrupted", max_attempts=run.max_attempts + 1, lease_owner=None,
-                            lease_until=None, **_CLEARED)
+        return self._fenced_at(run, lambda t: {
+            "state": RunState.PENDING.value, "not_before": iso(t), "last_error": error, "error_code": "interrupted",
+            "max_attempts": run.max_attempts + 1, "lease_owner": None, "lease_until": None, **_CLEARED})
 
     def ran_before(self, run: ClaimedRun) -> bool:
         """Whether an attempt of this task by this role began before this one (an earlier attempt of this run, or
@@ -244,9 +245,14 @@ class RunLedger:
     def _fenced(self, run: ClaimedRun, **values: object) -> bool:
         """Change the run only while this claim holds it (its fencing token) and it is still running: a run
         already ended (blocked, succeeded) is never moved again by a late write of its holder."""
+        return self._fenced_at(run, lambda _: values)
+
+    def _fenced_at(self, run: ClaimedRun, values: Callable[[datetime], Mapping[str, object]]) -> bool:
+        """``_fenced`` with values computed from the store's clock (a lease, a retry's time) in its transaction."""
         with self.db.write() as uow:
             res = uow.conn.execute(runs.update().where(runs.c.run_id == run.run_id, runs.c.fencing == run.fencing,
-                                                       runs.c.state == RunState.RUNNING.value).values(**values))
+                                                       runs.c.state == RunState.RUNNING.value)
+                                   .values(**values(store_now(uow.conn))))
             return bool(res.rowcount)
 
     def all_runs(self) -> list[dict[str, object]]:
@@ -271,12 +277,15 @@ def authenticate_agent_hashed(db: Database, hashed: str) -> Principal:
 def _heartbeat(db: Database, hashed: str) -> None:
     """Best effort and cheap: a read first, a write only for a running run last heard of over
     HEARTBEAT_EVERY_S ago; a store busy or failing never fails the agent's own call."""
-    fresh = _iso(datetime.now(UTC) - timedelta(seconds=HEARTBEAT_EVERY_S))
-    stale = sa.and_(runs.c.token_hash == hashed, runs.c.state == RunState.RUNNING.value,
-                    sa.or_(runs.c.heartbeat_at.is_(None), runs.c.heartbeat_at < fresh))
+    def stale(t: datetime) -> sa.ColumnElement[bool]:
+        fresh = iso(t - timedelta(seconds=HEARTBEAT_EVERY_S))
+        return sa.and_(runs.c.token_hash == hashed, runs.c.state == RunState.RUNNING.value,
+                       sa.or_(runs.c.heartbeat_at.is_(None), runs.c.heartbeat_at < fresh))
+
     with contextlib.suppress(sa.exc.SQLAlchemyError):
         with db.read() as conn:
-            if conn.execute(sa.select(runs.c.run_id).where(stale)).first() is None:
+            if conn.execute(sa.select(runs.c.run_id).where(stale(store_now(conn)))).first() is None:
                 return
         with db.write() as uow:
-            uow.conn.execute(runs.update().where(stale).values(heartbeat_at=utc_now_iso()))
+            t = store_now(uow.conn)
+            uow.conn.execute(runs.update().where(stale(t)).values(heartbeat_at=iso(t)))
