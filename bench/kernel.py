@@ -94,6 +94,32 @@ def make_kernel(db: Database) -> TaskCommandKernel:
     return TaskCommandKernel(db, RoleRegistry.for_team("PM", ["PM", "DEV", "QA", "OPS"], load_plugins=False))
 
 
+def raw_rows(stream: str, version: int, kind: str, data: dict, key: str, doc: dict
+             ) -> Callable[[int, str], tuple[str, list[tuple[str, tuple[Any, ...]]]]]:
+    """What the raw baseline writes for one command, encoded before its transaction; called with the position
+    and hash of the event before it (read in the transaction), it gives the new event's SHA-256 link and the
+    statements (``?`` placeholders) for the event, the receipt and the task row (the document is held in memory)."""
+    at = utc_now_iso()
+    data_text = canonical_json(data)
+    meta = canonical_json({"actor": "dev-1", "command_id": key, "command_type": kind, "recorded_at": at})
+    result = canonical_json({"status": "accepted", "task_id": doc["task_id"], "revision": version})
+    doc.update(revision=version, updated_at=at)
+
+    def after(pos: int, prev: str) -> tuple[str, list[tuple[str, tuple[Any, ...]]]]:
+        h = hashlib.sha256("\x1f".join((prev, str(pos + 1), stream, str(version), kind, data_text, meta, at))
+                           .encode()).hexdigest()
+        text = canonical_json(doc)
+        task = (("INSERT INTO tasks VALUES (?, 'inbox', 1, 0, NULL, ?, 'DEV', ?, ?)",
+                 (doc["task_id"], doc["task_id"], text, pos + 1)) if version == 1 else
+                ("UPDATE tasks SET state = ?, revision = ?, round = ?, doc = ?, last_pos = ? WHERE task_id = ?",
+                 (doc["state"], version, doc["round"], text, pos + 1, doc["task_id"])))
+        return h, [("INSERT INTO events VALUES (?, ?, ?, ?, 1, ?, ?, ?, ?)",
+                    (pos + 1, stream, version, kind, data_text, meta, at, h)),
+                   ("INSERT INTO receipts VALUES (?, ?, ?, 'ADMIN', ?, ?, ?, ?, ?)",
+                    (key, kind, h, doc["task_id"], result, pos + 1, pos + 1, at)), task]
+    return after
+
+
 class Raw:
     """Same schema, same rows as the kernel's lifecycle, plain sqlite3, one transaction per command, each of
     ``threads`` threads on its own connection (more than one: the chain's tail is read in each transaction)."""
@@ -117,27 +143,13 @@ class Raw:
 
     def _commit(self, con: sqlite3.Connection, stream: str, version: int, kind: str, data: dict, key: str,
                 doc: dict) -> None:
-        at = utc_now_iso()
-        data_text = canonical_json(data)
-        meta = canonical_json({"actor": "dev-1", "command_id": key, "command_type": kind, "recorded_at": at})
-        result = canonical_json({"status": "accepted", "task_id": doc["task_id"], "revision": version})
-        doc.update(revision=version, updated_at=at)
+        rows = raw_rows(stream, version, kind, data, key, doc)
         con.execute("BEGIN IMMEDIATE")
         pos, prev = self.tail if len(self.cons) == 1 else con.execute(
             "SELECT global_pos, hash FROM events ORDER BY global_pos DESC LIMIT 1").fetchone() or (0, "0" * 64)
-        h = hashlib.sha256("\x1f".join((prev, str(pos + 1), stream, str(version), kind, data_text, meta, at))
-                           .encode()).hexdigest()
-        con.execute("INSERT INTO events VALUES (?, ?, ?, ?, 1, ?, ?, ?, ?)",
-                    (pos + 1, stream, version, kind, data_text, meta, at, h))
-        con.execute("INSERT INTO receipts VALUES (?, ?, ?, 'ADMIN', ?, ?, ?, ?, ?)",
-                    (key, kind, h, doc["task_id"], result, pos + 1, pos + 1, at))
-        text = canonical_json(doc)
-        if version == 1:
-            con.execute("INSERT INTO tasks VALUES (?, 'inbox', 1, 0, NULL, ?, 'DEV', ?, ?)",
-                        (doc["task_id"], doc["task_id"], text, pos + 1))
-        else:
-            con.execute("UPDATE tasks SET state = ?, revision = ?, round = ?, doc = ?, last_pos = ? WHERE task_id = ?",
-                        (doc["state"], version, doc["round"], text, pos + 1, doc["task_id"]))
+        h, statements = rows(pos, prev)
+        for sql, params in statements:
+            con.execute(sql, params)
         con.execute("COMMIT")
         self.tail = (pos + 1, h)
 

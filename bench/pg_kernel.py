@@ -17,10 +17,10 @@ Goals: ``sequential_vs_raw`` >= 0.9 and ``group_vs_raw`` >= 3 (commands per seco
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sys
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -30,8 +30,7 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.kernel import LIFECYCLE, STEPS, Grouped, Sequential, interleaved  # noqa: E402
-from taskkernel.kernel.canonical import canonical_json, utc_now_iso  # noqa: E402
+from bench.kernel import STEPS, Grouped, Raw, Sequential, interleaved, raw_rows  # noqa: E402
 from taskkernel.kernel.store.db import Database, with_pg_schema  # noqa: E402
 from taskkernel.kernel.store.schema import metadata  # noqa: E402
 
@@ -64,55 +63,23 @@ class PgStores:
         self.engine.dispose()
 
 
-class RawPg:
+class RawPg(Raw):
     """bench/kernel.py's Raw on psycopg: the same rows, one transaction per command."""
 
-    steps = STEPS
-
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str) -> None:  # Raw makes SQLite files; this one holds a psycopg connection
         self.conn = psycopg.connect(sa.make_url(url).set(drivername="postgresql").render_as_string(False))
-        self.tail, self.i = (0, "0" * 64), 0
+        self.steps, self.cons = STEPS, [None]
+        self.tail, self.i, self.counter = (0, "0" * 64), 0, threading.Lock()
 
-    def _commit(self, stream: str, version: int, kind: str, data: dict[str, Any], key: str,
+    def _commit(self, con: Any, stream: str, version: int, kind: str, data: dict[str, Any], key: str,
                 doc: dict[str, Any]) -> None:
-        at = utc_now_iso()
-        data_text = canonical_json(data)
-        meta = canonical_json({"actor": "dev-1", "command_id": key, "command_type": kind, "recorded_at": at})
-        result = canonical_json({"status": "accepted", "task_id": doc["task_id"], "revision": version})
-        doc.update(revision=version, updated_at=at)
-        pos, prev = self.tail
-        h = hashlib.sha256("\x1f".join((prev, str(pos + 1), stream, str(version), kind, data_text, meta, at))
-                           .encode()).hexdigest()
+        rows = raw_rows(stream, version, kind, data, key, doc)
+        h, statements = rows(*self.tail)
         with self.conn.transaction():
             cur = self.conn.cursor()
-            cur.execute("INSERT INTO events VALUES (%s, %s, %s, %s, 1, %s, %s, %s, %s)",
-                        (pos + 1, stream, version, kind, data_text, meta, at, h))
-            cur.execute("INSERT INTO receipts VALUES (%s, %s, %s, 'ADMIN', %s, %s, %s, %s, %s)",
-                        (key, kind, h, doc["task_id"], result, pos + 1, pos + 1, at))
-            text = canonical_json(doc)
-            if version == 1:
-                cur.execute("INSERT INTO tasks VALUES (%s, 'inbox', 1, 0, NULL, %s, 'DEV', %s, %s)",
-                            (doc["task_id"], doc["task_id"], text, pos + 1))
-            else:
-                cur.execute("UPDATE tasks SET state = %s, revision = %s, round = %s, doc = %s, last_pos = %s "
-                            "WHERE task_id = %s", (doc["state"], version, doc["round"], text, pos + 1, doc["task_id"]))
-        self.tail = (pos + 1, h)
-
-    def lifecycle(self) -> None:
-        self.i += 1
-        tid = f"TASK-20260101-{self.i:03d}"
-        doc: dict[str, Any] = {"task_id": tid, "thread_key": tid, "parent": None, "root": tid, "sender": "ADMIN",
-                               "recipient": "DEV", "subject": f"task {self.i}", "body": "do the thing",
-                               "state": "inbox", "round": 0, "reports": []}
-        self._commit(f"task:{tid}", 1, "task_created", {**doc, "by": "ADMIN:local-owner"}, f"raw-{self.i}", doc)
-        for kind, revision, _, payload, who, event_type, state in LIFECYCLE:
-            data = {"by": who.id, "from": doc["state"], "round": 1, **(payload or {})}
-            doc.update(state=state, round=1)
-            self._commit(f"task:{tid}", revision + 1, event_type, data, f"raw-{kind}-{self.i}", doc)
-
-    def run(self, lifecycles: int) -> None:
-        for _ in range(lifecycles):
-            self.lifecycle()
+            for sql, params in statements:
+                cur.execute(sql.replace("?", "%s"), params)
+        self.tail = (self.tail[0] + 1, h)
 
 
 def main() -> None:
