@@ -17,6 +17,12 @@ machine). That is the call a user meets: taskkernel.toml's values come from the 
 before each run (the first call after an edit of the file), reported beside it without a goal. ``task list`` and
 ``up --once`` are reported without a goal. Prints a table, then one JSON document
 (``targets`` holds the goals), then the goals missed, if any.
+
+    python bench/cli.py --instructions   # also the same ratio in instructions (valgrind's callgrind)
+
+``--instructions`` counts the instructions of one ``task show`` and one library floor (``PYTHONHASHSEED=0``,
+after the timed rounds wrote the bytecode caches): ``task_show_vs_library_floor_instructions``, a figure a busy
+machine does not move.
 """
 
 from __future__ import annotations
@@ -70,10 +76,29 @@ def measure(rows: dict[str, list[str]], cwd: Path, rounds: int) -> dict[str, tup
             for name, runs in seen.items()}
 
 
+def instructions(argv: list[str], cwd: Path) -> int:
+    """Instructions one fresh process running ``argv`` executes (callgrind's total; the process's own, not its
+    children's)."""
+    with tempfile.TemporaryDirectory(prefix="bench-cli-cg-") as tmp:
+        out = Path(tmp) / "callgrind.out"
+        done = subprocess.run(["valgrind", "--tool=callgrind", "--trace-children=no", "--dump-instr=no",
+                               f"--callgrind-out-file={out}", *argv], cwd=cwd, capture_output=True, text=True,
+                              env={**CHILD_ENV, "PYTHONHASHSEED": "0"})
+        if done.returncode != 0:
+            raise SystemExit(f"valgrind {' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()[-500:]}")
+        totals = [line for line in out.read_text().splitlines() if line.startswith(("summary:", "totals:"))]
+        return int(totals[0].split()[1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="5 rounds instead of 15")
-    rounds = 5 if parser.parse_args().quick else 15
+    parser.add_argument("--instructions", action="store_true",
+                        help="also count task show's and the floor's instructions (valgrind)")
+    options = parser.parse_args()
+    rounds = 5 if options.quick else 15
+    if options.instructions and shutil.which("valgrind") is None:
+        raise SystemExit("--instructions needs valgrind")
     exe = shutil.which("taskkernel", path=str(Path(sys.executable).parent)) or shutil.which("taskkernel")
     if exe is None:
         raise SystemExit("the taskkernel console script is not installed (make setup)")
@@ -93,6 +118,8 @@ def main() -> None:
                 "task show (cold cache)": [COLD, exe, "task", "show", task_id], "task list": [exe, "task", "list"],
                 "up --once": [exe, "up", "--once"]}
         took = measure(rows, ws, rounds)
+        counted = {name: instructions(rows[name], ws) for name in ("library floor", "task show")
+                   } if options.instructions else {}
     baseline, floor = took["python"], took["library floor"]
     print(f"baseline  python -c 'import sys'  {baseline[0] * 1000:7.1f} ms   (median of {rounds}, "
           f"{os.cpu_count()} cores); library floor {floor[0] * 1000:.1f} ms")
@@ -118,6 +145,9 @@ def main() -> None:
         "task_show_vs_library_floor": round(show_vs_floor, 3),
         "task_show_vs_library_floor_cpu": round(took["task show"][1] / floor[1], 3),
         "task_show_cold_cache_vs_library_floor": round(took["task show (cold cache)"][0] / floor[0], 3),
+        **({"library_floor_instructions": counted["library floor"], "task_show_instructions": counted["task show"],
+            "task_show_vs_library_floor_instructions": round(counted["task show"] / counted["library floor"], 3)}
+           if counted else {}),
         "targets": {"ratio_to_python": GOALS, "task_show_vs_library_floor": FLOOR_GOAL}}, indent=2))
     if failed:
         print(f"goals missed: {', '.join(failed)}")

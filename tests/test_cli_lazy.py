@@ -59,7 +59,8 @@ def test_task_show_imports_only_its_read(tmp_path: Path) -> None:
     session-log enums from kinds.py, never their pydantic models, nor the session log itself; taskkernel.toml's
     values from the cache `init` wrote (no TOML parser, no model of the file, no FCoP layer); of the task group,
     only `show` is built; no PostgreSQL dialect for a SQLite store (the partial indexes' PostgreSQL options are
-    named only when a PostgreSQL schema is built)."""
+    named only when a PostgreSQL schema is built); no pydantic at all: its arguments are converted by
+    coordinator/cli/params.py, not by typer's pydantic adapters."""
     ws = tmp_path / "ws"
     assert run("init", str(ws), cwd=tmp_path).code == 0
     made = run("task", "create", "--to", "PM", "--subject", "shown", cwd=ws)
@@ -70,7 +71,8 @@ def test_task_show_imports_only_its_read(tmp_path: Path) -> None:
                   "taskkernel.kernel.model.commands", "taskkernel.kernel.sessionlog.models",
                   "taskkernel.kernel.sessionlog.log", "tomllib", "taskkernel.coordinator.config_tables",
                   "taskkernel.coordinator.agent_profiles", "taskkernel.coordinator.fcop.detect",
-                  "taskkernel.coordinator.fcop.filenames", "sqlalchemy.dialects.postgresql")
+                  "taskkernel.coordinator.fcop.filenames", "sqlalchemy.dialects.postgresql", "typer._adapters",
+                  "pydantic")
     assert loaded_by("task", "show", made.json["task_id"], cwd=ws, watched=("sqlalchemy", *not_needed)) == [
         "sqlalchemy"]
 

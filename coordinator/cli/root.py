@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -87,6 +86,8 @@ def commands_named(args: list[str]) -> tuple[str | None, str | None]:
 def _completion_words() -> list[str]:
     """During shell completion the line being completed is in the environment, not argv: COMP_WORDS and
     COMP_CWORD (bash), _TYPER_COMPLETE_ARGS (zsh, fish, PowerShell). The complete words, without the program."""
+    import shlex  # only completion splits a line
+
     try:
         if "_TYPER_COMPLETE_ARGS" in os.environ:
             line = os.environ["_TYPER_COMPLETE_ARGS"]
@@ -129,7 +130,7 @@ def _add_json_flags(typer_app: typer.Typer) -> None:
 def build(args: list[str]) -> Any:
     """The click command for this call: the named command alone, for real (of a group, the command it names);
     when it names none, every command as a placeholder."""
-    from taskkernel.coordinator.cli import groups
+    from taskkernel.coordinator.cli import groups, params
 
     wanted, sub = commands_named(_completion_words() if COMPLETE_VAR in os.environ else args)
     groups.register(app, wanted, sub)
@@ -138,7 +139,9 @@ def build(args: list[str]) -> Any:
 
         configure_logging()  # before anything logs: structlog's default would write to stdout
     _add_json_flags(app)
-    return typer.main.get_command(app)
+    command = typer.main.get_command(app)
+    params.install(command)  # plain values converted without typer's pydantic adapters (params.py)
+    return command
 
 
 def run(argv: list[str] | None = None) -> None:
