@@ -369,3 +369,44 @@ def test_coordinators_sharing_a_folder_write_its_ledger_in_turn(tmp_path: Path) 
         out, _ = writer.communicate(timeout=120)
         assert writer.returncode == 0, out
     assert "B 39" in (ws.root / "fcop" / "ledger" / "views" / "PM.todo.md").read_text()
+
+
+HOLD_LEDGER_LOCK = """
+import signal, sys, pathlib
+from taskkernel.coordinator.fcop.safeio import locked
+with locked(pathlib.Path(sys.argv[1])):
+    print("held", flush=True)
+    signal.pause()
+"""
+
+
+def test_a_stopped_coordinator_holding_the_ledger_lock_never_stops_another_pass(tmp_path: Path) -> None:
+    """A coordinator stopped (SIGSTOP, a frozen host) while it writes the ledger keeps its lock: another
+    coordinator's pass goes on without the ledger (it stays due) instead of waiting for it, and writes it once the
+    lock is free (review of 1fa2d55: the blocking lock froze every pass, so no lapsed lease was taken over)."""
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    ws, c, _ = one_task_ingested(tmp_path)
+    projection = c.folders.projection
+    lock = ws.root / "fcop" / ".locks" / "ledger.lock"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LEDGER_LOCK, str(lock)], cwd=Path(__file__).parents[1],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        holder.send_signal(signal.SIGSTOP)
+        admin_task(c, "Written later")
+        projection.dirty = True
+        done = threading.Event()
+        worker = threading.Thread(target=lambda: (c.pass_once(), done.set()), daemon=True)
+        worker.start()
+        assert done.wait(30), "a pass waited for the stopped holder's lock"
+        assert projection.dirty, "the ledger is still due"
+        assert "Written later" not in (ws.root / "fcop" / "ledger" / "views" / "PM.todo.md").read_text()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert projection.refresh_ledger() >= 1 and not projection.dirty
+    assert "Written later" in (ws.root / "fcop" / "ledger" / "views" / "PM.todo.md").read_text()

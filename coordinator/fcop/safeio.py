@@ -550,9 +550,10 @@ def move_no_overwrite(src: Path, dst: Path) -> Path:
 
 
 @contextlib.contextmanager
-def locked(lock_file: Path) -> Iterator[None]:
+def locked(lock_file: Path, *, wait: bool = True) -> Iterator[bool]:
     """An exclusive ``flock`` on ``lock_file`` (made 0600 if needed, never through a link); released on exit or
-    death."""
+    death. Yields whether it is held: ``wait=False`` takes it only if it is free now (a holder that is stopped,
+    not dead, keeps it for as long as it is stopped)."""
     lock_file = Path(lock_file)
     with parent_fd(lock_file, create=True) as (dir_fd, name):
         try:
@@ -565,8 +566,12 @@ def locked(lock_file: Path) -> Iterator[None]:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise FcopError(FcopReason.NOT_REGULAR_FILE, "a lock file must be a regular file", lock_file)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
     finally:
         os.close(fd)
 

@@ -315,8 +315,10 @@ class Projection:
         if not self.dirty:
             return 0
         try:
-            with locked(self.fcop.lock_dir / "ledger.lock"):
-                return self._write_ledger()
+            with locked(self.fcop.lock_dir / "ledger.lock", wait=False) as held:
+                # another coordinator on this folder writes it now, or was stopped while it did: this pass goes
+                # on without waiting for it, and the next one writes the ledger (still dirty)
+                return self._write_ledger() if held else 0
         except FcopError as exc:  # a symlinked or irregular lock: reported, tried again next pass
             report(exc, "ledger")
             return 0
