@@ -33,6 +33,7 @@ from taskkernel.coordinator.runners.tools import PERFORM_EFFECT, ToolExecutor
 from taskkernel.coordinator.workspace import Workspace
 from taskkernel.kernel.logging import get_logger
 from taskkernel.kernel.outbox import OutboxRelay
+from taskkernel.kernel.store import listen
 from taskkernel.kernel.store.db import Database
 from taskkernel.kernel.store.schema import outbox
 
@@ -91,7 +92,10 @@ class Shutdown:
 
 Stage = Callable[[], int]
 ONCE_WAIT_MAX_S = 300.0  # up --once waits for retries due within this by default
-COMMIT_POLL_S = 0.05  # how often `run` looks at the event log's head
+COMMIT_POLL_S = 0.05  # how often `run` looks at the event log's head (SQLite)
+# PostgreSQL: every commit wakes `run` by NOTIFY (kernel/store/listen.py); the head is still looked at this often,
+# for the time the listening connection is lost
+COMMIT_FALLBACK_S = 1.0
 REFUSED = "_refused"  # suffix of the entries for writes the safe file layer refused (e.g. "ledger_refused")
 _AFTER_RUNS = ("project", "ledger")  # stages a pass runs after starting the due runs
 PROJECTION_WAIT_S = 30.0  # how long a run waits for its TASK file to be projected before starting anyway
@@ -328,7 +332,8 @@ class Coordinator:
                   on_pass: Callable[[PassStats], None] | None = None, force: asyncio.Event | None = None,
                   shutdown_grace: float | None = None) -> Shutdown:
         """Work until ``stop``: a pass after every burst of file changes (watchfiles), every commit (the event
-        log's head, looked at every COMMIT_POLL_S), every finished run, and at least every ``poll_seconds``.
+        log's head, looked at every COMMIT_POLL_S; on PostgreSQL a NOTIFY, and a look every COMMIT_FALLBACK_S),
+        every finished run, and at least every ``poll_seconds``.
         Then shut down: start no run, let the running ones finish for ``shutdown_grace`` seconds (default
         ``[kernel] shutdown_grace``) while the other stages go on, and stop those still running when the grace
         ends or ``force`` is set (SIGTERM, the role's kill_grace, SIGKILL): their runs are due again at the
@@ -396,14 +401,21 @@ class Coordinator:
         return shutdown
 
     async def _watch_commits(self, stop: asyncio.Event, wake: asyncio.Event) -> None:
-        """Wake the loop when the event log grows (a command from another process, an agent's report)."""
-        last = None
-        while not stop.is_set():
-            head = await asyncio.to_thread(self._event_head)
-            if last is not None and head != last:
-                wake.set()
-            last = head
-            await asyncio.sleep(COMMIT_POLL_S)
+        """Wake the loop when the event log grows (a command from another process or host, an agent's report)."""
+        listening = None
+        if self.db.is_postgres:  # a commit anywhere NOTIFYs: the head's poll is only the fallback
+            listening = listen.on_commit(self.db.engine.url, self._wake_soon)
+        try:
+            last = None
+            while not stop.is_set():
+                head = await asyncio.to_thread(self._event_head)
+                if last is not None and head != last:
+                    wake.set()
+                last = head
+                await asyncio.sleep(COMMIT_POLL_S if listening is None else COMMIT_FALLBACK_S)
+        finally:
+            if listening is not None:
+                listening.close()
 
     def _event_head(self) -> int:
         with self.db.read() as conn:

@@ -31,6 +31,7 @@ from apscheduler.jobstores.memory import MemoryJobStore
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from taskkernel.kernel.logging import get_logger
+from taskkernel.kernel.store import listen
 from taskkernel.kernel.store.db import Database
 from taskkernel.scheduler.actions import ActionRegistry, execute
 from taskkernel.scheduler.clockjump import DEFAULT_MAX_CLOCK_SKEW, ClockJump, clamp_clock_jumps
@@ -240,8 +241,9 @@ class SchedulerRuntime:
                                  job_defaults={"coalesce": True, "misfire_grace_time": None, "max_instances": 1})
         timer.start()
         timer.add_job(_wake, "interval", seconds=self.safety_tick_s, id="safety")
-        listen_stop = threading.Event()
-        listener = self._start_listener(loop, wake, listen_stop) if self.db.is_postgres else None
+        # PostgreSQL: schedule changes NOTIFY (Ledger.notify); this process's one listening connection wakes us
+        listening = listen.subscribe(self.db.engine.url, NOTIFY_CHANNEL, lambda _: loop.call_soon_threadsafe(
+            wake.set)) if self.db.is_postgres else None
         keeper = LeaseKeeper(self.ledger, self.clock)
         pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="schedule-action")
         inflight: set[asyncio.Future[Any]] = set()
@@ -286,31 +288,9 @@ class SchedulerRuntime:
                 stopper.cancel()
         finally:
             timer.shutdown(wait=False)
-            listen_stop.set()
+            if listening is not None:
+                listening.close()
             if inflight:
                 await asyncio.gather(*inflight, return_exceptions=True)
             pool.shutdown(wait=True)
             keeper.stop()
-            if listener is not None:
-                listener.join(timeout=5)
-
-    def _start_listener(self, loop: asyncio.AbstractEventLoop, wake: asyncio.Event,
-                        stop: threading.Event) -> threading.Thread:
-        """LISTEN on a dedicated autocommit connection; every notification wakes the loop."""
-        import psycopg
-
-        conninfo = self.db.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
-
-        def _listen() -> None:
-            try:
-                with psycopg.connect(conninfo, autocommit=True) as conn:
-                    conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
-                    while not stop.is_set():
-                        for _ in conn.notifies(timeout=0.5):
-                            loop.call_soon_threadsafe(wake.set)
-            except Exception as exc:  # noqa: BLE001 - the safety tick still covers schedule changes
-                log.warning("schedule_listen_failed", error=str(exc))
-
-        thread = threading.Thread(target=_listen, name="schedule-listen", daemon=True)
-        thread.start()
-        return thread

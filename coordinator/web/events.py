@@ -2,7 +2,9 @@
 
 The hub alone reads the log: every POLL_SECONDS it reads the log's end (one indexed read), and when it moved,
 the events up to it, in commit order (positions are handed out under the writer lock and commit in order, so
-every position up to the end has committed: none is skipped or sent twice). Each event goes to every client's
+every position up to the end has committed: none is skipped or sent twice). On PostgreSQL it reads them when a
+commit NOTIFYs (kernel/store/listen.py, one listening connection per process), and the log's end otherwise only
+every FALLBACK_SECONDS, for the time that connection is lost. Each event goes to every client's
 queue as a small summary (EventSummary). Clients never poll: a page re-renders its live regions when an event
 concerns it (static/board.js).
 
@@ -29,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,11 +41,13 @@ import sqlalchemy as sa
 from taskkernel.kernel.logging import get_logger
 from taskkernel.kernel.model.task import TARGET_STATE_OF_EVENT, TaskState
 from taskkernel.kernel.queries import event_reader
+from taskkernel.kernel.store import listen
 from taskkernel.kernel.store.db import Database
 from taskkernel.kernel.store.events import RecordedEvent, log_end
 
 log = get_logger(__name__)
 POLL_SECONDS = 0.1
+FALLBACK_SECONDS = 1.0  # PostgreSQL: how often the log's end is read without a NOTIFY
 FAILING_POLL_SECONDS = 1.0  # while the database cannot be read
 MARKER_EVERY = 5  # polls between two reads of the markers below (every half second)
 LIVE_EVERY = 2  # polls between two reads of the watched tasks' live output (RunOutput writes every 0.25 s)
@@ -126,9 +130,14 @@ class Subscription:
 class EventHub:
     """The one reader of the log's tail for a server; clients subscribe and read their queue."""
 
-    def __init__(self, db: Database, poll_seconds: float = POLL_SECONDS, queue_size: int = QUEUE_SIZE) -> None:
+    def __init__(self, db: Database, poll_seconds: float = POLL_SECONDS, queue_size: int = QUEUE_SIZE,
+                 fallback_seconds: float = FALLBACK_SECONDS) -> None:
         self.db = db
         self.poll_seconds = poll_seconds
+        self._fallback_every = max(1, round(fallback_seconds / poll_seconds))  # PostgreSQL: ticks between log reads
+        self._committed: asyncio.Event | None = None  # PostgreSQL: set by a commit's NOTIFY
+        self.listening: listen.Subscription | None = None
+        self._failing = False
         self.queue_size = queue_size
         self.position = 0
         self.clients: set[Subscription] = set()
@@ -139,11 +148,18 @@ class EventHub:
         self._ticks = 0
 
     async def start(self) -> None:
+        if self.db.is_postgres:  # listen first: a commit after the position is read is not missed
+            loop, committed = asyncio.get_running_loop(), asyncio.Event()
+            self._committed = committed
+            self.listening = listen.on_commit(self.db.engine.url, lambda: loop.call_soon_threadsafe(committed.set))
         self.position = await anyio.to_thread.run_sync(self._end)
         self._marks = await anyio.to_thread.run_sync(self._read_marks)
         self._task = asyncio.create_task(self._run(), name="taskkernel-event-hub")
 
     async def stop(self) -> None:
+        if self.listening is not None:
+            self.listening.close()
+            self.listening = None
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -170,20 +186,39 @@ class EventHub:
         return out
 
     async def _run(self) -> None:
-        failing = False
         while True:
+            await self._guarded(self._advance)
+            wait = FAILING_POLL_SECONDS if self._failing else self.poll_seconds
+            if self._committed is None:
+                await asyncio.sleep(wait)
+            else:
+                await self._follow_commits(wait)
+
+    async def _guarded(self, step: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await step()
+            if self._failing:
+                log.info("event_feed_recovered", position=self.position)
+            self._failing = False
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a database outage: said once, retried every second
+            if not self._failing:
+                log.warning("event_feed_failed", error=f"{type(exc).__name__}: {exc}")
+            self._failing = True
+
+    async def _follow_commits(self, wait: float) -> None:
+        """PostgreSQL, until the next tick in ``wait`` seconds: the log's new events at each commit's NOTIFY."""
+        assert self._committed is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        while (left := deadline - loop.time()) > 0:
             try:
-                await self._advance()
-                if failing:
-                    log.info("event_feed_recovered", position=self.position)
-                failing = False
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - a database outage: said once, retried every second
-                if not failing:
-                    log.warning("event_feed_failed", error=f"{type(exc).__name__}: {exc}")
-                failing = True
-            await asyncio.sleep(FAILING_POLL_SECONDS if failing else self.poll_seconds)
+                await asyncio.wait_for(self._committed.wait(), left)
+            except TimeoutError:
+                return
+            self._committed.clear()
+            await self._guarded(self._advance_log)
 
     def _read_marks(self) -> dict[str, Any]:
         """Each marker's value now. One that cannot be read (its table not created yet, a busy database) keeps its
@@ -211,6 +246,11 @@ class EventHub:
             self._marks = marks
         if self._ticks % LIVE_EVERY == 0:
             await self._advance_live()
+        if self._committed is None or self._ticks % self._fallback_every == 0:
+            await self._advance_log()
+
+    async def _advance_log(self) -> None:
+        """The events committed since the hub's position, to every client."""
         end = await anyio.to_thread.run_sync(self._end)
         while end > self.position:
             events = await anyio.to_thread.run_sync(self._read, self.position, end)

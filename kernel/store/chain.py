@@ -44,6 +44,15 @@ HEAD_SQL = "SELECT value FROM store_meta WHERE name = 'head'"
 _TAIL_SQL = "SELECT global_pos, hash FROM events ORDER BY global_pos DESC LIMIT 1"
 _UPDATE_HEAD_SQL = "UPDATE store_meta SET value = ? WHERE name = 'head'"
 _INSERT_HEAD_SQL = "INSERT INTO store_meta (name, value) VALUES ('head', ?)"
+# The channel a commit that appended events notifies on PostgreSQL (kernel/store/listen.py), with the log's new end
+# and the schema it is in as its payload: workspaces in other schemas of the database ignore it.
+COMMIT_CHANNEL = "taskkernel_commit"
+# PostgreSQL runs the head's two writes in this form (UnitOfWork.sql renders a statement for it once, cached): the
+# same row, and that NOTIFY, in one statement, so the wake-up costs no round trip, and SQLite's statements and work
+# stay as they were. NOTIFY is transactional: delivered when the transaction commits, never for one rolled back.
+POSTGRES_FORMS = {sql: f"WITH h AS ({sql} RETURNING value) SELECT pg_notify('{COMMIT_CHANNEL}', "
+                       "split_part(value, ' ', 1) || ' ' || current_schema()) FROM h"
+                  for sql in (_INSERT_HEAD_SQL, _UPDATE_HEAD_SQL)}
 
 Link = Callable[[str, int, str, int, str, int, str, str, str], str]
 Sealer = Callable[[int, str], str]  # (last position, its hash) -> the head's seal
@@ -261,7 +270,8 @@ class Chain:
         return Appending(link, sealer, head.pos, head.hash, stored=True)
 
     def seal_head(self, uow: UnitOfWork, appending: Appending) -> None:
-        """Record where the log now ends: once per write transaction, just before it commits."""
+        """Record where the log now ends: once per write transaction, just before it commits (on PostgreSQL the
+        same statement notifies the commit: POSTGRES_FORMS)."""
         pos, last = appending.pos, appending.prev
         value = f"{pos} {last} {appending.sealer(pos, last)}"  # ChainHead.encode, inlined on the hot path
         if appending.stored:

@@ -28,7 +28,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from taskkernel.kernel.private import FILE_MODE, narrow
 from taskkernel.kernel.store import version
-from taskkernel.kernel.store.chain import Appending, Chain, ChainKeyError, read_record
+from taskkernel.kernel.store.chain import POSTGRES_FORMS, Appending, Chain, ChainKeyError, read_record
 
 # Any constant works; it only has to be the same in every process sharing a database.
 WRITER_LOCK_KEY = 0x7A5C_4B3E
@@ -91,7 +91,9 @@ class UnitOfWork:
 
 @lru_cache(maxsize=512)
 def _placeholders(statement: str, dialect: str) -> str:
-    return statement.replace("?", "%s") if dialect == "postgresql" else statement
+    """A statement as PostgreSQL runs it: ``%s`` placeholders, and the chain head's writes with the commit's NOTIFY
+    (chain.POSTGRES_FORMS: no extra round trip, and no work at all on SQLite)."""
+    return POSTGRES_FORMS.get(statement, statement).replace("?", "%s") if dialect == "postgresql" else statement
 
 
 class DatabaseCorrupt(Exception):
@@ -141,7 +143,7 @@ class Database:
     def write(self) -> _Write:
         """Exclusive write transaction (``with db.write() as uow``); commits on normal exit, rolls back on error. If
         events were appended, the chain head is sealed (under the same writer lock) as the last statement before
-        the commit."""
+        the commit; on PostgreSQL that statement also NOTIFYs the commit (chain.POSTGRES_FORMS)."""
         return _Write(self)
 
     def _take_writer(self) -> Connection:
