@@ -15,7 +15,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -311,10 +310,9 @@ class Coordinator:
                     pass
                 self._pass_wanted.clear()
                 continue
-            due = self.dispatcher.ledger.next_due(roles) if self.dispatcher.accepting else None
-            if due is None:
+            wait_s = self.dispatcher.ledger.next_due_in(roles) if self.dispatcher.accepting else None
+            if wait_s is None:
                 break
-            wait_s = (due - datetime.now(UTC)).total_seconds()
             if wait_s > limit or (wait_s <= 0 and stats.runs == 0):  # later than the wait, or due but not taken
                 break
             if self._once_stopped.wait(max(0.0, wait_s) + 0.01):

@@ -215,18 +215,23 @@ def test_hosts_lists_the_runs_a_host_holds_while_they_run(tmp_path: Path) -> Non
     assert run("hosts", "--json", cwd=ws.root).json["hosts"][0]["running"] == []
 
 
-BEHIND = """
+SKEWED = """
 import datetime as _dt, runpy, sys
 
-class _Behind(_dt.datetime):  # this host's clock runs an hour behind the others'
+class _Skewed(_dt.datetime):  # this host's clock is off by SKEW seconds from the others'
     @classmethod
     def now(cls, tz=None):
-        return super().now(tz) - _dt.timedelta(hours=1)
+        return super().now(tz) + _dt.timedelta(seconds=SKEW)
 
-_dt.datetime = _Behind
+_dt.datetime = _Skewed
 sys.argv = ["taskkernel", *sys.argv[1:]]
 runpy.run_module("taskkernel", run_name="__main__")
 """
+
+
+def skewed(seconds: float) -> list[str]:
+    """The CLI in a process whose clock runs ``seconds`` ahead (negative: behind)."""
+    return [sys.executable, "-c", SKEWED.replace("SKEW", repr(seconds))]
 
 
 def test_a_host_whose_clock_runs_behind_keeps_its_runs(pg_url: str, tmp_path: Path) -> None:
@@ -249,7 +254,7 @@ def test_a_host_whose_clock_runs_behind_keeps_its_runs(pg_url: str, tmp_path: Pa
     task = admin_task(c, subject="long job", recipient="DEV")
     procs, logs = {}, {}
     try:
-        for name, argv in (("behind", [sys.executable, "-c", BEHIND]), ("fine", CLI)):
+        for name, argv in (("behind", skewed(-3600)), ("fine", CLI)):
             logs[name] = (tmp_path / f"{name}.log").open("w")
             procs[name] = subprocess.Popen([*argv, "up", str(ws.root), "--host", name], cwd=tmp_path, env=cli_env(),
                                            stdout=logs[name], stderr=subprocess.STDOUT, text=True)
@@ -270,3 +275,20 @@ def test_a_host_whose_clock_runs_behind_keeps_its_runs(pg_url: str, tmp_path: Pa
     assert '"run_started"' not in (tmp_path / "fine.log").read_text(), "the other host took the run over"
     with c.db.read() as conn:
         assert conn.exec_driver_sql("SELECT attempt FROM runs").scalars().all() == [1]
+
+
+def test_up_once_on_a_host_whose_clock_runs_ahead_waits_for_a_retry_due_within_its_wait(pg_url: str,
+                                                                                      tmp_path: Path) -> None:
+    """`up --once` measures a retry's time by the store's clock, which wrote it: a host 60 s ahead still waits for a
+    retry due in 2 s (it took it as due, found nothing to claim and left it pending; review of 7a13e9d)."""
+    agent = tmp_path / "fails.py"
+    agent.write_text("import sys; sys.exit(3)\n", encoding="utf-8")
+    ws = make_workspace(tmp_path / "ws", {"DEV": {"runner": "command", "argv": [sys.executable, str(agent)],
+                                                  "backoff": 2, "max_attempts": 2}}, database=pg_url)
+    c = coordinator(ws)
+    admin_task(c, subject="flaky", recipient="DEV")
+    done = subprocess.run([*skewed(60), "up", str(ws.root), "--once", "--once-wait", "30", "--json"], cwd=tmp_path,
+                          env=cli_env(), capture_output=True, text=True, timeout=120)
+    assert json.loads(done.stdout.splitlines()[-1])["pending"] == [], done.stdout
+    with c.db.read() as conn:
+        assert conn.exec_driver_sql("SELECT state, attempt FROM runs").all() == [("blocked", 2)]

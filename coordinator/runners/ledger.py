@@ -162,12 +162,16 @@ class RunLedger:
                                           r.max_attempts, fencing, orphan))
         return claimed
 
-    def next_due(self, roles: list[str]) -> datetime | None:
-        """When the earliest pending run of these roles (those with a runner here) is due (None: none)."""
+    def next_due_in(self, roles: list[str]) -> float | None:
+        """Seconds until the earliest pending run of these roles (those this host runs) is due, by the store's
+        clock, which wrote it (<= 0: due now; None: none)."""
         with self.db.read() as conn:
             stamp = conn.execute(sa.select(sa.func.min(runs.c.not_before))
                                  .where(runs.c.state == RunState.PENDING.value, runs.c.role.in_(roles))).scalar()
-        return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC) if stamp else None
+            if not stamp:
+                return None
+            due = datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+            return (due - store_now(conn)).total_seconds()
 
     def pending(self) -> list[dict[str, object]]:
         """Runs waiting to start (first attempts and retries), oldest first."""
