@@ -24,7 +24,7 @@ from taskkernel import __version__
 from taskkernel.coordinator.config import ConfigError, Problem, TaskkernelConfig, near
 from taskkernel.coordinator.runners.ledger import RunState
 from taskkernel.coordinator.tables import hosts, runs
-from taskkernel.kernel.canonical import utc_now_iso
+from taskkernel.kernel.store.clock import iso, store_now
 from taskkernel.kernel.store.db import Database
 
 BEAT_EVERY_S = 1.0  # a coordinator's passes write its heartbeat at most this often
@@ -76,33 +76,39 @@ class HostRegistry:
     def __init__(self, db: Database, plan: HostPlan, owner: str) -> None:
         self.db, self.plan, self.owner = db, plan, owner
         self._next = float("-inf")
-        self._started = utc_now_iso()
+        self._started: str | None = None  # the first beat's time
 
     def beat(self) -> int:
-        """A stage: the heartbeat, when it is due. Returns 0 (it moves no work)."""
+        """A stage: the heartbeat, when it is due (by the store's clock, as every host's liveness is judged).
+        Returns 0 (it moves no work). A beat that fails is tried again at the next pass, so a standing failure
+        stays failed instead of passing for recovered between two beats."""
         now = time.monotonic()
         if now < self._next:
             return 0
-        self._next = now + BEAT_EVERY_S
-        at = utc_now_iso()
         row = {"owner": self.owner, "pid": os.getpid(), "roles": json.dumps(self.plan.roles),
                "slots": json.dumps(dict(self.plan.slots), sort_keys=True), "max_runs": self.plan.max_runs,
-               "version": __version__, "started_at": self._started, "heartbeat_at": at}
+               "version": __version__}
         with self.db.write() as uow:
+            at = iso(store_now(uow.conn))
+            self._started = self._started or at
+            row.update(started_at=self._started, heartbeat_at=at)
             done = uow.conn.execute(hosts.update().where(hosts.c.name == self.plan.name).values(**row))
             if not done.rowcount:
                 uow.conn.execute(hosts.insert().values(name=self.plan.name, **row))
+        self._next = now + BEAT_EVERY_S
         return 0
 
 
 def listing(db: Database, now: datetime | None = None) -> list[dict[str, Any]]:
-    """Every host that ever beat: its last heartbeat and whether it is live, what it serves, its running runs."""
-    t = now or datetime.now(UTC)
+    """Every host that ever beat: its last heartbeat and whether it is live, what it serves, the runs whose lease
+    it holds now (a lapsed lease is no host's: the run waits to be taken over)."""
     with db.read() as conn:
+        t = now or store_now(conn)  # the clock the heartbeats and leases were written by
         rows = conn.execute(sa.select(hosts).order_by(hosts.c.name)).all()
         running = conn.execute(sa.select(runs.c.run_id, runs.c.task_id, runs.c.role, runs.c.lease_owner,
                                          runs.c.lease_until)
-                               .where(runs.c.state == RunState.RUNNING.value).order_by(runs.c.run_id)).all()
+                               .where(runs.c.state == RunState.RUNNING.value, runs.c.lease_until >= iso(t))
+                               .order_by(runs.c.run_id)).all()
     out = []
     for r in rows:
         age = (t - datetime.strptime(r.heartbeat_at, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)).total_seconds()

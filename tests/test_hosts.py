@@ -15,7 +15,9 @@ from typing import Any
 
 import httpx2
 import pytest
+import sqlalchemy as sa
 
+from taskkernel.coordinator.hosts import HostRegistry
 from tests.cli_support import CLI, append_config, cli_env, new_workspace, run
 from tests.coord_support import admin_task, coordinator, make_workspace
 from tests.web_support import board, issue
@@ -292,3 +294,32 @@ def test_up_once_on_a_host_whose_clock_runs_ahead_waits_for_a_retry_due_within_i
     assert json.loads(done.stdout.splitlines()[-1])["pending"] == [], done.stdout
     with c.db.read() as conn:
         assert conn.exec_driver_sql("SELECT state, attempt FROM runs").all() == [("blocked", 2)]
+
+
+def test_a_host_whose_clock_runs_behind_is_listed_live(pg_url: str, tmp_path: Path) -> None:
+    """Heartbeats are written and judged by the store's clock: a host two minutes behind, heard from just now, is
+    live (it was listed silent for 120 s)."""
+    ws = make_workspace(tmp_path / "ws", {"DEV": {"runner": "scripted"}}, database=pg_url)
+    done = subprocess.run([*skewed(-120), "up", str(ws.root), "--once", "--host", "late", "--json"], cwd=tmp_path,
+                          env=cli_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    [late] = run("hosts", "--json", cwd=ws.root).json["hosts"]
+    assert late["host"] == "late" and late["live"] and late["heartbeat_age_s"] < 30, late
+
+
+def test_a_heartbeat_that_keeps_failing_stays_failed(tmp_path: Path) -> None:
+    """A store that refuses the heartbeat fails the `host` stage at every pass until a beat succeeds: it never
+    passes for recovered between two beats (each flip logged the failure again, with its traceback)."""
+    ws = make_workspace(tmp_path / "ws", {})
+    c = coordinator(ws)
+    c.pass_once()
+    with c.db.write() as uow:
+        uow.conn.exec_driver_sql("DROP TABLE hosts")
+    time.sleep(1.1)  # the next beat is due
+    for _ in range(3):
+        c.pass_once()
+        assert "host" in {f.stage for f in c.failing.values()}
+    beating = HostRegistry(c.db, c.host, c.owner)
+    for _ in range(2):  # the second at once: a failed beat is not throttled like a done one
+        with pytest.raises(sa.exc.OperationalError):
+            beating.beat()
