@@ -18,9 +18,10 @@ import pytest
 import sqlalchemy as sa
 
 from taskkernel.coordinator.hosts import HostRegistry
-from tests.cli_support import CLI, append_config, cli_env, new_workspace, run
+from tests.cli_support import CLI, append_config, cli_env, new_workspace, run, stop_server
 from tests.coord_support import admin_task, coordinator, make_workspace
-from tests.web_support import board, issue
+from tests.test_web_security import reads_as_signed_in
+from tests.web_support import board, issue, sign_in
 
 HOSTS = """
 [hosts.alpha]
@@ -323,3 +324,26 @@ def test_a_heartbeat_that_keeps_failing_stays_failed(tmp_path: Path) -> None:
     for _ in range(2):  # the second at once: a failed beat is not throttled like a done one
         with pytest.raises(sa.exc.OperationalError):
             beating.beat()
+
+
+def test_a_board_whose_clock_runs_ahead_answers_the_sign_ins_of_the_others(pg_url: str, tmp_path: Path) -> None:
+    """Sign-ins are timed by the store's clock: a board 13 hours ahead answers a person signed in on another
+    board, and its own sign-ins end no one else's (it read theirs as ended and deleted them)."""
+    root = tmp_path / "ws"
+    assert run("--db", pg_url, "init", str(root), cwd=tmp_path).code == 0
+    token = (root / ".taskkernel" / "owner.token").read_text().strip()
+    ahead = subprocess.Popen([*skewed(13 * 3600), "serve", "--port", "0", "--json"], cwd=root, env=cli_env(),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert ahead.stdout is not None
+        url_ahead = json.loads(ahead.stdout.readline())["url"]
+        with board(root) as url:
+            on_time, _ = sign_in(url, token)
+            cookie = on_time.cookies["tk_session"]
+            assert reads_as_signed_in(url_ahead, cookie)
+            later, _ = sign_in(url_ahead, token)
+            assert reads_as_signed_in(url, cookie) and reads_as_signed_in(url, later.cookies["tk_session"])
+            on_time.close()
+            later.close()
+    finally:
+        stop_server(ahead)

@@ -19,7 +19,7 @@ import hashlib
 import hmac
 import secrets
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from urllib.parse import urlsplit
 
 import sqlalchemy as sa
@@ -30,6 +30,7 @@ from taskkernel.coordinator.tables import sign_ins
 from taskkernel.kernel.credentials import authenticate_hashed, checked_hash
 from taskkernel.kernel.model.principal import Principal
 from taskkernel.kernel.reasons import KernelError, ReasonCode
+from taskkernel.kernel.store.clock import iso, store_now
 from taskkernel.kernel.store.db import Database
 
 COOKIE = "tk_session"
@@ -85,10 +86,10 @@ class SignIns:
         """A new sign-in for ``principal`` (past ``each``, its own oldest is dropped); Refused (503
         ``too_many_sign_ins``) when ``most`` are live and only another principal's could make room."""
         sid = secrets.token_urlsafe(32)
-        now = datetime.now(UTC)
-        at, expires = _iso(now), _iso(now + timedelta(seconds=self.lifetime))
         with self.db.write() as uow:
             conn = uow.conn
+            now = store_now(conn)  # every server on the store times sign-ins by one clock
+            at, expires = iso(now), iso(now + timedelta(seconds=self.lifetime))
             conn.execute(sign_ins.delete().where(sign_ins.c.expires_at < at))  # the ended ones make room first
             own = conn.execute(sa.select(sign_ins.c.sid_hash).where(sign_ins.c.principal == principal)
                                .order_by(sign_ins.c.created_at, sign_ins.c.sid_hash)).scalars().all()
@@ -109,8 +110,8 @@ class SignIns:
         with self.db.read() as conn:
             row = conn.execute(sa.select(sign_ins.c.token_hash, sign_ins.c.expires_at, sign_ins.c.principal)
                                .where(sign_ins.c.sid_hash == _sid_hash(sid))).first()
-        if row is None or row.expires_at < _iso(datetime.now(UTC)):
-            return None
+            if row is None or row.expires_at < iso(store_now(conn)):
+                return None
         return SignIn(row.token_hash, csrf_of(sid), row.expires_at, row.principal)
 
     def drop(self, sid: str | None) -> None:
@@ -118,10 +119,6 @@ class SignIns:
         if sid:
             with self.db.write() as uow:
                 uow.conn.execute(sign_ins.delete().where(sign_ins.c.sid_hash == _sid_hash(sid)))
-
-
-def _iso(moment: datetime) -> str:
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 @dataclass(frozen=True)
