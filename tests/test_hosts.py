@@ -177,6 +177,13 @@ def test_a_host_joins_the_store_with_a_bundle_never_through_the_database(pg_url:
     conflict = run("join", str(bundle), "--json", cwd=other)
     assert conflict.code == 2 and conflict.json["reason"] == "join_conflict"
     assert (other / ".taskkernel" / "chain.key").read_text() == "ab" * 32 + "\n", "another store's key is kept"
+    (other / ".taskkernel" / "chain.key").unlink()
+    (other / ".taskkernel" / "owner.token").write_text("tk_" + "x" * 40 + "\n")
+    half = run("join", str(bundle), "--json", cwd=other)
+    assert half.code == 2 and half.json["reason"] == "join_conflict"
+    assert not (other / ".taskkernel" / "chain.key").exists(), "a refused join writes nothing"
+    default = run("invite", "--json", cwd=first)
+    assert default.code == 0 and default.json["bundle"] == str(first / ".taskkernel" / "join-bundle.json")
 
 
 def test_hosts_lists_the_runs_a_host_holds_while_they_run(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ key that proves it was not rewritten, nor a credential that acts as the owner.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -16,12 +17,12 @@ import typer
 from taskkernel.coordinator.cli.common import Exit, emit, fail, get_ctx, reject, say
 
 BUNDLE_FORMAT = "taskkernel-join/1"
-DEFAULT_BUNDLE = "taskkernel-join.json"
+DEFAULT_BUNDLE = "join-bundle.json"  # in the workspace's .taskkernel/ (0700, never committed)
 
 
 def invite(ctx: typer.Context, out: Path = typer.Option(
-        None, "--out", help=f"Where to write the bundle (default: {DEFAULT_BUNDLE} in the current folder); never "
-                            "overwritten.")) -> None:
+        None, "--out", help=f"Where to write the bundle (default: .taskkernel/{DEFAULT_BUNDLE}, outside the "
+                            "repository's files); never overwritten.")) -> None:
     """Write a join bundle for a new host: this workspace's chain key and owner credential (unscoped ADMIN)."""
     from taskkernel.kernel.private import read_private, write_private
     from taskkernel.kernel.store.chain import ChainKey
@@ -35,7 +36,7 @@ def invite(ctx: typer.Context, out: Path = typer.Option(
     except FileNotFoundError as exc:
         fail(Exit.USAGE, f"{exc.filename} is missing: invite from the workspace that holds the store's chain key and "
                          "owner credential", error="join_source_incomplete")
-    target = out or Path(DEFAULT_BUNDLE)
+    target = out or ws.state_dir / DEFAULT_BUNDLE
     bundle = {"format": BUNDLE_FORMAT, "chain_key": key, "owner_token": token,
               "key_id": ChainKey(bytes.fromhex(key)).key_id}
     try:
@@ -58,15 +59,20 @@ def join(ctx: typer.Context, bundle: Path = typer.Argument(..., help="The bundle
     ws = c.workspace()
     values = _read_bundle(bundle)
     private_dir(ws.state_dir)
-    wrote = []
-    for path, value in ((ws.chain_key_path, values["chain_key"]), (ws.owner_token_path, values["owner_token"])):
+    wanted = ((ws.chain_key_path, values["chain_key"]), (ws.owner_token_path, values["owner_token"]))
+    for path, value in wanted:  # both checked before either is written: a refusal changes nothing
         try:
+            held = read_private(path).decode("ascii", "replace").strip()
+        except FileNotFoundError:
+            continue
+        if held != value:
+            reject("join_conflict", f"{path} already holds another value: this workspace belongs to another store "
+                   "(move the file aside, keeping it, to join this one)", file=str(path))
+    wrote = []
+    for path, value in wanted:
+        with contextlib.suppress(FileExistsError):  # the same value, checked above
             write_private(path, (value + "\n").encode("ascii"))
             wrote.append(path.name)
-        except FileExistsError:
-            if read_private(path).decode("ascii", "replace").strip() != value:
-                reject("join_conflict", f"{path} already holds another value: this workspace belongs to another "
-                       "store (move the file aside, keeping it, to join this one)", file=str(path))
     emit({"status": "ok", "workspace": str(ws.root), "wrote": wrote, "key_id": values["key_id"]}, lambda _: say(
         f"joined: {', '.join(wrote) or 'nothing new'} in {ws.state_dir}; delete {bundle} now"))
 
