@@ -32,6 +32,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from taskkernel.kernel.logging import get_logger
 from taskkernel.kernel.store import listen
+from taskkernel.kernel.store.clock import store_now
 from taskkernel.kernel.store.db import Database
 from taskkernel.scheduler.actions import ActionRegistry, execute
 from taskkernel.scheduler.clockjump import DEFAULT_MAX_CLOCK_SKEW, ClockJump, clamp_clock_jumps
@@ -60,8 +61,7 @@ class DbClock:
         if not self.db.is_postgres:
             return system_clock()
         with self.db.engine.connect() as conn:
-            value: datetime = conn.exec_driver_sql("SELECT clock_timestamp()").scalar_one()
-        return value.astimezone(UTC)
+            return store_now(conn)  # the clock the run ledger and the outbox time their leases by
 
 
 @dataclass
