@@ -17,11 +17,13 @@ from typing import Any
 import pytest
 
 from taskkernel.coordinator.cli.common import CliContext
+from taskkernel.coordinator.compose import build_kernel
 from taskkernel.coordinator.fcop import FcopError, FcopReason, Scanner, open_workspace
 from taskkernel.coordinator.fcop.safeio import Staged
+from taskkernel.coordinator.folders.importer import Importer
 from taskkernel.coordinator.folders.tracking import FileTracker
 from taskkernel.coordinator.loop import Coordinator
-from taskkernel.coordinator.workspace import Workspace
+from taskkernel.coordinator.workspace import STATE_DIR, Workspace
 from tests.cli_support import cli_env, run
 
 
@@ -107,6 +109,21 @@ def test_up_once_holds_little_per_file_to_the_end(tmp_path: Path) -> None:
     peak, kept = per_extra_file(tmp_path, up_once)
     assert peak < 1000, f"{peak:.0f} peak bytes per extra file"
     assert kept < 500, f"{kept:.0f} bytes per extra file held after `up --once`"  # was 809 (peak 1,419)
+
+
+def test_the_live_scanner_takes_the_imports_records_without_a_copy(tmp_path: Path) -> None:
+    """``absorb`` moves each record over (the import's scanner forgets it), so the two never both hold every file;
+    the live scanner then reads none of those files again."""
+    project = tmp_path / "p"
+    assert run("init", str(project), cwd=tmp_path).code == 0
+    files = history(project, 20)
+    walked = Scanner(open_workspace(project), settle_s=0, grace_s=0)
+    assert len(walked.scan().ready) == files
+    live = Scanner(open_workspace(project))
+    live.absorb(walked)
+    assert not walked._seen and len(live._seen) == files
+    again = live.scan()
+    assert not again.ready and not again.pending and not again.removed
 
 
 def test_folder_stats_follow_the_files_without_a_copy_in_the_ingest(tmp_path: Path) -> None:
@@ -288,3 +305,52 @@ def test_a_temp_file_swapped_for_a_folder_is_refused_and_leaks_nothing(tmp_path:
     assert info.value.reason in (FcopReason.CONTENT_CHANGED, FcopReason.IO_ERROR)
     assert len(os.listdir("/proc/self/fd")) == before - 2 and not target.exists()
     staged.discard()  # idempotent: no descriptor closed twice
+
+
+def importer_of(project: Path, batch_size: int = 100) -> Importer:
+    db = CliContext(workspace_path=str(project)).database()
+    importer = Importer.for_workspace(build_kernel(db, Workspace.load(project)), open_workspace(project),
+                                      FileTracker(db), project, STATE_DIR)
+    importer.batch_size = batch_size  # a page of the plan and a batch: the same at both sizes
+    return importer
+
+
+def test_the_import_decides_duplicates_parents_loops_and_reports(tmp_path: Path) -> None:
+    """What the import's plan decides, in batches of two: of several files with one id the first by name (bytes) is
+    the task and the others are refused; a parent is one level up, a missing one or a loop imported as a root (cut
+    where the walk came back); a report about an unknown task is refused, one about an imported task attached."""
+    project = tmp_path / "p"
+    assert run("init", str(project), cwd=tmp_path).code == 0
+    lc, reports = project / "fcop" / "_lifecycle", project / "fcop" / "reports"
+
+    def task(where: Path, name: str, parent: str | None = None) -> None:
+        where.mkdir(parents=True, exist_ok=True)
+        recipient = name.rpartition("-to-")[2]
+        (where / f"{name}.md").write_text(
+            f"---\nprotocol: fcop\nversion: 1\nsender: ADMIN\nrecipient: {recipient}\nsubject: {name[5:17]}\n"
+            + (f"parent: {parent}\n" if parent else "") + "---\nDo it.\n", encoding="utf-8")
+
+    task(lc / "inbox", "TASK-20260101-001-ADMIN-to-DEV")
+    task(lc / "inbox", "TASK-20260101-002-ADMIN-to-DEV", parent="TASK-20260101-001")
+    task(lc / "inbox", "TASK-20260101-003-ADMIN-to-DEV", parent="TASK-20260101-009")
+    task(lc / "inbox", "TASK-20260101-004-ADMIN-to-DEV", parent="TASK-20260101-005")
+    task(lc / "inbox", "TASK-20260101-005-ADMIN-to-DEV", parent="TASK-20260101-004")
+    task(lc / "inbox", "TASK-20260101-006-ADMIN-to-QA")
+    task(lc / "done", "TASK-20260101-006-ADMIN-to-DEV")
+    reports.mkdir(parents=True, exist_ok=True)
+    for n, about in ((1, "TASK-20260101-002"), (2, "TASK-20260101-077")):
+        (reports / f"REPORT-20260101-00{n}-DEV-to-ADMIN.md").write_text(
+            f"---\nprotocol: fcop\nversion: 1\nsender: DEV\nrecipient: ADMIN\nstatus: done\nreferences:\n- {about}\n"
+            "---\ndone\n", encoding="utf-8")
+    importer = importer_of(project, batch_size=2)
+    report = importer.run()
+    assert dict(report.tasks) == {"inbox": 5, "done": 1} and dict(report.records) == {"report": 1}
+    assert [(r["file"], r["reason"]) for r in report.refused] == [
+        ("_lifecycle/inbox/TASK-20260101-006-ADMIN-to-QA.md", "duplicate_task_id"),
+        ("reports/REPORT-20260101-002-DEV-to-ADMIN.md", "task_not_found")]
+    assert [(w["file"].rpartition("/")[2][:17], w["warning"]) for w in report.warnings] == [
+        ("TASK-20260101-003", "parent_not_found"), ("TASK-20260101-004", "parent_cycle")]
+    docs = {t: importer.kernel.task(f"TASK-20260101-00{t}") for t in range(1, 7)}
+    assert {t: (d or {}).get("parent") for t, d in docs.items()} == {
+        1: None, 2: "TASK-20260101-001", 3: None, 4: None, 5: "TASK-20260101-004", 6: None}
+    assert docs[6] is not None and docs[6]["recipient"] == "DEV" and docs[6]["state"] == "done"

@@ -310,8 +310,11 @@ class Scanner:
             self._unrows.add(rel)
 
     def absorb(self, other: Scanner) -> None:
-        """Take over what ``other`` handed out (the import's full scan), so those files are not read again."""
-        for rel, data in other._seen.items():
+        """Take over what ``other`` handed out (the import's full scan), so those files are not read again.
+        ``other`` forgets each file as it is taken: the two scanners never both hold a record of every file."""
+        theirs = other._seen
+        for rel in list(theirs):  # in their order, which later saves follow
+            data = theirs.pop(rel)
             seen, mine = _Seen.unpack(data), self._get(rel)
             if not seen.done:
                 continue
