@@ -360,8 +360,12 @@ class Coordinator:
             await scheduler
             for watcher in watchers:
                 watcher.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
+                try:
                     await watcher
+                except asyncio.CancelledError:
+                    pass
+                except Exception as exc:  # noqa: BLE001 - a watcher that died is said; the stop still completes
+                    log.warning("watcher_failed", error=f"{type(exc).__name__}: {exc}"[:300])
         log.info("coordinator_stopped", owner=self.owner, status=shutdown.status)
         return shutdown
 
@@ -404,12 +408,20 @@ class Coordinator:
         if self.db.is_postgres:  # a commit anywhere NOTIFYs: the head's poll is only the fallback
             listening = listen.on_commit(self.db.engine.url, self._wake_soon)
         try:
-            last = None
+            last, failing = None, False
             while not stop.is_set():
-                head = await asyncio.to_thread(self._event_head)
-                if last is not None and head != last:
-                    wake.set()
-                last = head
+                try:
+                    head = await asyncio.to_thread(self._event_head)
+                except Exception as exc:  # noqa: BLE001 - a store briefly away (a restart): said once, looked again
+                    if not failing:
+                        log.warning("commit_watch_failed", error=f"{type(exc).__name__}: {exc}"[:300])
+                    failing = True
+                else:
+                    if failing:
+                        log.info("commit_watch_recovered")
+                    if last is not None and head != last:
+                        wake.set()
+                    last, failing = head, False
                 await asyncio.sleep(COMMIT_POLL_S if listening is None else COMMIT_FALLBACK_S)
         finally:
             if listening is not None:

@@ -30,7 +30,7 @@ from taskkernel.kernel.store.events import EventStore, NewEvent
 from taskkernel.kernel.store.schema import metadata
 from tests.cli_support import append_config, run
 from tests.conftest import fresh_pg_schema
-from tests.coord_support import make_workspace, workspace_database
+from tests.coord_support import coordinator, make_workspace, workspace_database
 
 FALLBACK_S = 5.0  # the second process's polls: a wake-up this late is the poll's, not the NOTIFY's
 COMMITS = 100
@@ -180,6 +180,27 @@ def test_a_server_that_cannot_be_reached_is_retried_with_back_off_and_said_once(
     assert gaps == sorted(gaps)
 
 
+def test_a_url_the_engine_reads_is_one_the_listener_reads_and_its_password_is_never_logged(
+        pg_db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The listener connects with the engine's own arguments: a password with a space (libpq refused the URL
+    rendered back to a string, and its error, logged, quoted the password) listens; a failure's log line never
+    holds the password."""
+    logged: list[str] = []
+    monkeypatch.setattr(listen, "log", type("Log", (), {
+        "warning": staticmethod(lambda event, **kw: logged.append(f"{event} {kw}")),
+        "info": staticmethod(lambda event, **kw: logged.append(f"{event} {kw}"))})())
+    url = pg_db.engine.url.set(password="hunter2 secret")  # trust authentication: any password is let in
+    sub = listen.on_commit(url, lambda: None)
+    try:
+        assert sub.wait_listening(20), logged
+    finally:
+        sub.close()
+    unreachable = listen.on_commit(url.set(port=1), lambda: None)
+    time.sleep(0.5)
+    unreachable.close()
+    assert logged and not any("hunter2" in line for line in logged), logged
+
+
 def child_loop(root: str, out_path: str) -> None:
     """The second process: a coordinator loop whose polls are all FALLBACK_S; each pass notes when it first saw the
     log's end move."""
@@ -270,3 +291,83 @@ async def test_the_event_hub_sends_another_process_s_commit_without_its_poll(pg_
 
 if __name__ == "__main__":
     child_loop(*sys.argv[1:])
+
+
+def test_a_failed_look_at_the_head_keeps_the_wake_ups(pg_url: str, tmp_path: Path) -> None:
+    """One failed read of the log's end (a server restart) is said and looked at again: the loop stays subscribed,
+    so a later commit still wakes it, and its stop ends cleanly (the watcher died with the read, taking the
+    subscription along, and the stop raised its stale error)."""
+    ws = make_workspace(tmp_path / "ws", {}, database=pg_url)
+    append_config(ws.root, "\n[folders]\nenabled = false\n")
+    c = coordinator(ws, owner="A")
+    db = workspace_database(ws)
+    real, calls = c._event_head, [0]
+
+    def flaky() -> int:
+        calls[0] += 1
+        if calls[0] == 2:  # the first fallback look, after the subscription is up
+            raise sa.exc.OperationalError("SELECT max(global_pos)", (), Exception("server closed the connection"))
+        return real()
+
+    c._event_head = flaky  # type: ignore[method-assign]
+    passes: list[float] = []
+    stop = asyncio.Event()
+
+    async def main() -> None:
+        task = asyncio.create_task(c.run(stop, poll_seconds=30.0, on_pass=lambda s: passes.append(time.monotonic())))
+        deadline = time.monotonic() + 20
+        while calls[0] < 3 and time.monotonic() < deadline:  # the failure, then a good look
+            await asyncio.sleep(0.1)
+        assert calls[0] >= 3 and _listener_pids(db, os.getpid()), "the watcher stopped with its subscription"
+        before = len(passes)
+        await asyncio.to_thread(_append, db)
+        deadline = time.monotonic() + 10
+        while len(passes) == before and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        stop.set()
+        shutdown = await task
+        assert len(passes) > before, "a commit did not wake the loop"
+        assert shutdown.status == "stopped"
+
+    asyncio.run(main())
+    db.dispose()
+
+
+async def test_the_hub_says_an_outage_once_and_never_recovered_at_a_tick_that_did_not_read_the_log(
+        pg_db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On PostgreSQL most of the hub's ticks do not read the log: while it cannot be read, those ticks must not say
+    it recovered (the outage was logged as failed, recovered, failed, … each time with a new warning)."""
+    from taskkernel.coordinator.web import events as events_module
+    from taskkernel.coordinator.web.events import EventHub
+
+    logged = Recorder()
+    monkeypatch.setattr(events_module, "log", logged)
+    hub = EventHub(pg_db, poll_seconds=0.05, fallback_seconds=0.2)
+    await hub.start()
+    real = hub._end
+
+    def down() -> int:
+        raise sa.exc.OperationalError("SELECT max(global_pos)", (), Exception("the server is restarting"))
+
+    hub._end = down  # type: ignore[method-assign]
+    await asyncio.sleep(1.5)  # ~30 ticks, ~7 of them reading the log
+    hub._end = real  # type: ignore[method-assign]
+    await asyncio.sleep(1.5)  # failing, the hub looks again every second, at every tick
+    await hub.stop()
+    assert [e for e in logged.events if e.startswith("event_feed")] == ["event_feed_failed", "event_feed_recovered"]
+
+
+async def test_a_hub_that_cannot_start_leaves_no_listening_connection(pg_url: str) -> None:
+    """A failed start (no tables yet) closes the subscription it opened: app.py stops only a hub that started."""
+    from taskkernel.coordinator.web.events import EventHub
+
+    db = Database(pg_url)
+    hub = EventHub(db)
+    with pytest.raises(sa.exc.SQLAlchemyError):
+        await hub.start()
+    await asyncio.sleep(0.5)
+    try:
+        assert hub.listening is None and not _listener_pids(db, os.getpid())
+        assert "taskkernel-listen" not in {t.name for t in threading.enumerate()}
+    finally:
+        db.dispose()

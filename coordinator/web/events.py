@@ -152,8 +152,14 @@ class EventHub:
             loop, committed = asyncio.get_running_loop(), asyncio.Event()
             self._committed = committed
             self.listening = listen.on_commit(self.db.engine.url, lambda: loop.call_soon_threadsafe(committed.set))
-        self.position = await anyio.to_thread.run_sync(self._end)
-        self._marks = await anyio.to_thread.run_sync(self._read_marks)
+        try:
+            self.position = await anyio.to_thread.run_sync(self._end)
+            self._marks = await anyio.to_thread.run_sync(self._read_marks)
+        except BaseException:  # the server does not start: its subscription (a thread, a connection) goes too
+            if self.listening is not None:
+                self.listening.close()
+                self.listening = None
+            raise
         self._task = asyncio.create_task(self._run(), name="taskkernel-event-hub")
 
     async def stop(self) -> None:
@@ -194,9 +200,12 @@ class EventHub:
             else:
                 await self._follow_commits(wait)
 
-    async def _guarded(self, step: Callable[[], Awaitable[None]]) -> None:
+    async def _guarded(self, step: Callable[[], Awaitable[bool]]) -> None:
+        """Run a step that may read the log; only one that did (True) says the feed recovered: a tick without a
+        read of the log proves nothing about an outage."""
         try:
-            await step()
+            if not await step():
+                return
             if self._failing:
                 log.info("event_feed_recovered", position=self.position)
             self._failing = False
@@ -236,7 +245,9 @@ class EventHub:
                     log.info("event_marker_unreadable", marker=name, error=f"{type(exc).__name__}: {exc}"[:300])
         return found
 
-    async def _advance(self) -> None:
+    async def _advance(self) -> bool:
+        """One tick: the markers, the live output and (SQLite; on PostgreSQL every FALLBACK tick) the log. Whether
+        it read the log."""
         self._ticks += 1
         if self._ticks % MARKER_EVERY == 0:
             marks = await anyio.to_thread.run_sync(self._read_marks)
@@ -246,19 +257,21 @@ class EventHub:
             self._marks = marks
         if self._ticks % LIVE_EVERY == 0:
             await self._advance_live()
-        if self._committed is None or self._ticks % self._fallback_every == 0:
-            await self._advance_log()
+        if self._committed is None or self._failing or self._ticks % self._fallback_every == 0:
+            return await self._advance_log()  # while failing, every (slower) tick looks again
+        return False
 
-    async def _advance_log(self) -> None:
-        """The events committed since the hub's position, to every client."""
+    async def _advance_log(self) -> bool:
+        """The events committed since the hub's position, to every client (True: the log was read)."""
         end = await anyio.to_thread.run_sync(self._end)
         while end > self.position:
             events = await anyio.to_thread.run_sync(self._read, self.position, end)
             if not events:
-                return
+                break
             for ev in events:
                 self._publish(summary(ev))
             self.position = events[-1].global_pos
+        return True
 
     async def _advance_live(self) -> None:
         """Tell each client following a task's live output when the task's runs stored new events (and when it

@@ -62,8 +62,9 @@ class Subscription:
 class _Listener:
     """The thread and connection LISTENing for one database URL."""
 
-    def __init__(self, conninfo: str) -> None:
-        self.conninfo = conninfo
+    def __init__(self, conninfo: str, connect_args: dict[str, Any]) -> None:
+        self.conninfo = conninfo  # the registry's key (holds the password: never logged)
+        self.connect_args = connect_args  # as the engine connects: the same host list, password, options
         self.subscriptions: list[Subscription] = []
         self.active: set[str] = set()  # channels LISTENed on the open connection
         self.schema: str | None = None  # the connection's current_schema()
@@ -99,18 +100,25 @@ class _Listener:
             except Exception as exc:  # noqa: BLE001 - any loss of the connection: said once, re-opened
                 if self.connected:  # it was up: a new failure, said again, and the back-off starts over
                     delay, failed = LISTEN_RETRY_S, False
+                if self._stop.is_set():  # closed while it failed: nothing to say
+                    return
                 if not failed:
-                    log.warning("listen_failed", error=f"{type(exc).__name__}: {exc}"[:300],
+                    log.warning("listen_failed", error=self._redacted(f"{type(exc).__name__}: {exc}")[:300],
                                 retry_max_s=LISTEN_RETRY_MAX_S)
                 failed = True
             self._stop.wait(delay)
             delay = min(delay * 2, LISTEN_RETRY_MAX_S)
 
+    def _redacted(self, text: str) -> str:
+        """A driver's error without the password (libpq may quote the connection string it refused)."""
+        password = self.connect_args.get("password")
+        return text.replace(str(password), "***") if password else text
+
     def _serve(self, recovered: bool) -> None:
         import psycopg
         from psycopg import sql
 
-        with psycopg.connect(self.conninfo, autocommit=True, connect_timeout=10, keepalives=1,
+        with psycopg.connect(**self.connect_args, autocommit=True, connect_timeout=10, keepalives=1,
                              keepalives_idle=10, keepalives_interval=5, keepalives_count=3,
                              application_name=application_name(os.getpid())) as conn:
             self.schema = str(conn.execute("SELECT current_schema()").fetchone()[0])  # type: ignore[index]
@@ -162,11 +170,20 @@ def application_name(pid: int) -> str:
 
 
 def conninfo_of(url: Any) -> str:
-    """A libpq connection string for a SQLAlchemy URL (``postgresql+psycopg://…``, options such as the schema
-    kept)."""
+    """The key of a SQLAlchemy URL's listener (one per database and options, such as the schema)."""
     import sqlalchemy as sa
 
-    return sa.make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    return sa.make_url(url).render_as_string(hide_password=False)
+
+
+def connect_args_of(url: Any) -> dict[str, Any]:
+    """psycopg's connection arguments for a SQLAlchemy URL, made as the engine makes them (a password with spaces,
+    several hosts): rendering the URL back to a libpq string loses both."""
+    import sqlalchemy as sa
+    from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
+
+    _, params = PGDialect_psycopg().create_connect_args(sa.make_url(url))
+    return dict(params)
 
 
 def subscribe(url: Any, channel: str, callback: Callback) -> Subscription:
@@ -195,7 +212,7 @@ def _subscribe(url: Any, channel: str, callback_for: Callable[[_Listener], Callb
         listener = _listeners.get(conninfo)
         start = listener is None
         if listener is None:
-            listener = _listeners[conninfo] = _Listener(conninfo)
+            listener = _listeners[conninfo] = _Listener(conninfo, connect_args_of(url))
         sub = Subscription(listener, channel, callback_for(listener))
         listener.add(sub)
     if start:
