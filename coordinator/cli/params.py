@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import typer.core
+from typer import BadParameter
 from typer._click import Command, Context
 from typer._coercion import RuntimeParam, build_runtime_param
 from typer._param_types import coerce_cli_path
@@ -68,6 +69,8 @@ class _Number(_Plain):
         else:
             return _UNSURE
         low, high = self.parameter_info.min, self.parameter_info.max
+        if number != number:  # a NaN (a coded default): no bound refuses it, typer's check does
+            return _UNSURE
         if (low is not None and number < low) or (high is not None and number > high):
             return _UNSURE  # out of bounds: typer's message says which
         return number
@@ -87,10 +90,10 @@ class _Path(_Plain):
             value = Path(value)  # what pydantic's Path makes of a str (typer's step before its checks)
         elif not isinstance(value, Path):
             return _UNSURE
-        try:  # typer's own checks (exists, file_okay, resolve_path, ...): its own messages
+        try:  # typer's own checks (exists, file_okay, resolve_path, ...)
             return coerce_cli_path(value, self.parameter_info, path_type=Path, param=param, ctx=ctx)
-        except ValueError:  # typer reports it through pydantic ("Value error, ..."): let it
-            return _UNSURE
+        except (ValueError, BadParameter):  # refused: typer says so itself, quoting the path as it was typed (the
+            return _UNSURE  # Path made above tidied "./x" and "x/"), and through pydantic where it does
 
 
 KINDS: dict[Any, type[_Plain]] = {str: _Str, bool: _Bool, int: _Int, float: _Float, Path: _Path}
