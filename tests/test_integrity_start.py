@@ -26,11 +26,12 @@ def fingerprint(root: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def damaged(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
     root = tmp_path_factory.mktemp("integrity") / "ws"
-    ids = workspace_with_tasks(root, 60)  # large enough that the middle page holds rows, not the schema
+    ids = workspace_with_tasks(root, 60)
     db_file = root / ".taskkernel" / "kernel.db"
-    size = db_file.stat().st_size
+    at = db_file.read_bytes().find(b"task 30")  # a page of table rows, never the schema's (whatever tables exist)
+    assert at > 0
     with open(db_file, "r+b") as fh:
-        fh.seek((size // 2) // 4096 * 4096)
+        fh.seek(at // 4096 * 4096)
         fh.write(b"\xff" * 4096)
     assert run("verify", cwd=root).json["reason"] == "database_corrupt"
     return root, ids
