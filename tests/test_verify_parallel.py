@@ -254,6 +254,7 @@ def test_a_worker_killed_on_the_last_range_sends_verify_to_the_sequential_checks
 
 INTERRUPT = """
 import json, os, signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C as a shell gives it, whatever ran this one ignored
 from taskkernel.kernel import verify_parallel
 from taskkernel.kernel.commands import TaskCommandKernel
 from taskkernel.kernel.store.db import Database
